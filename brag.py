@@ -1,0 +1,1034 @@
+"""BRAG: cost-aware question answering over passages with a closed-form Bayesian controller.
+
+The controller keeps a Beta posterior over candidate answers and picks, between LLM calls, the
+action with the highest information rate per unit cost; it stops when the expected gain of the
+next call is worth less than its price ``lam``. It never calls the LLM itself: the actions do.
+
+Sections: answers, posterior, policy, corpus, calibration, runner.
+
+    from brag import BRAG, Corpus
+    answer, report = BRAG(llm).run(question, Corpus(passages))
+
+``llm`` is any object with the :class:`LLM` protocol; backends live outside this module.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+import re
+import string
+import time
+import unicodedata
+from collections import Counter
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, NamedTuple, Protocol, runtime_checkable
+
+import bm25s
+import numpy as np
+from bm25s.stopwords import STOPWORDS_EN
+
+__all__ = [
+    "BRAG",
+    "LLM",
+    "ActionPrior",
+    "Calibration",
+    "Completion",
+    "Corpus",
+    "Passage",
+    "RunAborted",
+    "Vote",
+    "VoteModel",
+    "choose_action",
+    "information_rate",
+    "load_calibration",
+    "normalize_answer",
+    "posterior",
+    "same_answer",
+    "token_f1",
+]
+
+ACTIONS = ("R1", "R2", "CB")
+HERE = Path(__file__).resolve().parent
+DEFAULT_CALIBRATION_PATH = HERE / "data" / "calibration.json"
+
+
+# ------------------------------------------------------------------------------------------
+# LLM protocol
+# ------------------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Completion:
+    """What one LLM request returned: ``n`` texts and the token usage of the whole request."""
+
+    texts: list[str]
+    prompt_tokens: int = 0
+    completion_tokens: int = 0
+    cached: bool = False  # served from a response cache (it was a real call when made)
+    estimated: bool = False  # token counts estimated because the server reported none
+
+
+@runtime_checkable
+class LLM(Protocol):
+    """The one method BRAG needs from a language model backend."""
+
+    def complete(
+        self,
+        messages: list[dict[str, str]],
+        *,
+        n: int = 1,
+        temperature: float = 0.0,
+        max_tokens: int = 64,
+        stop: list[str] | None = None,
+        seed: int | None = None,
+    ) -> Completion:
+        """Return ``n`` completions of the chat ``messages`` as one request."""
+        ...
+
+
+# ------------------------------------------------------------------------------------------
+# Answers: normalisation, comparison, parsing
+# ------------------------------------------------------------------------------------------
+
+_ARTICLES = re.compile(r"\b(a|an|the)\b")
+_PUNCT = set(string.punctuation) | {"‘", "’", "“", "”", "–", "—", "…"}
+NO_ANSWER = frozenset(
+    {
+        "",
+        "none",
+        "unknown",
+        "no answer",
+        "n a",
+        "na",
+        "not known",
+        "not given",
+        "not mentioned",
+        "not stated",
+        "not available",
+        "no information",
+        "cannot be determined",
+        "cannot determine",
+        "i dont know",
+        "insufficient information",
+        "not enough information",
+    }
+)
+_NO_ANSWER_PREFIXES = ("none ", "unknown ", "i dont know", "not enough information", "no answer")
+
+
+def normalize_answer(text: str) -> str:
+    """SQuAD normalisation: lower-case, drop punctuation and articles, collapse white space."""
+    text = unicodedata.normalize("NFKC", text).lower()
+    text = "".join(ch for ch in text if ch not in _PUNCT)
+    text = _ARTICLES.sub(" ", text)
+    return " ".join(text.split())
+
+
+def is_no_answer(text: str) -> bool:
+    """``NONE``, "unknown" and empty answers are no vote."""
+    norm = normalize_answer(text)
+    return norm in NO_ANSWER or norm.startswith(_NO_ANSWER_PREFIXES)
+
+
+def token_f1(prediction: str, gold: str) -> float:
+    """SQuAD token F1 between two answers."""
+    pred, ref = normalize_answer(prediction).split(), normalize_answer(gold).split()
+    common = sum((Counter(pred) & Counter(ref)).values())
+    if not pred or not ref or common == 0:
+        return float(pred == ref)
+    precision, recall = common / len(pred), common / len(ref)
+    return 2 * precision * recall / (precision + recall)
+
+
+def same_answer(a: str, b: str, f1_threshold: float = 0.8) -> bool:
+    """True when two answers name the same thing ("the Nazi Party" / "Nazi party").
+
+    Exact match after normalisation, token F1 >= ``f1_threshold``, or containment where the
+    shorter answer holds at least half the tokens of the longer ("Obama" / "Barack Obama").
+    """
+    na, nb = normalize_answer(a), normalize_answer(b)
+    if not na or not nb:
+        return False
+    if na == nb:
+        return True
+    ta, tb = na.split(), nb.split()
+    short, long_ = (ta, tb) if len(ta) <= len(tb) else (tb, ta)
+    if 2 * len(short) >= len(long_) and set(short) <= set(long_):
+        return True
+    return token_f1(na, nb) >= f1_threshold
+
+
+def exact_match(prediction: str, golds: Iterable[str]) -> bool:
+    """Normalised exact match with any gold answer."""
+    norm = normalize_answer(prediction)
+    return bool(norm) and any(norm == normalize_answer(g) for g in golds)
+
+
+_LABEL = re.compile(
+    r"^\s*(?:\*\*)?\s*(final answer|answer|follow[- ]?up(?: search)?(?: query)?|search query|"
+    r"next query|query)\s*(?:\*\*)?\s*[:：-]\s*(?:\*\*)?",
+    re.IGNORECASE,
+)
+_ANSWER_PREFIX = re.compile(r"^(?:the answer is|answer is|it is|it was)\s+", re.IGNORECASE)
+
+
+def clean_answer(text: str, max_words: int = 20) -> str:
+    """Strip quotes, markup, a leading "The answer is" and a trailing full stop."""
+    text = text.strip().strip("*`\"'“”‘’ ").strip()
+    text = _ANSWER_PREFIX.sub("", text)
+    text = text.rstrip(".").strip().strip("\"'“”‘’").strip()
+    words = text.split()
+    return " ".join(words[:max_words])
+
+
+def parse_reading(text: str) -> tuple[str, str]:
+    """Parse an R1/R2 reply into ``(answer, follow_up_query)``; either may be empty.
+
+    Accepts the requested ``Answer: ... / Follow-up query: ...`` format, labels in any case or
+    order, markdown bold, and a bare answer on the first line when the model ignored the format.
+    """
+    answer, query, unlabeled = "", "", []
+    for line in text.strip().splitlines():
+        if not line.strip():
+            continue
+        match = _LABEL.match(line)
+        if match is None:
+            unlabeled.append(line)
+            continue
+        value = line[match.end() :].strip()
+        if match.group(1).lower() in ("answer", "final answer"):
+            answer = answer or value
+        else:
+            query = query or value
+    if not answer and unlabeled:
+        answer = unlabeled[0]
+    return clean_answer(answer), query.strip().strip("\"'“” ").strip()
+
+
+# ------------------------------------------------------------------------------------------
+# Posterior over candidates
+# ------------------------------------------------------------------------------------------
+
+
+class Vote(NamedTuple):
+    """One observation for candidate ``candidate`` from a source of type ``source`` (R1, R2, CB_g)."""
+
+    source: str
+    candidate: int
+
+
+def _lnbeta(x: float, y: float) -> float:
+    return math.lgamma(x) + math.lgamma(y) - math.lgamma(x + y)
+
+
+class VoteModel:
+    """The posterior of SPEC section 1 with its Beta-function terms tabulated once.
+
+    ``log w_i = sum_t [lnB(a_t + n_ti, b_t + N_t - n_ti) - lnB(a_t, b_t + N_t)] - n_i ln eta``
+    and ``log w_0 = -ln eta``, per-query reliabilities integrated out. A candidate with no vote
+    of type t contributes lnB(a, b+N) - lnB(a, b+N) = 0, so only (type, candidate) pairs that
+    were voted matter, and each is one lookup ``table[t][N_t][n_ti]`` (``-n ln eta`` included).
+    """
+
+    def __init__(self, priors: Mapping[str, tuple[float, float]], eta: float, max_votes: int = 8) -> None:
+        if not 0 < eta < 1:
+            raise ValueError(f"eta must lie in (0, 1), got {eta!r}")
+        self.priors = dict(priors)
+        self.ln_eta = math.log(eta)
+        self.table = {t: [self._row(t, big_n) for big_n in range(max_votes + 1)] for t in self.priors}
+
+    def _row(self, source: str, big_n: int) -> list[float]:
+        a, b = self.priors[source]
+        base = _lnbeta(a, b + big_n)
+        return [_lnbeta(a + n, b + big_n - n) - base - n * self.ln_eta for n in range(big_n + 1)]
+
+    def __call__(self, votes: Sequence[Vote], n_candidates: int) -> tuple[list[float], float]:
+        """Posterior probability of each candidate and of the residual (none of them)."""
+        if not votes:
+            return [0.0] * n_candidates, 1.0
+        totals: dict[str, int] = {}
+        pairs: dict[Vote, int] = {}
+        for vote in votes:
+            totals[vote.source] = totals.get(vote.source, 0) + 1
+            pairs[vote] = pairs.get(vote, 0) + 1
+        log_w = [0.0] * n_candidates
+        table = self.table
+        for (source, cand), n in pairs.items():
+            rows = table[source]
+            big_n = totals[source]
+            row = rows[big_n] if big_n < len(rows) else self._row(source, big_n)
+            log_w[cand] += row[n]
+        log_w0 = -self.ln_eta
+        top = max(log_w0, max(log_w))
+        exp = math.exp
+        weights = [exp(x - top) for x in log_w]
+        w0 = exp(log_w0 - top)
+        z = w0 + sum(weights)
+        return [w / z for w in weights], w0 / z
+
+
+def posterior(
+    votes: Sequence[Vote],
+    n_candidates: int,
+    priors: Mapping[str, tuple[float, float]],
+    eta: float,
+) -> tuple[list[float], float]:
+    """Posterior of each candidate and of the residual; see :class:`VoteModel`."""
+    return VoteModel(priors, eta, max_votes=0)(votes, n_candidates)
+
+
+def error_probability(probs: Sequence[float]) -> float:
+    """P_err = 1 - max_i P_i (1 with no candidate)."""
+    return 1.0 - max(probs, default=0.0)
+
+
+# ------------------------------------------------------------------------------------------
+# Policy: information rates, choice, stop rule
+# ------------------------------------------------------------------------------------------
+
+
+def vote_information(rho: float, eta: float) -> float:
+    """d(rho) = (rho - (1 - rho) eta) ln(rho / ((1 - rho) eta)), the KL rate of one vote."""
+    rho = min(max(rho, 1e-9), 1 - 1e-9)
+    wrong = (1.0 - rho) * eta
+    return (rho - wrong) * math.log(rho / wrong)
+
+
+def information_rate(action: ActionPrior, eta: float) -> float:
+    """D_a = q_a d(rho_a); for CB the expectation over agreement levels, q sum_g pi_g d(kappa_g)."""
+    if action.levels:
+        return action.q * sum(level.pi * vote_information(level.mean, eta) for level in action.levels)
+    return action.q * vote_information(action.mean, eta)
+
+
+class Decision(NamedTuple):
+    """One controller decision: the chosen action (None = stop) and why."""
+
+    action: str | None
+    score: float  # P_err * D_a* / c_a* of the best available action (0 when none is left)
+    stop_reason: str | None
+
+
+def choose_action(
+    p_err: float,
+    rates: Mapping[str, float],
+    costs: Mapping[str, float],
+    available: Sequence[str],
+    lam: float,
+) -> Decision:
+    """a* = argmax D_a / c_a over ``available``; stop when P_err * D_a* / c_a* <= lam.
+
+    Ties go to the earlier action in ``available`` so the choice is deterministic.
+    """
+    best, best_ratio = None, -math.inf
+    for action in available:
+        ratio = rates[action] / costs[action]
+        if ratio > best_ratio:
+            best, best_ratio = action, ratio
+    if best is None:
+        return Decision(None, 0.0, "no action left")
+    score = p_err * best_ratio
+    if score <= lam:
+        return Decision(None, score, f"expected gain {score:.4g} <= lambda {lam:g}")
+    return Decision(best, score, None)
+
+
+# ------------------------------------------------------------------------------------------
+# Corpus and BM25 retrieval
+# ------------------------------------------------------------------------------------------
+
+_WORD = re.compile(r"[^\W_]+", re.UNICODE)
+_STOPWORDS = frozenset(STOPWORDS_EN)
+
+# Named BM25 scoring variants as (term-frequency method, idf method) in bm25s' terms.
+# "okapi" scores exactly like rank_bm25.BM25Okapi(epsilon=0): ATIRE's (k1+1) tf saturation
+# with Robertson's idf, whose negative values are floored at zero.
+BM25_VARIANTS: dict[str, tuple[str, str]] = {
+    "okapi": ("atire", "robertson"),
+    "robertson": ("robertson", "robertson"),
+    "lucene": ("lucene", "lucene"),
+    "atire": ("atire", "atire"),
+    "bm25l": ("bm25l", "bm25l"),
+    "bm25+": ("bm25+", "bm25+"),
+}
+
+
+def tokenize(text: str) -> list[str]:
+    """Unicode-aware word tokens: NFKC, case-folded, accents kept, punctuation and stop words out."""
+    words = _WORD.findall(unicodedata.normalize("NFKC", text).casefold())
+    return [w for w in words if w not in _STOPWORDS]
+
+
+@dataclass(frozen=True)
+class Passage:
+    r"""A passage as the LLM sees it: ``title\ntext`` (just ``text`` when untitled)."""
+
+    title: str
+    text: str
+
+    def render(self) -> str:
+        """The passage as shown to the LLM."""
+        return f"{self.title}\n{self.text}" if self.title else self.text
+
+
+def parse_passages(passages: Any) -> list[Passage | None]:
+    """Read strings, ``{title, text}`` dicts, or a JSON string of either; None marks an empty one."""
+    if isinstance(passages, str):
+        try:
+            passages = json.loads(passages)
+        except json.JSONDecodeError as err:
+            raise ValueError(
+                f"passages: malformed JSON at line {err.lineno} column {err.colno}: {err.msg}"
+            ) from None
+    if isinstance(passages, dict) or not isinstance(passages, Sequence):
+        raise ValueError(
+            "passages: expected a list of strings or of {title, text} objects, "
+            f"got {type(passages).__name__}"
+        )
+    parsed: list[Passage | None] = []
+    for i, item in enumerate(passages):
+        if isinstance(item, str):
+            title, text = "", item
+        elif isinstance(item, Mapping):
+            title, text = item.get("title", ""), item.get("text", item.get("contents"))
+            if text is None or not isinstance(title, str) or not isinstance(text, str):
+                raise ValueError(f"passages[{i}]: expected string fields 'title' and 'text'")
+        else:
+            raise ValueError(
+                f"passages[{i}]: expected a string or a {{title, text}} object, got {type(item).__name__}"
+            )
+        title, text = title.strip(), text.strip()
+        parsed.append(Passage(title, text) if text or title else None)
+    return parsed
+
+
+class Corpus:
+    """Passages with a BM25 index (bm25s) and ``search(query, k) -> [(passage_id, score)]``.
+
+    ``passage_id`` is the passage's position in the input; empty passages are dropped (counted
+    in ``dropped``) but keep their ids free so ids always point into the caller's list.
+    """
+
+    def __init__(
+        self,
+        passages: Any,
+        *,
+        variant: str = "okapi",
+        k1: float = 1.5,
+        b: float = 0.75,
+    ) -> None:
+        if variant not in BM25_VARIANTS:
+            raise ValueError(f"variant: unknown BM25 variant {variant!r}; use one of {list(BM25_VARIANTS)}")
+        parsed = parse_passages(passages)
+        self.ids = [i for i, p in enumerate(parsed) if p is not None]
+        if not self.ids:
+            raise ValueError("corpus is empty: no passage has any text")
+        self.dropped = len(parsed) - len(self.ids)
+        self._passages = {i: p for i, p in enumerate(parsed) if p is not None}
+        self.variant, self.k1, self.b = variant, k1, b
+        method, idf_method = BM25_VARIANTS[variant]
+        self._bm25 = bm25s.BM25(k1=k1, b=b, method=method, idf_method=idf_method)
+        tokens = [tokenize(self._passages[i].render()) for i in self.ids]
+        self._bm25.index(tokens, show_progress=False)
+        self._vocab: dict[str, int] = self._bm25.vocab_dict
+
+    def __len__(self) -> int:
+        """Number of kept (non-empty) passages."""
+        return len(self.ids)
+
+    def __getitem__(self, passage_id: int) -> Passage:
+        return self._passages[passage_id]
+
+    def scores(self, query: str) -> np.ndarray:
+        """BM25 score of every kept passage (in the order of ``ids``) for ``query``."""
+        token_ids = [self._vocab[t] for t in tokenize(query) if t in self._vocab]
+        if not token_ids:
+            return np.zeros(len(self.ids), dtype=np.float32)
+        return self._bm25.get_scores_from_ids(token_ids)
+
+    def search(self, query: str, k: int = 5) -> list[tuple[int, float]]:
+        """Top-``k`` passages, best first; equal scores keep input order.
+
+        Zero-score passages fill the window when fewer than ``k`` match, so a small document
+        set is always read in full.
+        """
+        scores = self.scores(query)
+        k = min(k, len(scores))
+        if k <= 0:
+            return []
+        cut = np.partition(scores, len(scores) - k)[len(scores) - k]  # the k-th largest score
+        above = np.flatnonzero(scores > cut)
+        tied = np.flatnonzero(scores == cut)[: k - len(above)]
+        pool = np.concatenate([above, tied])
+        order = pool[np.lexsort((pool, -scores[pool]))]
+        return [(self.ids[j], float(scores[j])) for j in order]
+
+    def save(self, directory: str | os.PathLike[str]) -> None:
+        """Write passages and the BM25 index to ``directory`` so ``load`` skips re-indexing."""
+        path = Path(directory)
+        path.mkdir(parents=True, exist_ok=True)
+        meta = {
+            "format": 1,
+            "variant": self.variant,
+            "k1": self.k1,
+            "b": self.b,
+            "dropped": self.dropped,
+            "n_input": len(self.ids) + self.dropped,
+        }
+        (path / "brag_corpus.json").write_text(json.dumps(meta), encoding="utf-8")
+        with open(path / "passages.jsonl", "w", encoding="utf-8") as out:
+            for i in self.ids:
+                p = self._passages[i]
+                out.write(json.dumps({"id": i, "title": p.title, "text": p.text}, ensure_ascii=False) + "\n")
+        self._bm25.save(path / "bm25", show_progress=False)
+
+    @classmethod
+    def load(cls, directory: str | os.PathLike[str]) -> Corpus:
+        """Load a corpus written by ``save``."""
+        path = Path(directory)
+        try:
+            meta = json.loads((path / "brag_corpus.json").read_text(encoding="utf-8"))
+            rows = [json.loads(line) for line in (path / "passages.jsonl").open(encoding="utf-8")]
+            bm25 = bm25s.BM25.load(path / "bm25", show_progress=False)
+        except (OSError, json.JSONDecodeError, KeyError) as err:
+            raise ValueError(f"{path}: not a saved BRAG corpus ({err})") from None
+        self = cls.__new__(cls)
+        self.variant, self.k1, self.b = meta["variant"], meta["k1"], meta["b"]
+        self.dropped = meta["dropped"]
+        self.ids = [row["id"] for row in rows]
+        self._passages = {row["id"]: Passage(row["title"], row["text"]) for row in rows}
+        self._bm25 = bm25
+        self._vocab = bm25.vocab_dict
+        return self
+
+
+def data_dir() -> Path | None:
+    """The evaluation data directory: ``BRAG_DATA_DIR``, else ``../shared/data`` when present."""
+    configured = os.environ.get("BRAG_DATA_DIR")
+    if configured:
+        return Path(configured)
+    fallback = HERE.parent / "shared" / "data"
+    return fallback if fallback.is_dir() else None
+
+
+# ------------------------------------------------------------------------------------------
+# Calibration: hyperpriors of the controller
+# ------------------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Level:
+    """A CB agreement level g: how often it occurs (pi) and its reliability Beta(a, b)."""
+
+    g: int
+    pi: float
+    a: float
+    b: float
+
+    @property
+    def mean(self) -> float:
+        """Mean reliability a / (a + b)."""
+        return self.a / (self.a + self.b)
+
+
+@dataclass(frozen=True)
+class ActionPrior:
+    """Answerability q and reliability Beta(a, b) of one action; CB adds agreement levels."""
+
+    q: float
+    a: float
+    b: float
+    levels: tuple[Level, ...] = ()
+
+    @property
+    def mean(self) -> float:
+        """Mean reliability a / (a + b)."""
+        return self.a / (self.a + self.b)
+
+
+@dataclass(frozen=True)
+class Calibration:
+    """Population-level hyperpriors: per-action (q, rho), CB levels (pi_g, kappa_g) and eta."""
+
+    eta: float
+    actions: dict[str, ActionPrior]
+    m: int
+    meta: dict[str, Any] = field(default_factory=dict)
+
+    def source_priors(self, m: int) -> dict[str, tuple[float, float]]:
+        """Beta(a, b) per vote type: R1, R2 and CB_g for g = 1..m (rescaled to this m)."""
+        priors = {t: (self.actions[t].a, self.actions[t].b) for t in ("R1", "R2")}
+        for g in range(1, m + 1):
+            level = self.level(g, m)
+            priors[f"CB_{g}"] = (level.a, level.b)
+        return priors
+
+    def level(self, g: int, m: int) -> Level:
+        """The calibrated level matching g of m samples (rescaled when m differs)."""
+        levels = self.actions["CB"].levels
+        g_cal = min(max(round(g * self.m / m), 1), self.m)
+        return next(level for level in levels if level.g == g_cal)
+
+    def rates(self) -> dict[str, float]:
+        """Information rate D_a of each action."""
+        return {a: information_rate(self.actions[a], self.eta) for a in ACTIONS}
+
+    def to_dict(self) -> dict[str, Any]:
+        """The calibration as JSON-ready data (inverse of ``calibration_from_dict``)."""
+        actions: dict[str, Any] = {}
+        for name, prior in self.actions.items():
+            entry: dict[str, Any] = {"q": prior.q, "rho": {"a": prior.a, "b": prior.b}}
+            if prior.levels:
+                del entry["rho"]
+                entry["levels"] = {
+                    str(lv.g): {"pi": lv.pi, "kappa": {"a": lv.a, "b": lv.b}} for lv in prior.levels
+                }
+            actions[name] = entry
+        return {**self.meta, "version": CALIBRATION_VERSION, "m": self.m, "eta": self.eta, "actions": actions}
+
+
+CALIBRATION_VERSION = 1
+
+
+def _number(value: Any, where: str, low: float, high: float, *, open_low: bool = False) -> float:
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or math.isnan(value):
+        raise ValueError(f"calibration: {where} must be a number, got {value!r}")
+    if value < low or value > high or (open_low and value == low):
+        bracket = "(" if open_low else "["
+        raise ValueError(f"calibration: {where} = {value!r} is outside {bracket}{low:g}, {high:g}]")
+    return float(value)
+
+
+def _beta(entry: Any, where: str) -> tuple[float, float]:
+    if not isinstance(entry, Mapping) or "a" not in entry or "b" not in entry:
+        raise ValueError(f"calibration: {where} must be an object with Beta parameters 'a' and 'b'")
+    a = _number(entry["a"], f"{where}.a", 0.0, 1e6, open_low=True)
+    b = _number(entry["b"], f"{where}.b", 0.0, 1e6, open_low=True)
+    return a, b
+
+
+def calibration_from_dict(data: Any) -> Calibration:
+    """Validate a calibration object and build a :class:`Calibration`; ValueError names the field."""
+    if not isinstance(data, Mapping):
+        raise ValueError(f"calibration: expected a JSON object, got {type(data).__name__}")
+    version = data.get("version")
+    if version != CALIBRATION_VERSION:
+        raise ValueError(f"calibration: unsupported version {version!r} (expected {CALIBRATION_VERSION})")
+    eta = _number(data.get("eta"), "eta", 0.0, 1.0, open_low=True)
+    raw = data.get("actions")
+    if not isinstance(raw, Mapping):
+        raise ValueError("calibration: 'actions' must be an object with R1, R2 and CB")
+    actions: dict[str, ActionPrior] = {}
+    for name in ACTIONS:
+        entry = raw.get(name)
+        if not isinstance(entry, Mapping):
+            raise ValueError(f"calibration: actions.{name} is missing")
+        q = _number(entry.get("q"), f"actions.{name}.q", 0.0, 1.0)
+        if name != "CB":
+            actions[name] = ActionPrior(q, *_beta(entry.get("rho"), f"actions.{name}.rho"))
+            continue
+        levels_raw = entry.get("levels")
+        if not isinstance(levels_raw, Mapping) or not levels_raw:
+            raise ValueError("calibration: actions.CB.levels must map each agreement level g to {pi, kappa}")
+        levels = []
+        for key, lv in levels_raw.items():
+            if not str(key).isdigit() or not isinstance(lv, Mapping):
+                raise ValueError(f"calibration: actions.CB.levels.{key} is not a level g -> {{pi, kappa}}")
+            where = f"actions.CB.levels.{key}"
+            pi = _number(lv.get("pi"), f"{where}.pi", 0.0, 1.0)
+            levels.append(Level(int(key), pi, *_beta(lv.get("kappa"), f"{where}.kappa")))
+        levels.sort(key=lambda lv: lv.g)
+        m = levels[-1].g
+        if [lv.g for lv in levels] != list(range(1, m + 1)):
+            raise ValueError(f"calibration: actions.CB.levels must be exactly 1..{m}")
+        if abs(sum(lv.pi for lv in levels) - 1.0) > 1e-3:
+            raise ValueError("calibration: actions.CB.levels pi values must sum to 1")
+        # A mean reliability near 1 is allowed; the Beta prior keeps it finite.
+        actions[name] = ActionPrior(q, 1.0, 1.0, tuple(levels))
+    if "m" in data and data["m"] != m:
+        raise ValueError(f"calibration: m = {data['m']!r} but CB has {m} agreement levels")
+    meta = {k: v for k, v in data.items() if k not in ("version", "eta", "actions", "m")}
+    return Calibration(eta=eta, actions=actions, m=m, meta=meta)
+
+
+def load_calibration(
+    source: Calibration | Mapping[str, Any] | str | os.PathLike[str] | None = None,
+) -> Calibration:
+    """A calibration from an object, a JSON string, a file path, or None for the shipped one."""
+    if isinstance(source, Calibration):
+        return source
+    if source is None or (isinstance(source, str) and not source.strip()):
+        source = DEFAULT_CALIBRATION_PATH
+    if isinstance(source, os.PathLike) or (
+        isinstance(source, str) and not source.lstrip().startswith(("{", "["))
+    ):
+        path = Path(source)
+        try:
+            text = path.read_text(encoding="utf-8")
+        except OSError as err:
+            raise ValueError(f"calibration: cannot read {path}: {err.strerror}") from None
+        source = text
+    if isinstance(source, str):
+        try:
+            source = json.loads(source)
+        except json.JSONDecodeError as err:
+            raise ValueError(
+                f"calibration: malformed JSON at line {err.lineno} column {err.colno}: {err.msg}"
+            ) from None
+    return calibration_from_dict(source)
+
+
+# ------------------------------------------------------------------------------------------
+# Prompts and follow-up queries
+# ------------------------------------------------------------------------------------------
+
+# Small models follow a plain completion with worked examples far better than instructions,
+# and large models read the same prompt fine, so every backend gets the same text.
+READ_INSTRUCTIONS = (
+    "Answer the question from the passages with a short answer (a name, date, number or short "
+    "phrase), or NONE if the passages do not contain it. Then write a follow-up search query "
+    "for the missing fact."
+)
+READ_EXAMPLES = (
+    "Passages:\n[1] Lebensraum\nLebensraum is a concept coined by Friedrich Ratzel. It was "
+    "adopted by the Nazi Party.\nQuestion: Which political party adopted the concept coined "
+    "by Friedrich Ratzel?\nAnswer: Nazi Party\nFollow-up query: Nazi Party Lebensraum\n\n"
+    "Passages:\n[1] Blue Tower\nThe Blue Tower was designed by Ana Ruiz.\nQuestion: In which "
+    "city was the architect of the Blue Tower born?\nAnswer: NONE\nFollow-up query: Ana Ruiz "
+    "architect birthplace\n\n"
+    "Passages:\n[1] Lake Orla\nLake Orla lies in Finland. Its area is 12 square kilometres.\n"
+    "Question: In which country is Lake Orla?\nAnswer: Finland\nFollow-up query: Lake Orla "
+    "Finland\n\n"
+)
+CLOSED_BOOK_INSTRUCTIONS = "Answer the question with a short answer (a name, date, number or short phrase)."
+CLOSED_BOOK_EXAMPLES = (
+    "Question: What is the capital of France?\nAnswer: Paris\n\n"
+    "Question: Who wrote Hamlet?\nAnswer: William Shakespeare\n\n"
+    "Question: In which year did World War II end?\nAnswer: 1945\n\n"
+)
+
+
+def read_messages(question: str, passages: Sequence[Passage]) -> list[dict[str, str]]:
+    """The R1/R2 prompt: passages, question, and the Answer / Follow-up query format."""
+    body = "\n".join(f"[{i}] {p.render()}" for i, p in enumerate(passages, 1)) or "(no passages found)"
+    prompt = f"{READ_EXAMPLES}Passages:\n{body}\nQuestion: {question}\nAnswer:"
+    return [{"role": "system", "content": READ_INSTRUCTIONS}, {"role": "user", "content": prompt}]
+
+
+def closed_book_messages(question: str) -> list[dict[str, str]]:
+    """The CB prompt: the question alone."""
+    prompt = f"{CLOSED_BOOK_EXAMPLES}Question: {question}\nAnswer:"
+    return [{"role": "system", "content": CLOSED_BOOK_INSTRUCTIONS}, {"role": "user", "content": prompt}]
+
+
+_CAPITALISED = re.compile(r"\b[A-Z][\w'’.-]*(?:\s+(?:of|the|de|von|van|[A-Z][\w'’.-]*))*")
+
+
+def is_degenerate_query(query: str, question: str) -> bool:
+    """Empty, a copy of the question, or nothing the question does not already say."""
+    new = set(tokenize(query)) - set(tokenize(question))
+    return not new
+
+
+def expand_query(question: str, passages: Sequence[Passage], max_terms: int = 4) -> str:
+    """Build a follow-up query without the LLM.
+
+    The question plus salient titles and entities of the passages read that the question does
+    not name: the likely bridge to the second hop.
+    """
+    named = set(tokenize(question))
+    extra: list[str] = []
+    seen: set[str] = set()
+
+    def add(phrase: str) -> None:
+        words = tokenize(phrase)
+        key = " ".join(words)
+        if words and key not in seen and not set(words) <= named:
+            seen.add(key)
+            extra.append(phrase.strip())
+
+    for p in passages:
+        if p.title:
+            add(p.title)
+    for p in passages[:2]:
+        for span in _CAPITALISED.findall(p.text):
+            add(span.rstrip(".'’"))
+    return " ".join([question, *extra[:max_terms]])
+
+
+# ------------------------------------------------------------------------------------------
+# Runner
+# ------------------------------------------------------------------------------------------
+
+
+class RunAborted(RuntimeError):
+    """An LLM call failed mid-run; ``report`` holds everything done up to the failure."""
+
+    def __init__(self, message: str, report: dict[str, Any]) -> None:
+        super().__init__(message)
+        self.report = report
+
+
+@dataclass
+class _Candidates:
+    """Distinct answers seen so far; near-identical strings share one index."""
+
+    texts: list[str] = field(default_factory=list)
+
+    def index(self, answer: str) -> int:
+        for i, text in enumerate(self.texts):
+            if same_answer(answer, text):
+                return i
+        self.texts.append(answer)
+        return len(self.texts) - 1
+
+
+def closed_book_mode(samples: Sequence[str]) -> tuple[str, int]:
+    """The mode of the closed-book samples (no-answers excluded) and its agreement level g."""
+    answers = [clean_answer(s.strip().splitlines()[0]) if s.strip() else "" for s in samples]
+    answers = [a for a in answers if not is_no_answer(a)]
+    if not answers:
+        return "", 0
+    groups = _Candidates()
+    counts = Counter(groups.index(a) for a in answers)
+    best = max(counts, key=lambda i: (counts[i], -i))  # ties: the earliest answer
+    return groups.texts[best], counts[best]
+
+
+@dataclass
+class BRAG:
+    """The orchestrator: ``run(question, corpus) -> (answer, report)``.
+
+    ``lam`` is the price of one LLM call in units of answer error; ``k`` passages per hop;
+    ``m`` closed-book samples per CB call; ``max_uses`` runs of each action per question.
+    """
+
+    llm: LLM
+    calibration: Calibration | Mapping[str, Any] | str | None = None
+    lam: float = 0.05
+    k: int = 5
+    m: int = 5
+    temperature: float = 0.7
+    max_uses: int = 1
+    costs: Mapping[str, float] = field(default_factory=lambda: {"R1": 1.0, "R2": 1.0, "CB": 1.0})
+    seed: int = 0
+    max_tokens: int = 48
+
+    def __post_init__(self) -> None:
+        self.calibration = load_calibration(self.calibration)
+        if not (isinstance(self.lam, (int, float)) and self.lam >= 0):
+            raise ValueError(f"lam must be a number >= 0, got {self.lam!r}")
+        for name, value in (("k", self.k), ("m", self.m), ("max_uses", self.max_uses)):
+            if not isinstance(value, int) or value < 1:
+                raise ValueError(f"{name} must be a positive integer, got {value!r}")
+        if set(self.costs) != set(ACTIONS) or min(self.costs.values()) <= 0:
+            raise ValueError("costs must give a positive cost for each of R1, R2 and CB")
+        self._posterior = VoteModel(self.calibration.source_priors(self.m), self.calibration.eta)
+        self._rates = self.calibration.rates()
+
+    def run(self, question: str, corpus: Corpus) -> tuple[str, dict[str, Any]]:
+        """Answer ``question`` from ``corpus``.
+
+        Raises ValueError on bad input, and RunAborted carrying the partial report when an LLM
+        call fails.
+        """
+        if not isinstance(question, str) or not question.strip():
+            raise ValueError("question is empty")
+        if not isinstance(corpus, Corpus):
+            raise ValueError(f"corpus must be a brag.Corpus, got {type(corpus).__name__}")
+        question = " ".join(question.split())
+        run = _Run(self, question, corpus)
+        try:
+            run.loop()
+        except Exception as err:  # a backend may raise anything; the work done is kept
+            report = run.report(f"error: {err}")
+            raise RunAborted(f"LLM call failed during {run.current or 'the run'}: {err}", report) from err
+        return run.answer(), run.report(run.stop_reason)
+
+
+class _Run:
+    """The state of one question: votes, candidates, what each action saw."""
+
+    def __init__(self, brag: BRAG, question: str, corpus: Corpus) -> None:
+        self.brag, self.question, self.corpus = brag, question, corpus
+        self.votes: list[Vote] = []
+        self.candidates = _Candidates()
+        self.uses: Counter[str] = Counter()
+        self.read_ids: list[int] = []
+        self.follow_up = ""
+        self.steps: list[dict[str, Any]] = []
+        self.calls = self.prompt_tokens = self.completion_tokens = self.cached_calls = 0
+        self.tokens_estimated = False
+        self.policy_us = 0.0
+        self.started = time.perf_counter()
+        self.stop_reason = ""
+        self.current: str | None = None
+        self.probs: list[float] = []
+        self.residual = 1.0
+
+    def available(self) -> list[str]:
+        limit = self.brag.max_uses
+        return [
+            a
+            for a in ACTIONS
+            if self.uses[a] < limit and (a != "R2" or (self.uses["R1"] > 0 and self.follow_up))
+        ]
+
+    def loop(self) -> None:
+        brag = self.brag
+        while True:
+            t0 = time.perf_counter()
+            self.probs, self.residual = brag._posterior(self.votes, len(self.candidates.texts))
+            available = self.available()
+            decision = choose_action(
+                error_probability(self.probs), brag._rates, brag.costs, available, brag.lam
+            )
+            us = (time.perf_counter() - t0) * 1e6
+            self.policy_us += us
+            step = {
+                "step": len(self.steps) + 1,
+                "posterior": self.posterior_view(),
+                "rates": dict(brag._rates),
+                "available": available,
+                "score": decision.score,
+                "action": decision.action,
+                "policy_us": round(us, 2),
+            }
+            self.steps.append(step)
+            if decision.action is None:
+                self.stop_reason = decision.stop_reason or ""
+                return
+            self.current = decision.action
+            step["observation"] = getattr(self, f"do_{decision.action}")()
+            self.uses[decision.action] += 1
+            self.current = None
+
+    def ask(self, messages: list[dict[str, str]], **kwargs: Any) -> Completion:
+        result = self.brag.llm.complete(messages, seed=self.brag.seed, **kwargs)
+        if not isinstance(result, Completion):
+            raise TypeError(f"LLM backend returned {type(result).__name__}, expected Completion")
+        self.calls += 1
+        self.prompt_tokens += result.prompt_tokens
+        self.completion_tokens += result.completion_tokens
+        self.cached_calls += int(result.cached)
+        self.tokens_estimated |= result.estimated
+        return result
+
+    def vote(self, source: str, answer: str) -> int | None:
+        if is_no_answer(answer):
+            return None
+        index = self.candidates.index(answer)
+        self.votes.append(Vote(source, index))
+        return index
+
+    def read(self, source: str, passage_ids: list[int]) -> dict[str, Any]:
+        passages = [self.corpus[i] for i in passage_ids]
+        reply = self.ask(
+            read_messages(self.question, passages),
+            n=1,
+            temperature=0.0,
+            max_tokens=self.brag.max_tokens,
+            stop=["\n\n", "\nPassages:", "\nQuestion:"],
+        )
+        raw = reply.texts[0] if reply.texts else ""
+        answer, query = parse_reading(raw)
+        if is_no_answer(answer):
+            answer = ""
+        fallback = is_degenerate_query(query, self.question)
+        if fallback:
+            query = expand_query(self.question, passages)
+        return {
+            "raw": raw,
+            "answer": answer,
+            "candidate": self.vote(source, answer),
+            "follow_up_query": query,
+            "follow_up_fallback": fallback,
+            "passages": [{"id": i, "title": self.corpus[i].title} for i in passage_ids],
+        }
+
+    def do_R1(self) -> dict[str, Any]:
+        hits = self.corpus.search(self.question, self.brag.k)
+        self.read_ids = [i for i, _ in hits]
+        seen = self.read(source="R1", passage_ids=self.read_ids)
+        seen["scores"] = [round(s, 4) for _, s in hits]
+        self.follow_up = seen["follow_up_query"]
+        return seen
+
+    def do_R2(self) -> dict[str, Any]:
+        hits = self.corpus.search(self.follow_up, self.brag.k + len(self.read_ids))
+        new = [i for i, _ in hits if i not in self.read_ids][: self.brag.k]
+        seen = self.read(source="R2", passage_ids=self.read_ids + new)
+        seen["query"] = self.follow_up
+        seen["new_passages"] = new
+        del seen["follow_up_query"], seen["follow_up_fallback"]
+        return seen
+
+    def do_CB(self) -> dict[str, Any]:
+        m = self.brag.m
+        reply = self.ask(
+            closed_book_messages(self.question),
+            n=m,
+            temperature=self.brag.temperature,
+            max_tokens=16,
+            stop=["\n"],
+        )
+        mode, g = closed_book_mode(reply.texts)
+        return {
+            "samples": list(reply.texts),
+            "answer": mode,
+            "agreement": g,
+            "candidate": self.vote(f"CB_{g}", mode) if g else None,
+        }
+
+    def posterior_view(self) -> dict[str, Any]:
+        counts = Counter(v.candidate for v in self.votes)
+        candidates = [
+            {"answer": text, "p": round(p, 6), "votes": counts[i]}
+            for i, (text, p) in enumerate(zip(self.candidates.texts, self.probs, strict=True))
+        ]
+        return {
+            "candidates": candidates,
+            "residual": round(self.residual, 6),
+            "p_err": round(error_probability(self.probs), 6),
+        }
+
+    def answer(self) -> str:
+        if not self.probs:
+            return ""
+        best = max(range(len(self.probs)), key=lambda i: (self.probs[i], -i))
+        return self.candidates.texts[best]
+
+    def report(self, stop_reason: str) -> dict[str, Any]:
+        answer = self.answer()
+        brag = self.brag
+        return {
+            "question": self.question,
+            "answer": answer,
+            "answered": bool(answer),
+            "note": "" if answer else "no candidate answer: every action returned NONE or was skipped",
+            "p_err": round(error_probability(self.probs), 6),
+            "steps": self.steps,
+            "stop_reason": stop_reason,
+            "totals": {
+                "llm_calls": self.calls,
+                "cached_calls": self.cached_calls,
+                "prompt_tokens": self.prompt_tokens,
+                "completion_tokens": self.completion_tokens,
+                "tokens_estimated": self.tokens_estimated,
+                "wall_time_s": round(time.perf_counter() - self.started, 6),
+                "policy_us": round(self.policy_us, 2),
+            },
+            "config": {
+                "lam": brag.lam,
+                "k": brag.k,
+                "m": brag.m,
+                "max_uses": brag.max_uses,
+                "calibration": {
+                    key: brag.calibration.meta.get(key) for key in ("source", "model", "corpus", "fitted")
+                },
+            },
+        }

@@ -1,0 +1,63 @@
+"""Shared test helpers: a scripted in-process LLM and the shared data directory."""
+
+from __future__ import annotations
+
+import os
+import sys
+from collections.abc import Callable
+from pathlib import Path
+
+import pytest
+
+os.environ.setdefault("GRADIO_ANALYTICS_ENABLED", "False")
+os.environ.setdefault("HF_HUB_DISABLE_TELEMETRY", "1")
+os.environ.setdefault("HF_HUB_OFFLINE", "1")
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT))
+
+import brag  # noqa: E402
+
+
+class ScriptedLLM:
+    """An LLM whose replies are functions of the prompt; records every request.
+
+    ``read(prompt)`` answers R1/R2 prompts, ``closed_book(prompt, n)`` answers CB prompts with n
+    texts. Usage is reported per request as fixed numbers so totals can be checked.
+    """
+
+    def __init__(
+        self,
+        read: Callable[[str], str],
+        closed_book: Callable[[str, int], list[str]] | None = None,
+        prompt_tokens: int = 100,
+        completion_tokens: int = 7,
+    ) -> None:
+        self.read = read
+        self.closed_book = closed_book or (lambda prompt, n: ["NONE"] * n)
+        self.prompt_tokens = prompt_tokens
+        self.completion_tokens = completion_tokens
+        self.requests: list[dict] = []
+
+    def complete(self, messages, *, n=1, temperature=0.0, max_tokens=64, stop=None, seed=None):
+        prompt = messages[-1]["content"]
+        self.requests.append({"messages": messages, "n": n, "temperature": temperature})
+        if messages[0]["content"] == brag.CLOSED_BOOK_INSTRUCTIONS:
+            texts = self.closed_book(prompt, n)
+        else:
+            texts = [self.read(prompt)]
+        assert len(texts) == n
+        return brag.Completion(texts, self.prompt_tokens, self.completion_tokens * n)
+
+
+def last_block(prompt: str) -> str:
+    """The part of a prompt after the worked examples: the real passages and question."""
+    return prompt.rsplit("\n\nPassages:\n", 1)[-1]
+
+
+@pytest.fixture
+def shared_data() -> Path:
+    path = brag.data_dir()
+    if path is None or not path.is_dir():
+        pytest.skip("shared evaluation data not found (set BRAG_DATA_DIR)")
+    return path

@@ -1,0 +1,87 @@
+"""Policy (SPEC section 1): information rates, argmax D/c, stop rule, monotone in lambda."""
+
+import math
+
+import pytest
+from conftest import ScriptedLLM, last_block
+
+from brag import BRAG, ActionPrior, Corpus, Level, choose_action, information_rate, load_calibration
+
+RATES = {"R1": 1.2, "R2": 1.0, "CB": 0.9}
+COSTS = {"R1": 1.0, "R2": 1.0, "CB": 1.0}
+
+
+def test_information_rate_formula():
+    eta, rho, q = 0.1, 0.6, 0.8
+    expected = q * (rho - (1 - rho) * eta) * math.log(rho / ((1 - rho) * eta))
+    assert information_rate(ActionPrior(q, 6, 4), eta) == pytest.approx(expected)
+
+
+def test_closed_book_rate_is_expectation_over_levels():
+    eta = 0.2
+    levels = (Level(1, 0.25, 1, 3), Level(2, 0.75, 3, 1))
+    d = [(k - (1 - k) * eta) * math.log(k / ((1 - k) * eta)) for k in (0.25, 0.75)]
+    expected = 0.9 * (0.25 * d[0] + 0.75 * d[1])
+    assert information_rate(ActionPrior(0.9, 1, 1, levels), eta) == pytest.approx(expected)
+
+
+def test_rate_is_zero_for_an_uninformative_source():
+    # rho = (1 - rho) * eta: a vote is as likely right as a wrong answer repeating.
+    eta = 0.25
+    rho = eta / (1 + eta)
+    assert information_rate(ActionPrior(1.0, rho, 1 - rho), eta) == pytest.approx(0.0, abs=1e-12)
+
+
+def test_picks_argmax_rate_per_cost():
+    assert choose_action(1.0, RATES, COSTS, ["R1", "R2", "CB"], 0.05).action == "R1"
+    assert choose_action(1.0, RATES, COSTS, ["R2", "CB"], 0.05).action == "R2"
+    cheap_cb = dict(COSTS, CB=0.5)
+    assert choose_action(1.0, RATES, cheap_cb, ["R1", "R2", "CB"], 0.05).action == "CB"
+
+
+def test_stops_exactly_at_the_rule():
+    # P_err * D* / c* = 0.5 * 1.2 = 0.6
+    assert choose_action(0.5, RATES, COSTS, ["R1"], 0.6).action is None
+    assert choose_action(0.5, RATES, COSTS, ["R1"], 0.5999).action == "R1"
+    left = choose_action(0.5, RATES, COSTS, [], 0.0)
+    assert left.action is None and left.stop_reason == "no action left"
+
+
+def test_r2_is_unavailable_before_r1():
+    # A calibration where R2 is by far the most informative: the controller still opens with R1.
+    cal = load_calibration().to_dict()
+    cal["actions"]["R2"] = {"q": 1.0, "rho": {"a": 99.0, "b": 1.0}}
+    llm = ScriptedLLM(read=lambda prompt: "Answer: NONE\nFollow-up query: Mars moon")
+    corpus = Corpus(["Phobos is a moon of Mars.", "Deimos is a moon of Mars."])
+    _, report = BRAG(llm, calibration=cal, lam=0.0).run("Which moon?", corpus)
+    actions = [s["action"] for s in report["steps"] if s["action"]]
+    assert actions[0] != "R2"
+    assert report["steps"][0]["available"] == ["R1", "CB"]
+    assert actions.index("R2") > actions.index("R1")
+
+
+def tower_llm(prompt: str) -> str:
+    block = last_block(prompt)
+    if "Lina Berg" in block and "Bergen" in block:
+        return "Answer: Bergen\nFollow-up query: Lina Berg birthplace"
+    return "Answer: NONE\nFollow-up query: Lina Berg"
+
+
+TOWER = [
+    {"title": "Glass Tower", "text": "The Glass Tower was designed by the architect Lina Berg."},
+    {"title": "Lina Berg", "text": "Lina Berg is an architect born in Bergen in 1950."},
+    {"title": "Oslo", "text": "Oslo is the capital of Norway."},
+]
+
+
+@pytest.mark.parametrize("cb_answers", [["Oslo"] * 5, ["Bergen", "Bergen", "Oslo", "NONE", "x"]])
+def test_larger_lambda_never_makes_more_calls(cb_answers):
+    corpus = Corpus(TOWER)
+    question = "Where was the architect of the Glass Tower born?"
+    calls = []
+    for lam in [0.0, 0.001, 0.01, 0.05, 0.1, 0.2, 0.5, 1.0, 2.0]:
+        llm = ScriptedLLM(read=tower_llm, closed_book=lambda p, n: cb_answers[:n])
+        _, report = BRAG(llm, lam=lam, k=1).run(question, corpus)
+        calls.append(report["totals"]["llm_calls"])
+    assert calls == sorted(calls, reverse=True)
+    assert calls[0] == 3 and calls[-1] == 0

@@ -1,0 +1,145 @@
+"""End to end: BRAG.run with a scripted LLM over a small corpus."""
+
+import json
+
+import pytest
+from conftest import ScriptedLLM, last_block
+
+from brag import BRAG, Corpus, Passage, RunAborted, expand_query, is_degenerate_query
+
+PASSAGES = [
+    {"title": "Glass Tower", "text": "The Glass Tower in Oslo was designed by the architect Lina Berg."},
+    {"title": "Lina Berg", "text": "Lina Berg is a Norwegian architect, born in Bergen in 1950."},
+    {"title": "Oslo", "text": "Oslo is the capital of Norway and its largest city."},
+    {"title": "Bergen", "text": "Bergen is a city on the west coast of Norway."},
+    {"title": "Fjord", "text": "A fjord is a long, narrow inlet with steep sides."},
+]
+QUESTION = "In which city was the designer of the Glass Tower born?"
+
+
+def two_hop_reader(prompt: str) -> str:
+    """Knows the answer only when it has read the Lina Berg passage; writes no useful query."""
+    block = last_block(prompt)
+    if "born in Bergen" in block:
+        return "Answer: Bergen\nFollow-up query: "
+    return "Answer: NONE\nFollow-up query: " + QUESTION
+
+
+def test_two_hop_question_is_answered_through_the_fallback_query():
+    # Closed-book samples that disagree are a weak vote (g = 1), so the read answer wins.
+    llm = ScriptedLLM(
+        read=two_hop_reader, closed_book=lambda p, n: ["Oslo", "Rome", "Lima", "NONE", "Bern"][:n]
+    )
+    answer, report = BRAG(llm, k=1, lam=0.05).run(QUESTION, Corpus(PASSAGES))
+    assert answer == "Bergen"
+    steps = [s for s in report["steps"] if s["action"]]
+    assert [s["action"] for s in steps][:2] == ["R1", "R2"]
+    r1, r2 = steps[0]["observation"], steps[1]["observation"]
+    assert r1["answer"] == "" and r1["candidate"] is None
+    assert r1["follow_up_fallback"] is True and "Lina Berg" in r1["follow_up_query"]
+    assert r2["new_passages"] == [1] and r2["answer"] == "Bergen"
+    assert [p["id"] for p in r2["passages"]] == [0, 1]
+    cb = steps[2]["observation"]
+    assert cb["agreement"] == 1 and report["p_err"] < 0.5
+
+
+def test_unanimous_closed_book_outweighs_a_single_read():
+    llm = ScriptedLLM(read=two_hop_reader, closed_book=lambda p, n: ["Oslo"] * n)
+    answer, _ = BRAG(llm, k=1, lam=0.05).run(QUESTION, Corpus(PASSAGES))
+    # kappa_5 = 0.7 against rho_R2 = 0.6 in the shipped priors.
+    assert answer == "Oslo"
+
+
+def test_totals_equal_what_the_llm_reported_and_report_is_json():
+    llm = ScriptedLLM(
+        read=two_hop_reader,
+        closed_book=lambda p, n: ["Bergen", "Oslo", "Bergen", "x", "NONE"][:n],
+        prompt_tokens=123,
+        completion_tokens=9,
+    )
+    _, report = BRAG(llm, k=1, lam=0.0).run(QUESTION, Corpus(PASSAGES))
+    totals = report["totals"]
+    assert totals["llm_calls"] == len(llm.requests) == 3
+    assert totals["prompt_tokens"] == 123 * 3
+    assert totals["completion_tokens"] == 9 * (1 + 1 + 5)
+    assert totals["cached_calls"] == 0 and totals["tokens_estimated"] is False
+    assert report["stop_reason"] == "no action left"
+    cb = next(s for s in report["steps"] if s["action"] == "CB")["observation"]
+    assert cb["answer"] == "Bergen" and cb["agreement"] == 2
+    assert llm.requests[-1]["n"] == 5 and llm.requests[-1]["temperature"] > 0
+    final = report["steps"][-1]
+    assert final["action"] is None
+    assert final["posterior"]["candidates"][0]["answer"] == "Bergen"
+    assert final["posterior"]["candidates"][0]["votes"] == 2
+    probs = [c["p"] for c in final["posterior"]["candidates"]]
+    assert sum(probs) + final["posterior"]["residual"] == pytest.approx(1.0, abs=1e-5)
+    for step in report["steps"]:
+        assert set(step["rates"]) == {"R1", "R2", "CB"} and step["policy_us"] >= 0
+    assert json.loads(json.dumps(report)) == report
+
+
+def test_deterministic_for_equal_inputs():
+    def run():
+        llm = ScriptedLLM(read=two_hop_reader, closed_book=lambda p, n: ["Oslo"] * n)
+        answer, report = BRAG(llm, k=1).run(QUESTION, Corpus(PASSAGES))
+        for step in report["steps"]:
+            step.pop("policy_us")
+        report["totals"].pop("wall_time_s")
+        report["totals"].pop("policy_us")
+        return answer, report
+
+    assert run() == run()
+
+
+def test_no_candidate_gives_empty_answer_and_says_so():
+    llm = ScriptedLLM(read=lambda p: "NONE")
+    answer, report = BRAG(llm, lam=0.0).run("What is unknowable?", Corpus(PASSAGES))
+    assert answer == "" and report["answered"] is False and "no candidate" in report["note"]
+    assert report["totals"]["llm_calls"] == 3
+
+
+class FailingLLM(ScriptedLLM):
+    def complete(self, messages, **kwargs):
+        if len(self.requests) == 1:
+            self.requests.append({})
+            raise ConnectionError("endpoint unreachable")
+        return super().complete(messages, **kwargs)
+
+
+def test_failure_mid_run_keeps_the_partial_report():
+    llm = FailingLLM(read=lambda p: "Answer: Oslo\nFollow-up query: Oslo city")
+    with pytest.raises(RunAborted, match="endpoint unreachable") as err:
+        BRAG(llm, lam=0.0).run(QUESTION, Corpus(PASSAGES))
+    report = err.value.report
+    assert report["totals"]["llm_calls"] == 1
+    assert report["answer"] == "Oslo"
+    assert report["stop_reason"].startswith("error")
+    assert isinstance(err.value.__cause__, ConnectionError)
+
+
+@pytest.mark.parametrize("question", ["", "   ", None])
+def test_empty_question_is_a_value_error(question):
+    with pytest.raises(ValueError, match="question is empty"):
+        BRAG(ScriptedLLM(read=str)).run(question, Corpus(PASSAGES))
+
+
+def test_non_corpus_and_bad_settings_are_value_errors():
+    with pytest.raises(ValueError, match=r"brag\.Corpus"):
+        BRAG(ScriptedLLM(read=str)).run("q?", PASSAGES)
+    with pytest.raises(ValueError, match="lam"):
+        BRAG(ScriptedLLM(read=str), lam=-1)
+    with pytest.raises(ValueError, match="k must be"):
+        BRAG(ScriptedLLM(read=str), k=0)
+    with pytest.raises(ValueError, match="calibration"):
+        BRAG(ScriptedLLM(read=str), calibration='{"version": 1}')
+
+
+def test_degenerate_queries_and_expansion():
+    assert is_degenerate_query("", QUESTION)
+    assert is_degenerate_query(QUESTION.upper(), QUESTION)
+    assert is_degenerate_query("Glass Tower designer", QUESTION)
+    assert not is_degenerate_query("Lina Berg birthplace", QUESTION)
+    read = [Passage("Glass Tower", "The Glass Tower in Oslo was designed by Lina Berg.")]
+    expanded = expand_query(QUESTION, read)
+    assert expanded.startswith(QUESTION) and "Lina Berg" in expanded and "Oslo" in expanded
+    assert expanded.count("Glass Tower") == 1
