@@ -35,6 +35,7 @@ __all__ = [
     "BRAG",
     "LLM",
     "ActionPrior",
+    "Beliefs",
     "Calibration",
     "Completion",
     "Corpus",
@@ -70,6 +71,7 @@ class Completion:
     completion_tokens: int = 0
     cached: bool = False  # served from a response cache (it was a real call when made)
     estimated: bool = False  # token counts estimated because the server reported none
+    requests: int = 1  # HTTP requests (or local generations) behind this call
 
 
 @runtime_checkable
@@ -226,12 +228,12 @@ def _lnbeta(x: float, y: float) -> float:
 
 
 class VoteModel:
-    """The posterior of SPEC section 1 with its Beta-function terms tabulated once.
+    """The posterior of SPEC section 1, with its Beta-function terms tabulated once.
 
     ``log w_i = sum_t [lnB(a_t + n_ti, b_t + N_t - n_ti) - lnB(a_t, b_t + N_t)] - n_i ln eta``
-    and ``log w_0 = -ln eta``, per-query reliabilities integrated out. A candidate with no vote
-    of type t contributes lnB(a, b+N) - lnB(a, b+N) = 0, so only (type, candidate) pairs that
-    were voted matter, and each is one lookup ``table[t][N_t][n_ti]`` (``-n ln eta`` included).
+    and ``log w_0 = -ln eta``, per-query reliabilities integrated out. ``table[t][N][n]`` is the
+    bracket for N votes of type t of which n went to the candidate, ``-n ln eta`` included; a
+    candidate with no vote of type t gets ``table[t][N][0] = 0``.
     """
 
     def __init__(self, priors: Mapping[str, tuple[float, float]], eta: float, max_votes: int = 8) -> None:
@@ -246,29 +248,65 @@ class VoteModel:
         base = _lnbeta(a, b + big_n)
         return [_lnbeta(a + n, b + big_n - n) - base - n * self.ln_eta for n in range(big_n + 1)]
 
-    def __call__(self, votes: Sequence[Vote], n_candidates: int) -> tuple[list[float], float]:
-        """Posterior probability of each candidate and of the residual (none of them)."""
-        if not votes:
-            return [0.0] * n_candidates, 1.0
-        totals: dict[str, int] = {}
-        pairs: dict[Vote, int] = {}
-        for vote in votes:
-            totals[vote.source] = totals.get(vote.source, 0) + 1
-            pairs[vote] = pairs.get(vote, 0) + 1
-        log_w = [0.0] * n_candidates
-        table = self.table
-        for (source, cand), n in pairs.items():
-            rows = table[source]
-            big_n = totals[source]
-            row = rows[big_n] if big_n < len(rows) else self._row(source, big_n)
-            log_w[cand] += row[n]
-        log_w0 = -self.ln_eta
-        top = max(log_w0, max(log_w))
+    def row(self, source: str, big_n: int) -> list[float]:
+        """The tabulated terms for N = ``big_n`` votes of type ``source``."""
+        rows = self.table[source]
+        return rows[big_n] if big_n < len(rows) else self._row(source, big_n)
+
+    def beliefs(self) -> Beliefs:
+        """An empty posterior state to add votes to."""
+        return Beliefs(self)
+
+
+class Beliefs:
+    """Posterior state of one question, updated in place as votes arrive.
+
+    Adding a vote of type t changes N_t, so it moves the weight of every candidate holding a
+    vote of type t; keeping the log weights up to date makes each update and each read a few
+    list operations instead of a pass over all votes.
+    """
+
+    def __init__(self, model: VoteModel) -> None:
+        self.model = model
+        self.log_w: list[float] = []
+        self.counts: dict[str, dict[int, int]] = {}  # type -> candidate -> votes
+
+    def add(self, vote: Vote) -> None:
+        """Record one vote."""
+        source, cand = vote
+        log_w = self.log_w
+        while len(log_w) <= cand:
+            log_w.append(0.0)
+        counts = self.counts.setdefault(source, {})
+        big_n = sum(counts.values())
+        old, new = self.model.row(source, big_n), self.model.row(source, big_n + 1)
+        for i, n in counts.items():
+            log_w[i] += new[n] - old[n]
+        n = counts.get(cand, 0)
+        log_w[cand] += new[n + 1] - new[n]
+        counts[cand] = n + 1
+
+    def probabilities(self, n_candidates: int | None = None) -> tuple[list[float], float]:
+        """Posterior of each candidate (padded to ``n_candidates``) and of the residual."""
+        log_w = self.log_w
+        if n_candidates is not None and n_candidates > len(log_w):
+            log_w = log_w + [0.0] * (n_candidates - len(log_w))
+        if not self.counts:
+            return [0.0] * len(log_w), 1.0
+        log_w0 = -self.model.ln_eta
+        top = max(log_w)
+        if top < log_w0:
+            top = log_w0
         exp = math.exp
-        weights = [exp(x - top) for x in log_w]
         w0 = exp(log_w0 - top)
-        z = w0 + sum(weights)
-        return [w / z for w in weights], w0 / z
+        z = w0
+        weights = []
+        for x in log_w:
+            w = exp(x - top)
+            weights.append(w)
+            z += w
+        inv = 1.0 / z
+        return [w * inv for w in weights], w0 * inv
 
 
 def posterior(
@@ -277,8 +315,11 @@ def posterior(
     priors: Mapping[str, tuple[float, float]],
     eta: float,
 ) -> tuple[list[float], float]:
-    """Posterior of each candidate and of the residual; see :class:`VoteModel`."""
-    return VoteModel(priors, eta, max_votes=0)(votes, n_candidates)
+    """Posterior of each candidate and of the residual (none of them); see :class:`VoteModel`."""
+    beliefs = VoteModel(priors, eta, max_votes=0).beliefs()
+    for vote in votes:
+        beliefs.add(vote)
+    return beliefs.probabilities(n_candidates)
 
 
 def error_probability(probs: Sequence[float]) -> float:
@@ -315,18 +356,18 @@ class Decision(NamedTuple):
 
 def choose_action(
     p_err: float,
-    rates: Mapping[str, float],
-    costs: Mapping[str, float],
+    rate_per_cost: Mapping[str, float],
     available: Sequence[str],
     lam: float,
 ) -> Decision:
-    """a* = argmax D_a / c_a over ``available``; stop when P_err * D_a* / c_a* <= lam.
+    """Pick a* = argmax D_a / c_a over ``available``; stop when P_err * D_a* / c_a* <= lam.
 
-    Ties go to the earlier action in ``available`` so the choice is deterministic.
+    ``rate_per_cost`` holds D_a / c_a per action. Ties go to the earlier action in
+    ``available`` so the choice is deterministic.
     """
     best, best_ratio = None, -math.inf
     for action in available:
-        ratio = rates[action] / costs[action]
+        ratio = rate_per_cost[action]
         if ratio > best_ratio:
             best, best_ratio = action, ratio
     if best is None:
@@ -827,8 +868,9 @@ class BRAG:
                 raise ValueError(f"{name} must be a positive integer, got {value!r}")
         if set(self.costs) != set(ACTIONS) or min(self.costs.values()) <= 0:
             raise ValueError("costs must give a positive cost for each of R1, R2 and CB")
-        self._posterior = VoteModel(self.calibration.source_priors(self.m), self.calibration.eta)
+        self._vote_model = VoteModel(self.calibration.source_priors(self.m), self.calibration.eta)
         self._rates = self.calibration.rates()
+        self._rate_per_cost = {a: rate / self.costs[a] for a, rate in self._rates.items()}
 
     def run(self, question: str, corpus: Corpus) -> tuple[str, dict[str, Any]]:
         """Answer ``question`` from ``corpus``.
@@ -856,12 +898,14 @@ class _Run:
     def __init__(self, brag: BRAG, question: str, corpus: Corpus) -> None:
         self.brag, self.question, self.corpus = brag, question, corpus
         self.votes: list[Vote] = []
+        self.beliefs = brag._vote_model.beliefs()
+        self.update_us = 0.0  # posterior update for the latest vote, billed to the next decision
         self.candidates = _Candidates()
         self.uses: Counter[str] = Counter()
         self.read_ids: list[int] = []
         self.follow_up = ""
         self.steps: list[dict[str, Any]] = []
-        self.calls = self.prompt_tokens = self.completion_tokens = self.cached_calls = 0
+        self.calls = self.requests = self.prompt_tokens = self.completion_tokens = self.cached_calls = 0
         self.tokens_estimated = False
         self.policy_us = 0.0
         self.started = time.perf_counter()
@@ -882,12 +926,11 @@ class _Run:
         brag = self.brag
         while True:
             t0 = time.perf_counter()
-            self.probs, self.residual = brag._posterior(self.votes, len(self.candidates.texts))
+            self.probs, self.residual = self.beliefs.probabilities(len(self.candidates.texts))
             available = self.available()
-            decision = choose_action(
-                error_probability(self.probs), brag._rates, brag.costs, available, brag.lam
-            )
-            us = (time.perf_counter() - t0) * 1e6
+            decision = choose_action(error_probability(self.probs), brag._rate_per_cost, available, brag.lam)
+            us = (time.perf_counter() - t0) * 1e6 + self.update_us
+            self.update_us = 0.0
             self.policy_us += us
             step = {
                 "step": len(self.steps) + 1,
@@ -912,6 +955,7 @@ class _Run:
         if not isinstance(result, Completion):
             raise TypeError(f"LLM backend returned {type(result).__name__}, expected Completion")
         self.calls += 1
+        self.requests += result.requests
         self.prompt_tokens += result.prompt_tokens
         self.completion_tokens += result.completion_tokens
         self.cached_calls += int(result.cached)
@@ -922,7 +966,11 @@ class _Run:
         if is_no_answer(answer):
             return None
         index = self.candidates.index(answer)
-        self.votes.append(Vote(source, index))
+        vote = Vote(source, index)
+        t0 = time.perf_counter()
+        self.beliefs.add(vote)
+        self.update_us += (time.perf_counter() - t0) * 1e6
+        self.votes.append(vote)
         return index
 
     def read(self, source: str, passage_ids: list[int]) -> dict[str, Any]:
@@ -961,6 +1009,13 @@ class _Run:
     def do_R2(self) -> dict[str, Any]:
         hits = self.corpus.search(self.follow_up, self.brag.k + len(self.read_ids))
         new = [i for i, _ in hits if i not in self.read_ids][: self.brag.k]
+        if not new:
+            # Re-reading the same window would repeat R1's answer as if it were independent.
+            return {
+                "query": self.follow_up,
+                "new_passages": [],
+                "skipped": "the follow-up query found no new passage",
+            }
         seen = self.read(source="R2", passage_ids=self.read_ids + new)
         seen["query"] = self.follow_up
         seen["new_passages"] = new
@@ -1015,6 +1070,7 @@ class _Run:
             "stop_reason": stop_reason,
             "totals": {
                 "llm_calls": self.calls,
+                "llm_requests": self.requests,
                 "cached_calls": self.cached_calls,
                 "prompt_tokens": self.prompt_tokens,
                 "completion_tokens": self.completion_tokens,

@@ -8,7 +8,6 @@ from conftest import ScriptedLLM, last_block
 from brag import BRAG, ActionPrior, Corpus, Level, choose_action, information_rate, load_calibration
 
 RATES = {"R1": 1.2, "R2": 1.0, "CB": 0.9}
-COSTS = {"R1": 1.0, "R2": 1.0, "CB": 1.0}
 
 
 def test_information_rate_formula():
@@ -33,17 +32,25 @@ def test_rate_is_zero_for_an_uninformative_source():
 
 
 def test_picks_argmax_rate_per_cost():
-    assert choose_action(1.0, RATES, COSTS, ["R1", "R2", "CB"], 0.05).action == "R1"
-    assert choose_action(1.0, RATES, COSTS, ["R2", "CB"], 0.05).action == "R2"
-    cheap_cb = dict(COSTS, CB=0.5)
-    assert choose_action(1.0, RATES, cheap_cb, ["R1", "R2", "CB"], 0.05).action == "CB"
+    assert choose_action(1.0, RATES, ["R1", "R2", "CB"], 0.05).action == "R1"
+    assert choose_action(1.0, RATES, ["R2", "CB"], 0.05).action == "R2"
+    assert choose_action(1.0, dict(RATES, R2=1.2), ["R1", "R2"], 0.05).action == "R1"  # tie: first
+
+
+def test_cost_enters_through_rate_per_cost():
+    # CB at half the price of a read: D/c = 0.9 / 0.5 = 1.8 beats R1's 1.2.
+    corpus = Corpus(["Phobos is a moon of Mars.", "Deimos is a moon of Mars.", "Io is a moon."])
+    llm = ScriptedLLM(read=lambda p: "NONE", closed_book=lambda p, n: ["Phobos"] * n)
+    costs = {"R1": 1.0, "R2": 1.0, "CB": 0.5}
+    _, report = BRAG(llm, costs=costs, lam=0.0).run("Which moon?", corpus)
+    assert report["steps"][0]["action"] == "CB"
 
 
 def test_stops_exactly_at_the_rule():
     # P_err * D* / c* = 0.5 * 1.2 = 0.6
-    assert choose_action(0.5, RATES, COSTS, ["R1"], 0.6).action is None
-    assert choose_action(0.5, RATES, COSTS, ["R1"], 0.5999).action == "R1"
-    left = choose_action(0.5, RATES, COSTS, [], 0.0)
+    assert choose_action(0.5, RATES, ["R1"], 0.6).action is None
+    assert choose_action(0.5, RATES, ["R1"], 0.5999).action == "R1"
+    left = choose_action(0.5, RATES, [], 0.0)
     assert left.action is None and left.stop_reason == "no action left"
 
 

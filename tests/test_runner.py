@@ -78,6 +78,16 @@ def test_totals_equal_what_the_llm_reported_and_report_is_json():
     assert json.loads(json.dumps(report)) == report
 
 
+def test_r2_without_new_passages_makes_no_call_and_no_vote():
+    llm = ScriptedLLM(read=lambda p: "Answer: Oslo\nFollow-up query: Norway capital city")
+    small = Corpus(PASSAGES[:3])
+    _, report = BRAG(llm, k=5, lam=0.0).run("What is the capital of Norway?", small)
+    r2 = next(s for s in report["steps"] if s["action"] == "R2")["observation"]
+    assert r2["new_passages"] == [] and "no new passage" in r2["skipped"]
+    assert report["totals"]["llm_calls"] == len(llm.requests) == 2  # R1 and CB only
+    assert report["steps"][-1]["posterior"]["candidates"][0]["votes"] == 1
+
+
 def test_deterministic_for_equal_inputs():
     def run():
         llm = ScriptedLLM(read=two_hop_reader, closed_book=lambda p, n: ["Oslo"] * n)
@@ -93,7 +103,7 @@ def test_deterministic_for_equal_inputs():
 
 def test_no_candidate_gives_empty_answer_and_says_so():
     llm = ScriptedLLM(read=lambda p: "NONE")
-    answer, report = BRAG(llm, lam=0.0).run("What is unknowable?", Corpus(PASSAGES))
+    answer, report = BRAG(llm, lam=0.0, k=2).run("What is unknowable?", Corpus(PASSAGES))
     assert answer == "" and report["answered"] is False and "no candidate" in report["note"]
     assert report["totals"]["llm_calls"] == 3
 

