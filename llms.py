@@ -385,7 +385,10 @@ def _load_llama(path: str, n_ctx: int, n_threads: int | None) -> Any:
         if key not in _LOADED:
             from llama_cpp import Llama
 
-            _LOADED[key] = Llama(model_path=path, n_ctx=n_ctx, n_threads=n_threads, verbose=False)
+            threads = n_threads or os.cpu_count() or 1  # llama-cpp-python's default is half the cores
+            _LOADED[key] = Llama(
+                model_path=path, n_ctx=n_ctx, n_threads=threads, n_threads_batch=threads, verbose=False
+            )
             if len(_LOADED) == 1:
                 atexit.register(_close_models)
         return _LOADED[key]

@@ -62,6 +62,12 @@ def test_real_answers_are_votes(text):
         ("The answer is Lyon.", "Lyon", ""),
         ("", "", ""),
         ('NONE\nFollow-up query: "who built it"', "NONE", "who built it"),
+        (" No, Waste Land is a drink.  It is sweet.", "No", ""),
+        ("Yes.", "Yes", ""),
+        ("Nobel Prize in Physics. She won it twice.", "Nobel Prize in Physics", ""),
+        ("J. R. R. Tolkien", "J. R. R. Tolkien", ""),
+        ("St. Louis, Missouri.", "St. Louis, Missouri", ""),
+        ("Dr. Who was first shown in 1963. It ran for years.", "Dr. Who was first shown in 1963", ""),
     ],
 )
 def test_parse_reading_is_robust(reply, answer, query):
