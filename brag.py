@@ -22,7 +22,7 @@ import string
 import time
 import unicodedata
 from collections import Counter
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, NamedTuple, Protocol, runtime_checkable
@@ -903,8 +903,13 @@ class BRAG:
         self._rates = self.calibration.rates()
         self._rate_per_cost = {a: rate / self.costs[a] for a, rate in self._rates.items()}
 
-    def run(self, question: str, corpus: Corpus) -> tuple[str, dict[str, Any]]:
-        """Answer ``question`` from ``corpus``.
+    def run(
+        self,
+        question: str,
+        corpus: Corpus,
+        on_step: Callable[[dict[str, Any]], None] | None = None,
+    ) -> tuple[str, dict[str, Any]]:
+        """Answer ``question`` from ``corpus``; ``on_step`` sees each decision before it runs.
 
         Raises ValueError on bad input, and RunAborted carrying the partial report when an LLM
         call fails.
@@ -914,7 +919,7 @@ class BRAG:
         if not isinstance(corpus, Corpus):
             raise ValueError(f"corpus must be a brag.Corpus, got {type(corpus).__name__}")
         question = " ".join(question.split())
-        run = _Run(self, question, corpus)
+        run = _Run(self, question, corpus, on_step)
         try:
             run.loop()
         except Exception as err:  # a backend may raise anything; the work done is kept
@@ -926,8 +931,14 @@ class BRAG:
 class _Run:
     """The state of one question: votes, candidates, what each action saw."""
 
-    def __init__(self, brag: BRAG, question: str, corpus: Corpus) -> None:
-        self.brag, self.question, self.corpus = brag, question, corpus
+    def __init__(
+        self,
+        brag: BRAG,
+        question: str,
+        corpus: Corpus,
+        on_step: Callable[[dict[str, Any]], None] | None = None,
+    ) -> None:
+        self.brag, self.question, self.corpus, self.on_step = brag, question, corpus, on_step
         self.votes: list[Vote] = []
         self.beliefs = brag._vote_model.beliefs()
         self.update_us = 0.0  # posterior update for the latest vote, billed to the next decision
@@ -973,6 +984,8 @@ class _Run:
                 "policy_us": round(us, 2),
             }
             self.steps.append(step)
+            if self.on_step is not None:
+                self.on_step(step)
             if decision.action is None:
                 self.stop_reason = decision.stop_reason or ""
                 return

@@ -101,6 +101,18 @@ def test_deterministic_for_equal_inputs():
     assert run() == run()
 
 
+def test_on_step_sees_every_decision_before_it_runs():
+    seen = []
+    llm = ScriptedLLM(read=two_hop_reader, closed_book=lambda p, n: ["Oslo"] * n)
+
+    def on_step(step):
+        seen.append((step["step"], step["action"], len(llm.requests)))
+
+    _, report = BRAG(llm, k=1, lam=0.0).run(QUESTION, Corpus(PASSAGES), on_step=on_step)
+    assert [a for _, a, _ in seen] == [s["action"] for s in report["steps"]]
+    assert [calls for _, _, calls in seen] == list(range(len(seen)))  # called before the LLM call
+
+
 def test_no_candidate_gives_empty_answer_and_says_so():
     llm = ScriptedLLM(read=lambda p: "NONE")
     answer, report = BRAG(llm, lam=0.0, k=2).run("What is unknowable?", Corpus(PASSAGES))

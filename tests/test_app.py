@@ -1,0 +1,325 @@
+"""The app launched for real (``python app.py`` on a free loopback port), its LLM being the tests'
+loopback OpenAI-compatible server: gradio_client, REST, concurrency, bad input, the Hub path and
+a real browser."""
+
+from __future__ import annotations
+
+import json
+import shutil
+import threading
+import time
+import urllib.request
+from concurrent.futures import ThreadPoolExecutor
+
+import pytest
+from app_server import AppProcess
+from conftest import ROOT
+from gradio_client import Client
+from gradio_client.exceptions import AppError
+from hub_server import FakeHub
+from openai_server import FakeOpenAI, Reply
+
+QUESTION = "Where was the architect of the Glass Tower born?"
+DOC_LINES = "\n".join(
+    [
+        "The Glass Tower in Oslo was designed by the architect Lina Berg.",
+        "Lina Berg is a Norwegian architect, born in Bergen in 1961.",
+        "Oslo is the capital of Norway.",
+        "The fjord is long and narrow.",
+    ]
+)
+DOC_JSON = json.dumps(
+    [
+        {"title": "Glass Tower", "text": "The Glass Tower in Oslo was designed by the architect Lina Berg."},
+        {"title": "Lina Berg", "text": "Lina Berg is a Norwegian architect, born in Bergen in 1961."},
+        {"title": "Oslo", "text": "Oslo is the capital of Norway."},
+    ]
+)
+
+
+def scripted(request: dict) -> Reply:
+    """Reads answer Bergen when the Lina Berg passage is in the prompt; CB samples disagree."""
+    content = request["messages"][-1]["content"].rsplit("\n\nPassages:\n", 1)[-1]
+    if "Passages:" in request["messages"][-1]["content"]:
+        if "born in Bergen" in content:
+            return Reply(texts=["Answer: Bergen\nFollow-up query: Lina Berg birthplace"])
+        return Reply(texts=["Answer: NONE\nFollow-up query: Lina Berg"])
+    return Reply(texts=["Oslo", "Rome", "NONE", "Paris", "Lima"][: request.get("n", 1)])
+
+
+def args(
+    question=QUESTION, corpus="", documents=DOC_LINES, lam=0.05, model="", token="", provider="auto", cal=""
+):
+    return [question, corpus, documents, lam, model, token, provider, cal]
+
+
+@pytest.fixture(scope="module")
+def llm_server():
+    with FakeOpenAI(handler=scripted) as server:
+        yield server
+
+
+@pytest.fixture(scope="module")
+def app(llm_server):
+    with AppProcess({"BRAG_MODEL": llm_server.url + "#scripted", "HF_TOKEN": ""}) as process:
+        yield process
+
+
+@pytest.fixture(scope="module")
+def client(app):
+    return Client(app.url, verbose=False)
+
+
+@pytest.mark.parametrize("documents", [DOC_LINES, DOC_JSON], ids=["lines", "json"])
+def test_client_predict_returns_the_answer_and_a_matching_report(client, llm_server, documents):
+    before = len(llm_server.chat_requests)
+    answer, report = client.predict(*args(documents=documents), api_name="/brag")
+    made = len(llm_server.chat_requests) - before
+    assert answer == "Bergen"
+    assert report["answer"] == "Bergen" and report["corpus"] == "your documents"
+    assert report["totals"]["llm_calls"] == made >= 1
+    assert all(key in report["steps"][0] for key in ("posterior", "rates", "action", "policy_us"))
+
+
+def test_named_demo_corpus_works_without_download(client):
+    answer, report = client.predict(*args(corpus="Demo", documents=""), api_name="/brag")
+    assert answer == "Bergen" and report["corpus"] == "Demo"
+    assert any(
+        p["title"] == "Lina Berg"
+        for s in report["steps"]
+        for p in (s.get("observation") or {}).get("passages", [])
+    )
+
+
+def sse_result(url: str) -> list:
+    """Read a Gradio SSE stream to its ``complete`` event and return the data."""
+    with urllib.request.urlopen(url, timeout=60) as response:
+        event = None
+        for raw in response:
+            line = raw.decode().strip()
+            if line.startswith("event:"):
+                event = line.split(":", 1)[1].strip()
+            elif line.startswith("data:") and event in ("complete", "error"):
+                data = line.split(":", 1)[1].strip()
+                if event == "error":
+                    raise AssertionError(f"error event: {data}")
+                return json.loads(data)
+    raise AssertionError("stream ended without a complete event")
+
+
+def test_rest_call_returns_the_same_answer(app, client):
+    expected, _ = client.predict(*args(), api_name="/brag")
+    body = json.dumps({"data": args()}).encode()
+    request = urllib.request.Request(
+        app.url + "gradio_api/call/brag", data=body, headers={"Content-Type": "application/json"}
+    )
+    with urllib.request.urlopen(request, timeout=30) as response:
+        event_id = json.loads(response.read())["event_id"]
+    answer, report = sse_result(app.url + f"gradio_api/call/brag/{event_id}")
+    assert answer == expected == "Bergen"
+    assert report["totals"]["llm_calls"] >= 1
+
+
+@pytest.mark.parametrize(
+    ("overrides", "message"),
+    [
+        ({"question": "   "}, "question is empty"),
+        ({"documents": '["unclosed", '}, "malformed JSON"),
+        ({"documents": "", "corpus": "Wikipedia"}, "Wikipedia is not in the list of choices"),
+        ({"documents": "", "corpus": ""}, "No corpus"),
+        ({"cal": '{"version": 1, "eta": 2}'}, "calibration"),
+        ({"cal": "{not json"}, "malformed JSON"),
+        ({"model": "not a model id"}, "not a Hugging Face model id"),
+        ({"lam": -1}, "Value -1 is less than minimum value 0"),
+    ],
+)
+def test_bad_input_is_a_clear_error_and_the_next_request_works(client, app, overrides, message):
+    call = dict(
+        zip(
+            ["question", "corpus", "documents", "lam", "model", "token", "provider", "cal"],
+            args(),
+            strict=True,
+        )
+    )
+    call.update(overrides)
+    with pytest.raises(AppError, match=message) as err:
+        client.predict(*call.values(), api_name="/brag")
+    assert "Traceback" not in str(err.value)
+    answer, _ = client.predict(*args(), api_name="/brag")
+    assert answer == "Bergen" and app.alive()
+
+
+def test_unreachable_model_is_reported(client):
+    with FakeOpenAI() as gone:
+        url = gone.url
+    started = time.monotonic()
+    with pytest.raises(AppError, match="cannot reach") as err:
+        client.predict(*args(model=url + "#m"), api_name="/brag")
+    assert time.monotonic() - started < 30
+    assert "LLM call failed during R1" in str(err.value)
+    assert client.predict(*args(), api_name="/brag")[0] == "Bergen"
+
+
+def test_rejected_token_and_rate_limit_are_reported_and_the_token_never_echoed(client, app):
+    secret = "hf_SECRET_never_echo_me"
+    with FakeOpenAI(handler=lambda r: Reply(status=401)) as denied:
+        with pytest.raises(AppError, match="token rejected") as err:
+            client.predict(*args(model=denied.url + "#m", token=secret), api_name="/brag")
+        assert secret not in str(err.value)
+        assert (
+            denied.headers[0].get("Authorization", denied.headers[0].get("authorization"))
+            == f"Bearer {secret}"
+        )
+    with FakeOpenAI(handler=lambda r: Reply(status=429, headers={"Retry-After": "0"})) as limited:
+        with pytest.raises(AppError, match="rate limited"):
+            client.predict(*args(model=limited.url + "#m"), api_name="/brag")
+    assert secret not in app.log()
+    assert client.predict(*args(), api_name="/brag")[0] == "Bergen"
+
+
+def test_calibrate_endpoint_exists_and_answers_clearly(client):
+    with pytest.raises(AppError, match="not available yet"):
+        client.predict("[]", "Demo", "", "", "", "auto", api_name="/calibrate")
+
+
+def test_posterior_chart_draws_one_line_per_candidate_plus_the_residual():
+    import app as brag_app
+
+    report = {
+        "steps": [
+            {"step": 1, "action": "R1", "posterior": {"candidates": [], "residual": 1.0}},
+            {
+                "step": 2,
+                "action": "CB",
+                "posterior": {"candidates": [{"answer": "A<b>", "p": 0.6}], "residual": 0.4},
+            },
+            {
+                "step": 3,
+                "action": None,
+                "posterior": {
+                    "candidates": [{"answer": "A<b>", "p": 0.5}, {"answer": "C", "p": 0.3}],
+                    "residual": 0.2,
+                },
+            },
+        ]
+    }
+    svg = brag_app.posterior_svg(report)
+    assert svg.count('class="series"') == 3 and "A&lt;b&gt;" in svg and "<b>" not in svg
+    assert "3·stop" in svg
+    assert "appears here" in brag_app.posterior_svg({})
+
+
+# ---------------------------------------------------------------------------------- concurrency
+
+
+def slow(request: dict) -> Reply:
+    reply = scripted(request)
+    reply.delay = 0.5
+    return reply
+
+
+def timed_burst(url: str, n: int = 8) -> tuple[float, float]:
+    """Seconds for one request alone, then for n at once (each client its own connection)."""
+    clients = [Client(url, verbose=False) for _ in range(n)]
+    clients[0].predict(*args(), api_name="/brag")  # warm-up: first index of the documents
+    singles = []
+    for c in clients[:2]:
+        started = time.monotonic()
+        c.predict(*args(), api_name="/brag")
+        singles.append(time.monotonic() - started)
+    single = min(singles)
+    barrier = threading.Barrier(n)
+
+    def one(c: Client) -> str:
+        barrier.wait()
+        return c.predict(*args(), api_name="/brag")[0]
+
+    started = time.monotonic()
+    with ThreadPoolExecutor(max_workers=n) as pool:
+        answers = list(pool.map(one, clients))
+    assert answers == ["Bergen"] * n
+    return single, time.monotonic() - started
+
+
+@pytest.mark.parametrize("limit", [16, 1])
+def test_requests_run_in_parallel_up_to_brag_concurrency(limit):
+    with (
+        FakeOpenAI(handler=slow) as server,
+        AppProcess({"BRAG_MODEL": server.url + "#m", "BRAG_CONCURRENCY": str(limit)}) as app,
+    ):
+        single, burst = timed_burst(app.url)
+    if limit == 16:
+        assert burst < 3 * single, (single, burst)  # 8 requests in far less than 8x one
+    else:
+        assert burst > 0.8 * 8 * single, (single, burst)  # one at a time
+
+
+# ---------------------------------------------------------------------------------- Hub corpora
+
+
+def test_named_corpus_downloads_once_from_the_hub(tmp_path, llm_server):
+    corpus = [
+        {"title": "Glass Tower", "text": "The Glass Tower in Oslo was designed by the architect Lina Berg."},
+        {"title": "Lina Berg", "text": "Lina Berg is a Norwegian architect, born in Bergen in 1961."},
+        {"title": "Oslo", "text": "Oslo is the capital of Norway."},
+    ]
+    files = {"datasets/test-org/HippoRAG_2/musique_corpus.json": json.dumps(corpus).encode()}
+    empty = tmp_path / "data"
+    empty.mkdir()
+    env = {
+        "BRAG_MODEL": llm_server.url + "#m",
+        "BRAG_DATA_DIR": str(empty),
+        "BRAG_CORPUS_REPO": "test-org/HippoRAG_2",
+        "HF_HOME": str(tmp_path / "hf"),
+    }
+    with FakeHub(files) as hub:
+        with AppProcess({**env, "HF_ENDPOINT": hub.url}) as app:
+            client = Client(app.url, verbose=False)
+            answer, report = client.predict(*args(corpus="MuSiQue", documents=""), api_name="/brag")
+            downloads = [r for r in hub.requests if r[0] == "GET"]
+            client.predict(*args(corpus="MuSiQue", documents=""), api_name="/brag")
+            assert [r for r in hub.requests if r[0] == "GET"] == downloads  # indexed once, kept in memory
+            with pytest.raises(AppError, match="cannot download the HotpotQA corpus"):
+                client.predict(*args(corpus="HotpotQA", documents=""), api_name="/brag")
+    assert answer == "Bergen" and report["corpus"] == "MuSiQue"
+    assert len(downloads) == 1 and downloads[0][1].endswith("/musique_corpus.json")
+    assert list((tmp_path / "hf").rglob("musique_corpus.json"))  # cached on disk by huggingface_hub
+
+
+# ---------------------------------------------------------------------------------- browser
+
+CHROMIUM = shutil.which("chromium") or "/usr/bin/chromium"
+
+
+@pytest.mark.skipif(
+    shutil.which("chromium") is None, reason="Debian chromium not installed (.ci/run installs it)"
+)
+def test_a_real_browser_asks_and_sees_the_answer(app, tmp_path):
+    from playwright.sync_api import sync_playwright
+
+    with sync_playwright() as p:
+        browser = p.chromium.launch(
+            executable_path=CHROMIUM,
+            args=[
+                "--no-sandbox",
+                "--disable-gpu",
+                "--disable-background-networking",
+                "--disable-component-update",
+                "--disable-sync",
+                "--no-first-run",
+                "--disable-quic",
+            ],
+        )
+        page = browser.new_page(viewport={"width": 1400, "height": 1100})
+        page.goto(app.url, wait_until="domcontentloaded")
+        page.get_by_label("Question").first.fill(QUESTION)
+        page.get_by_role("button", name="Ask").click()
+        page.locator("#answer h2").filter(has_text="Bergen").wait_for(timeout=45_000)
+        page.get_by_text("LLM calls").first.wait_for(timeout=15_000)
+        assert page.locator("#posterior-chart polyline.series").count() >= 2
+        shot = tmp_path / "brag.png"
+        page.screenshot(path=str(shot), full_page=True)
+        browser.close()
+    assert shot.stat().st_size > 10_000
+    (ROOT / ".pytest_cache").mkdir(exist_ok=True)
+    shutil.copy(shot, ROOT / ".pytest_cache" / "brag-browser.png")
