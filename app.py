@@ -16,6 +16,7 @@ os.environ.setdefault("HF_HUB_DISABLE_TELEMETRY", "1")
 
 import hashlib
 import html
+import json
 import logging
 import threading
 import time
@@ -27,6 +28,7 @@ import gradio as gr
 import pandas as pd
 
 import brag
+import calibrate
 import llms
 
 log = logging.getLogger("brag.app")
@@ -44,6 +46,12 @@ CORPORA: dict[str, tuple[str, tuple[str, ...], str]] = {
     ),
     "2WikiMultihopQA": ("2wikimultihopqa", ("2wikimultihopqa_corpus.json",), "2wikimultihopqa_corpus.json"),
     "MuSiQue": ("musique", ("musique_corpus.json", "musique_migres200_corpus.json"), "musique_corpus.json"),
+}
+# The shipped calibration fitted on each corpus; pasted documents and Demo use HotpotQA's.
+CALIBRATIONS = {
+    "HotpotQA": HERE / "data" / "calibration.json",
+    "2WikiMultihopQA": HERE / "data" / "calibration_2wikimultihopqa.json",
+    "MuSiQue": HERE / "data" / "calibration_musique.json",
 }
 EXAMPLES = [
     ["Where was the architect of the Glass Tower born?", DEMO],
@@ -166,13 +174,40 @@ ACTION_TEXT = {
 }
 
 
-def _llm(model: str | None, hf_token: str | None, provider: str | None) -> llms.LLM:
-    try:
-        return llms.make_llm(
-            model or None, (hf_token or "").strip() or None, (provider or "").strip() or "auto"
-        )
-    except (ValueError, llms.LLMError) as err:
-        raise user_error(str(err)) from None
+class LLMPool:
+    """Backends reused across requests, one per (model, token, provider).
+
+    Building an HTTP client costs about 0.1 s (TLS set-up), and every backend is thread-safe, so
+    concurrent requests share one.
+    """
+
+    def __init__(self, size: int = 64) -> None:
+        self._pool: OrderedDict[tuple[str, str, str], llms.LLM] = OrderedDict()
+        self._lock = threading.Lock()
+        self.size = size
+
+    def get(self, model: str | None, hf_token: str | None, provider: str | None) -> llms.LLM:
+        """The backend for this request, built on first use."""
+        spec = (model or "").strip() or llms.default_model()
+        token = (hf_token or "").strip() or None
+        provider = (provider or "").strip() or "auto"
+        key = (spec, hashlib.sha256((token or "").encode()).hexdigest(), provider)
+        with self._lock:
+            if key in self._pool:
+                self._pool.move_to_end(key)
+                return self._pool[key]
+        try:
+            backend = llms.make_llm(spec, token, provider)
+        except (ValueError, llms.LLMError) as err:
+            raise user_error(str(err)) from None
+        with self._lock:
+            backend = self._pool.setdefault(key, backend)
+            while len(self._pool) > self.size:
+                self._pool.popitem(last=False)
+        return backend
+
+
+LLMS = LLMPool()
 
 
 def _failure(err: Exception) -> gr.Error:
@@ -211,7 +246,9 @@ def run_brag(
     try:
         progress(0.0, desc="Loading the corpus")
         chosen, label = pick_corpus(corpus, documents)
-        controller = brag.BRAG(_llm(model, hf_token, provider), calibration=calibration or None, lam=lam)
+        if not (calibration or "").strip():
+            calibration = CALIBRATIONS.get(label, brag.DEFAULT_CALIBRATION_PATH)
+        controller = brag.BRAG(LLMS.get(model, hf_token, provider), calibration=calibration, lam=lam)
 
         def on_step(step: dict[str, Any]) -> None:
             if step["action"]:
@@ -225,6 +262,9 @@ def run_brag(
     except Exception as err:
         raise _failure(err) from None
     report["corpus"] = label
+    report["calibration"] = {
+        k: controller.calibration.meta.get(k) for k in ("source", "model", "corpus", "date")
+    }
     report["model"] = model or llms.default_model()
     totals = report["totals"]
     log.info(
@@ -245,9 +285,35 @@ def run_calibrate(
     model: str,
     hf_token: str,
     provider: str,
+    progress: gr.Progress = gr.Progress(),  # noqa: B008 (Gradio's own idiom)
 ) -> str:
-    """Fit a calibration for a model and corpus from labelled questions (returns JSON)."""
-    raise user_error("Calibration is not available yet in this version; /brag uses the shipped priors.")
+    """Fit a calibration for a model and corpus from at least 30 labelled questions (JSON out)."""
+    if not isinstance(labelled_json, str) or not labelled_json.strip():
+        raise user_error(
+            f'No labelled questions: paste a JSON list of {{"question", "gold": [...]}} '
+            f"objects ({calibrate.MIN_QUESTIONS} or more)."
+        )
+    try:
+        items = calibrate.read_labelled(labelled_json)
+        chosen, label = pick_corpus(corpus, documents)
+        spec = (model or "").strip() or llms.default_model()
+        progress(0.0, desc=f"Running R1, R2 and CB on {len(items)} questions")
+        result = calibrate.calibrate(
+            items,
+            chosen,
+            LLMS.get(model, hf_token, provider),
+            on_progress=lambda done, total: progress(done / total, desc=f"Question {done} of {total}"),
+            meta={
+                "model": spec,
+                "corpus": label,
+                "note": f"fitted in the app on {len(items)} labelled questions",
+            },
+        )
+    except gr.Error:
+        raise
+    except Exception as err:
+        raise _failure(err) from None
+    return json.dumps(result, indent=1)
 
 
 # ------------------------------------------------------------------------------------------

@@ -908,18 +908,23 @@ class BRAG:
         question: str,
         corpus: Corpus,
         on_step: Callable[[dict[str, Any]], None] | None = None,
+        actions: Sequence[str] | None = None,
     ) -> tuple[str, dict[str, Any]]:
         """Answer ``question`` from ``corpus``; ``on_step`` sees each decision before it runs.
 
-        Raises ValueError on bad input, and RunAborted carrying the partial report when an LLM
-        call fails.
+        ``actions`` replaces the policy with a fixed schedule (e.g. ``["R1", "R2"]``, run in that
+        order, an unavailable one skipped): calibration and the baselines use it, and the report
+        keeps the same shape. Raises ValueError on bad input, and RunAborted carrying the
+        partial report when an LLM call fails.
         """
+        if actions is not None and not set(actions) <= set(ACTIONS):
+            raise ValueError(f"actions must be drawn from {ACTIONS}, got {list(actions)!r}")
         if not isinstance(question, str) or not question.strip():
             raise ValueError("question is empty")
         if not isinstance(corpus, Corpus):
             raise ValueError(f"corpus must be a brag.Corpus, got {type(corpus).__name__}")
         question = " ".join(question.split())
-        run = _Run(self, question, corpus, on_step)
+        run = _Run(self, question, corpus, on_step, list(actions) if actions is not None else None)
         try:
             run.loop()
         except Exception as err:  # a backend may raise anything; the work done is kept
@@ -937,8 +942,10 @@ class _Run:
         question: str,
         corpus: Corpus,
         on_step: Callable[[dict[str, Any]], None] | None = None,
+        schedule: list[str] | None = None,
     ) -> None:
         self.brag, self.question, self.corpus, self.on_step = brag, question, corpus, on_step
+        self.schedule = schedule
         self.votes: list[Vote] = []
         self.beliefs = brag._vote_model.beliefs()
         self.update_us = 0.0  # posterior update for the latest vote, billed to the next decision
@@ -971,6 +978,11 @@ class _Run:
             self.probs, self.residual = self.beliefs.probabilities(len(self.candidates.texts))
             available = self.available()
             decision = choose_action(error_probability(self.probs), brag._rate_per_cost, available, brag.lam)
+            if self.schedule is not None:
+                while self.schedule and self.schedule[0] not in available:
+                    self.schedule.pop(0)
+                chosen = self.schedule.pop(0) if self.schedule else None
+                decision = Decision(chosen, decision.score, None if chosen else "schedule done")
             us = (time.perf_counter() - t0) * 1e6 + self.update_us
             self.update_us = 0.0
             self.policy_us += us
@@ -1128,7 +1140,8 @@ class _Run:
                 "m": brag.m,
                 "max_uses": brag.max_uses,
                 "calibration": {
-                    key: brag.calibration.meta.get(key) for key in ("source", "model", "corpus", "fitted")
+                    key: brag.calibration.meta.get(key)
+                    for key in ("source", "model", "corpus", "fitted", "date")
                 },
             },
         }

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import os
 import socket
 import subprocess
@@ -73,3 +74,34 @@ class AppProcess:
             except subprocess.TimeoutExpired:
                 self.proc.kill()
         self._log.close()
+
+
+def rest_call(
+    url: str, api_name: str, data: list, timeout: float = 120, session_hash: str | None = None
+) -> list:
+    """Call an endpoint over Gradio's REST protocol: POST for an event id, then read its SSE stream.
+
+    Without ``session_hash`` every call opens a new Gradio session, as a one-off REST caller does.
+    """
+    body: dict = {"data": data}
+    if session_hash:
+        body["session_hash"] = session_hash
+    request = urllib.request.Request(
+        f"{url}gradio_api/call/{api_name}",
+        data=json.dumps(body).encode(),
+        headers={"Content-Type": "application/json"},
+    )
+    with urllib.request.urlopen(request, timeout=timeout) as response:
+        event_id = json.loads(response.read())["event_id"]
+    with urllib.request.urlopen(f"{url}gradio_api/call/{api_name}/{event_id}", timeout=timeout) as stream:
+        event = None
+        for raw in stream:
+            line = raw.decode().strip()
+            if line.startswith("event:"):
+                event = line.split(":", 1)[1].strip()
+            elif line.startswith("data:") and event in ("complete", "error"):
+                payload = line.split(":", 1)[1].strip()
+                if event == "error":
+                    raise RuntimeError(f"{api_name} failed: {payload}")
+                return json.loads(payload)
+    raise RuntimeError(f"{api_name}: the stream ended without a result")

@@ -20,6 +20,7 @@ class FakeHub:
 
         class Handler(BaseHTTPRequestHandler):
             protocol_version = "HTTP/1.1"
+            disable_nagle_algorithm = True  # else delayed ACKs add ~40 ms per response
 
             def log_message(self, *args: object) -> None:
                 pass

@@ -115,6 +115,7 @@ class FakeOpenAI:
 
         class Handler(BaseHTTPRequestHandler):
             protocol_version = "HTTP/1.1"
+            disable_nagle_algorithm = True  # else delayed ACKs add ~40 ms per response
 
             def log_message(self, *args: Any) -> None:
                 pass
@@ -160,3 +161,21 @@ class FakeOpenAI:
                 self._send(*server._respond(request))
 
         return Handler
+
+
+def main() -> None:
+    """Serve a fixed answer after a fixed delay until killed (a separate process for benchmarks)."""
+    import argparse
+    import signal
+
+    parser = argparse.ArgumentParser(description=main.__doc__)
+    parser.add_argument("--delay", type=float, default=0.2)
+    parser.add_argument("--answer", default="Answer: Bergen\nFollow-up query: Lina Berg")
+    args = parser.parse_args()
+    with FakeOpenAI(handler=lambda request: Reply(delay=args.delay), answer=args.answer) as server:
+        print(server.url, flush=True)
+        signal.sigwait({signal.SIGTERM, signal.SIGINT})
+
+
+if __name__ == "__main__":
+    main()

@@ -8,11 +8,10 @@ import json
 import shutil
 import threading
 import time
-import urllib.request
 from concurrent.futures import ThreadPoolExecutor
 
 import pytest
-from app_server import AppProcess
+from app_server import AppProcess, rest_call
 from conftest import ROOT
 from gradio_client import Client
 from gradio_client.exceptions import AppError
@@ -91,31 +90,9 @@ def test_named_demo_corpus_works_without_download(client):
     )
 
 
-def sse_result(url: str) -> list:
-    """Read a Gradio SSE stream to its ``complete`` event and return the data."""
-    with urllib.request.urlopen(url, timeout=60) as response:
-        event = None
-        for raw in response:
-            line = raw.decode().strip()
-            if line.startswith("event:"):
-                event = line.split(":", 1)[1].strip()
-            elif line.startswith("data:") and event in ("complete", "error"):
-                data = line.split(":", 1)[1].strip()
-                if event == "error":
-                    raise AssertionError(f"error event: {data}")
-                return json.loads(data)
-    raise AssertionError("stream ended without a complete event")
-
-
 def test_rest_call_returns_the_same_answer(app, client):
     expected, _ = client.predict(*args(), api_name="/brag")
-    body = json.dumps({"data": args()}).encode()
-    request = urllib.request.Request(
-        app.url + "gradio_api/call/brag", data=body, headers={"Content-Type": "application/json"}
-    )
-    with urllib.request.urlopen(request, timeout=30) as response:
-        event_id = json.loads(response.read())["event_id"]
-    answer, report = sse_result(app.url + f"gradio_api/call/brag/{event_id}")
+    answer, report = rest_call(app.url, "brag", args())
     assert answer == expected == "Bergen"
     assert report["totals"]["llm_calls"] >= 1
 
@@ -177,9 +154,37 @@ def test_rejected_token_and_rate_limit_are_reported_and_the_token_never_echoed(c
     assert client.predict(*args(), api_name="/brag")[0] == "Bergen"
 
 
-def test_calibrate_endpoint_exists_and_answers_clearly(client):
-    with pytest.raises(AppError, match="not available yet"):
-        client.predict("[]", "Demo", "", "", "", "auto", api_name="/calibrate")
+LABELLED = json.dumps([{"question": QUESTION, "gold": ["Bergen"], "id": f"q{i}"} for i in range(30)])
+
+
+def test_calibrate_round_trips_into_brag(client, llm_server):
+    before = len(llm_server.chat_requests)
+    fitted = client.predict(LABELLED, "", DOC_LINES, "", "", "auto", api_name="/calibrate")
+    cal = json.loads(fitted)
+    assert cal["n_questions"] == 30 and cal["fitted"] is True and cal["corpus"] == "your documents"
+    assert len(llm_server.chat_requests) - before == 30 * 3  # every action on every question
+    assert cal["diagnostics"]["R2"]["accuracy"] == 1.0  # the scripted reader is right after hop 2
+    answer, report = client.predict(*args(cal=fitted), api_name="/brag")
+    assert answer == "Bergen" and report["config"]["calibration"]["source"] == "fitted"
+
+
+@pytest.mark.parametrize(
+    ("labelled", "message"),
+    [
+        ("", "No labelled questions"),
+        ('[{"question": "q", "gold": ["a"]}]', "at least 30"),
+        ("[{", "malformed JSON"),
+        ('[{"question": "q"}]', "unknown layout"),
+    ],
+)
+def test_calibrate_bad_input_is_a_clear_error(client, labelled, message):
+    with pytest.raises(AppError, match=message):
+        client.predict(labelled, "Demo", "", "", "", "auto", api_name="/calibrate")
+
+
+def test_brag_picks_the_calibration_of_the_chosen_corpus(client):
+    _, demo = client.predict(*args(corpus="Demo", documents=""), api_name="/brag")
+    assert demo["config"]["calibration"]["corpus"] == "HotpotQA"
 
 
 def test_posterior_chart_draws_one_line_per_candidate_plus_the_residual():

@@ -165,3 +165,14 @@ def test_degenerate_queries_and_expansion():
     expanded = expand_query(QUESTION, read)
     assert expanded.startswith(QUESTION) and "Lina Berg" in expanded and "Oslo" in expanded
     assert expanded.count("Glass Tower") == 1
+
+
+def test_a_fixed_schedule_runs_exactly_those_actions():
+    llm = ScriptedLLM(read=two_hop_reader, closed_book=lambda p, n: ["Oslo"] * n)
+    _, report = BRAG(llm, k=1, lam=10.0).run(QUESTION, Corpus(PASSAGES), actions=["R1", "R2"])
+    assert [s["action"] for s in report["steps"]] == ["R1", "R2", None]
+    assert report["stop_reason"] == "schedule done" and len(llm.requests) == 2
+    _, report = BRAG(llm, k=1).run(QUESTION, Corpus(PASSAGES), actions=["R2", "CB"])  # R2 needs R1
+    assert [s["action"] for s in report["steps"]] == ["CB", None]
+    with pytest.raises(ValueError, match="actions must be drawn"):
+        BRAG(llm).run(QUESTION, Corpus(PASSAGES), actions=["R3"])

@@ -1,0 +1,384 @@
+r"""Calibration: fit BRAG's hyperpriors for one model and one corpus from labelled questions.
+
+Every action runs on every question (R1; R2 with R1's follow-up query; CB with m samples) through
+the response cache, and each finished question is appended to a progress file, so an
+interrupted run continues where it stopped and repeats no LLM call. Fitting (SPEC section 4):
+
+- q_a, the answer rate: Beta posterior mean under a prior of strength ``PRIOR_STRENGTH``
+  centred on the weak prior ``PRIOR`` below;
+- rho_a, reliability among answers: the same shrinkage; stored as Beta(a, b) with a + b =
+  ``CONCENTRATION`` (one vote per type per question cannot identify the spread, only the mean);
+- pi_g (Dirichlet(1) smoothing) and kappa_g (shrunk like rho) per CB agreement level g;
+- eta: how often a wrong vote repeats an earlier wrong answer on the same question, Beta(1, 9).
+
+    python calibrate.py --questions ../shared/data/hotpotqa/hotpotqa_ircot500.json \\
+        --corpus ../shared/data/hotpotqa/hotpotqa_ircot500_corpus.json --split 0:100 \\
+        --model local --out data/calibration.json
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime as dt
+import json
+import math
+import os
+import sys
+from collections.abc import Callable, Iterable, Sequence
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any
+
+import brag
+
+MIN_QUESTIONS = 30
+PRIOR_STRENGTH = 4.0  # pseudo-observations pulling each fitted rate toward PRIOR
+CONCENTRATION = 10.0  # a + b of each fitted reliability Beta
+ETA_PRIOR = (1.0, 9.0)  # Beta prior on eta: mean 0.1
+# The weak prior every fit shrinks toward (hand-set before any data: see data/calibration.json's
+# history). kappa_0(g) for m samples is 0.1 + 0.6 g / m: more agreement, more reliable.
+PRIOR = {"q": {"R1": 0.8, "R2": 0.7, "CB": 0.95}, "rho": {"R1": 0.6, "R2": 0.6}, "eta": 0.1}
+PRIOR_TEXT = (
+    f"each rate shrunk toward a weak prior with {PRIOR_STRENGTH:g} pseudo-observations: q_R1 0.8, "
+    "q_R2 0.7, q_CB 0.95, rho_R1 = rho_R2 = 0.6, kappa_g = 0.1 + 0.6 g/m, pi_g uniform "
+    f"(Dirichlet(1)); eta ~ Beta{ETA_PRIOR}; reliabilities stored as Beta with a + b = {CONCENTRATION:g}"
+)
+
+
+def prior_kappa(g: int, m: int) -> float:
+    """The prior reliability of a closed-book vote with g of m samples agreeing."""
+    return 0.1 + 0.6 * g / m
+
+
+# ------------------------------------------------------------------------------------------
+# Labelled questions in every layout of ../shared/data
+# ------------------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Labelled:
+    """A question, its gold answers, and the titles of its supporting passages when known."""
+
+    id: str
+    question: str
+    gold: tuple[str, ...]
+    supporting: tuple[str, ...] = ()
+
+
+def _labelled(item: Any, index: int) -> Labelled:
+    if not isinstance(item, dict):
+        raise ValueError(f"labelled[{index}]: expected an object, got {type(item).__name__}")
+    question = item.get("question")
+    if not isinstance(question, str) or not question.strip():
+        raise ValueError(f"labelled[{index}]: 'question' is missing or empty")
+    qid = str(item.get("id", item.get("_id", index)))
+    supporting: list[str] = []
+    if "gold" in item:  # our own layout
+        gold = item["gold"]
+        gold = [gold] if isinstance(gold, str) else gold
+    elif "answer_aliases" in item:  # MuSiQue
+        gold = [item.get("answer"), *item.get("answer_aliases", [])]
+        supporting = [p["title"] for p in item.get("paragraphs", []) if p.get("is_supporting")]
+    elif "paragraphs" in item:  # HippoRAG sample layout (IRCoT HotpotQA)
+        gold = item.get("answer")
+        gold = [gold] if isinstance(gold, str) else gold
+        supporting = [p["title"] for p in item["paragraphs"] if p.get("is_supporting")]
+    elif "_id" in item and "answer" in item:  # raw HotpotQA / 2WikiMultihopQA
+        gold = [item["answer"]]
+        supporting = sorted({fact[0] for fact in item.get("supporting_facts", [])})
+    else:
+        raise ValueError(
+            f"labelled[{index}]: unknown layout with fields {sorted(item)}; expected "
+            '{"question", "gold": [...]} or a HotpotQA / 2WikiMultihopQA / MuSiQue item'
+        )
+    if not isinstance(gold, list) or not gold or not all(isinstance(g, str) and g.strip() for g in gold):
+        raise ValueError(f"labelled[{index}]: gold answers are missing (need a non-empty list of strings)")
+    return Labelled(qid, " ".join(question.split()), tuple(gold), tuple(supporting))
+
+
+def read_labelled(source: str | os.PathLike[str] | Sequence[Any]) -> list[Labelled]:
+    """Labelled questions from a list, a JSON string, or a JSON / JSON Lines file."""
+    looks_like_json = isinstance(source, str) and source.lstrip().startswith(("[", "{"))
+    if isinstance(source, os.PathLike) or (isinstance(source, str) and not looks_like_json):
+        path = Path(source)
+        try:
+            text = path.read_text(encoding="utf-8")
+        except OSError as err:
+            raise ValueError(f"labelled questions: cannot read {path}: {err.strerror}") from None
+        if path.suffix == ".jsonl":
+            text = "[" + ",".join(line for line in text.splitlines() if line.strip()) + "]"
+        source = text
+    if isinstance(source, str):
+        try:
+            source = json.loads(source)
+        except json.JSONDecodeError as err:
+            raise ValueError(
+                f"labelled questions: malformed JSON at line {err.lineno} column {err.colno}: {err.msg}"
+            ) from None
+    if not isinstance(source, list):
+        raise ValueError("labelled questions: expected a JSON list of {question, gold} objects")
+    return [_labelled(item, i) for i, item in enumerate(source)]
+
+
+def select(items: list[Labelled], split: str) -> list[Labelled]:
+    """A ``start:stop`` slice of the file order (the split's ids go into the output)."""
+    try:
+        start, _, stop = split.partition(":")
+        return items[slice(int(start) if start else None, int(stop) if stop else None)]
+    except ValueError:
+        raise ValueError(f"split must look like 0:100, got {split!r}") from None
+
+
+# ------------------------------------------------------------------------------------------
+# Observing every action on every question (resumable)
+# ------------------------------------------------------------------------------------------
+
+
+def is_correct(answer: str, gold: Iterable[str], f1_threshold: float = 0.8) -> bool:
+    """Normalised exact match with any gold answer, or token F1 >= ``f1_threshold``."""
+    if not answer:
+        return False
+    gold = list(gold)
+    return brag.exact_match(answer, gold) or max(brag.token_f1(answer, g) for g in gold) >= f1_threshold
+
+
+@dataclass
+class Outcome:
+    """What each action returned on one question ('' = no answer) and the CB agreement level."""
+
+    id: str
+    answers: dict[str, str]
+    correct: dict[str, bool]
+    agreement: int
+    calls: int = 0
+    extra: dict[str, Any] = field(default_factory=dict)
+
+
+def observe_one(item: Labelled, corpus: brag.Corpus, controller: brag.BRAG, f1_threshold: float) -> Outcome:
+    """Run R1, R2 and CB once each on one question."""
+    _, report = controller.run(item.question, corpus, actions=["R1", "R2", "CB"])
+    answers = {"R1": "", "R2": "", "CB": ""}
+    agreement = 0
+    for step in report["steps"]:
+        seen = step.get("observation") or {}
+        if step["action"]:
+            answers[step["action"]] = seen.get("answer", "") or ""
+        if step["action"] == "CB":
+            agreement = seen["agreement"]
+    correct = {a: is_correct(answers[a], item.gold, f1_threshold) for a in answers}
+    return Outcome(item.id, answers, correct, agreement, report["totals"]["llm_calls"])
+
+
+def observe(
+    items: Sequence[Labelled],
+    corpus: brag.Corpus,
+    controller: brag.BRAG,
+    *,
+    progress_path: str | os.PathLike[str] | None = None,
+    f1_threshold: float = 0.8,
+    on_progress: Callable[[int, int], None] | None = None,
+) -> list[Outcome]:
+    """Outcomes for every item; those already in ``progress_path`` are read, not re-run."""
+    done: dict[str, Outcome] = {}
+    path = Path(progress_path) if progress_path else None
+    if path and path.exists():
+        for line in path.read_text(encoding="utf-8").splitlines():
+            if line.strip():
+                row = json.loads(line)
+                done[row["id"]] = Outcome(**row)
+    out = []
+    for i, item in enumerate(items):
+        if item.id not in done:
+            outcome = observe_one(item, corpus, controller, f1_threshold)
+            if path:
+                path.parent.mkdir(parents=True, exist_ok=True)
+                with path.open("a", encoding="utf-8") as handle:
+                    handle.write(json.dumps(asdict(outcome)) + "\n")
+            done[item.id] = outcome
+        out.append(done[item.id])
+        if on_progress:
+            on_progress(i + 1, len(items))
+    return out
+
+
+# ------------------------------------------------------------------------------------------
+# Fitting
+# ------------------------------------------------------------------------------------------
+
+
+def shrunk(successes: float, trials: float, prior_mean: float, strength: float = PRIOR_STRENGTH) -> float:
+    """Beta posterior mean with a prior of ``strength`` pseudo-observations at ``prior_mean``."""
+    return (successes + strength * prior_mean) / (trials + strength)
+
+
+def wilson(successes: int, trials: int, z: float = 1.96) -> list[float]:
+    """95 % Wilson score interval of a proportion."""
+    if trials == 0:
+        return [0.0, 1.0]
+    p = successes / trials
+    centre = (p + z * z / (2 * trials)) / (1 + z * z / trials)
+    half = z * math.sqrt(p * (1 - p) / trials + z * z / (4 * trials * trials)) / (1 + z * z / trials)
+    return [round(max(0.0, centre - half), 4), round(min(1.0, centre + half), 4)]
+
+
+def _beta(mean: float) -> dict[str, float]:
+    return {"a": round(mean * CONCENTRATION, 6), "b": round((1 - mean) * CONCENTRATION, 6)}
+
+
+def fit(outcomes: Sequence[Outcome], m: int) -> dict[str, Any]:
+    """Fitted values, counts and diagnostics (the calibration JSON without its metadata)."""
+    n = len(outcomes)
+    counts: dict[str, Any] = {}
+    actions: dict[str, Any] = {}
+    diagnostics: dict[str, Any] = {}
+    for action in ("R1", "R2", "CB"):
+        answered = sum(bool(o.answers[action]) for o in outcomes)
+        correct = sum(o.correct[action] for o in outcomes)
+        counts[action] = {"n": n, "answered": answered, "correct": correct}
+        diagnostics[action] = {
+            "answer_rate": round(answered / n, 4) if n else 0.0,
+            "answer_rate_ci95": wilson(answered, n),
+            "accuracy": round(correct / n, 4) if n else 0.0,
+            "accuracy_ci95": wilson(correct, n),
+            "precision": round(correct / answered, 4) if answered else 0.0,
+            "precision_ci95": wilson(correct, answered),
+        }
+        q = shrunk(answered, n, PRIOR["q"][action])
+        if action != "CB":
+            rho = shrunk(correct, answered, PRIOR["rho"][action])
+            actions[action] = {"q": round(q, 6), "rho": _beta(rho)}
+    levels = {}
+    cb_answered = counts["CB"]["answered"]
+    counts["CB"]["levels"] = {}
+    for g in range(1, m + 1):
+        at_g = [o for o in outcomes if o.answers["CB"] and o.agreement == g]
+        right = sum(o.correct["CB"] for o in at_g)
+        counts["CB"]["levels"][str(g)] = {"n": len(at_g), "correct": right}
+        pi = (len(at_g) + 1) / (cb_answered + m)
+        kappa = shrunk(right, len(at_g), prior_kappa(g, m))
+        levels[str(g)] = {"pi": round(pi, 6), "kappa": _beta(kappa)}
+    total = sum(v["pi"] for v in levels.values())
+    for v in levels.values():  # rounding may leave the sum a hair off 1
+        v["pi"] = round(v["pi"] / total, 6)
+    actions["CB"] = {"q": round(shrunk(cb_answered, n, PRIOR["q"]["CB"]), 6), "levels": levels}
+    trials = repeats = 0
+    for o in outcomes:
+        wrong = [o.answers[a] for a in ("R1", "R2", "CB") if o.answers[a] and not o.correct[a]]
+        for j in range(1, len(wrong)):
+            trials += 1
+            repeats += any(brag.same_answer(wrong[j], earlier) for earlier in wrong[:j])
+    eta = (repeats + ETA_PRIOR[0]) / (trials + sum(ETA_PRIOR))
+    counts["eta"] = {"wrong_vote_trials": trials, "repeats": repeats}
+    return {"eta": round(eta, 6), "actions": actions, "counts": counts, "diagnostics": diagnostics}
+
+
+def calibrate(
+    items: Sequence[Labelled],
+    corpus: brag.Corpus,
+    llm: brag.LLM,
+    *,
+    k: int = 5,
+    m: int = 5,
+    seed: int = 0,
+    f1_threshold: float = 0.8,
+    progress_path: str | os.PathLike[str] | None = None,
+    on_progress: Callable[[int, int], None] | None = None,
+    meta: dict[str, Any] | None = None,
+) -> dict[str, Any]:
+    """Observe every action on ``items`` and fit; the result loads with ``brag.load_calibration``."""
+    if len(items) < MIN_QUESTIONS:
+        raise ValueError(f"calibration needs at least {MIN_QUESTIONS} labelled questions, got {len(items)}")
+    if len({i.id for i in items}) != len(items):
+        raise ValueError("labelled questions: ids must be unique")
+    # lam = 0 and a prior calibration: the schedule decides what runs, never the prior's numbers.
+    controller = brag.BRAG(llm, calibration=brag.load_calibration(), lam=0.0, k=k, m=m, seed=seed)
+    outcomes = observe(
+        items,
+        corpus,
+        controller,
+        progress_path=progress_path,
+        f1_threshold=f1_threshold,
+        on_progress=on_progress,
+    )
+    fitted = fit(outcomes, m)
+    result = {
+        "version": brag.CALIBRATION_VERSION,
+        "source": "fitted",
+        "fitted": True,
+        **(meta or {}),
+        "k": k,
+        "m": m,
+        "n_questions": len(items),
+        "split_ids": [i.id for i in items],
+        "f1_threshold": f1_threshold,
+        "prior": PRIOR_TEXT,
+        "date": dt.datetime.now(dt.UTC).strftime("%Y-%m-%d"),
+        **fitted,
+        "gate": None,  # the weak-retrieval gate's section, filled by gate calibration
+    }
+    brag.load_calibration(result)  # fails loudly if the fit produced something the loader rejects
+    return result
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """Command line: calibrate and write the JSON."""
+    import llms
+
+    parser = argparse.ArgumentParser(description="Fit a BRAG calibration from labelled questions.")
+    parser.add_argument(
+        "--questions", required=True, help="labelled questions (any layout of ../shared/data)"
+    )
+    parser.add_argument("--corpus", required=True, help="corpus JSON: list of {title, text} or strings")
+    parser.add_argument("--split", default="0:100", help="which questions, as start:stop (default 0:100)")
+    parser.add_argument("--model", default="local", help="make_llm spec (default: the embedded model)")
+    parser.add_argument("--provider", default="auto")
+    parser.add_argument("--k", type=int, default=5)
+    parser.add_argument("--m", type=int, default=5)
+    parser.add_argument("--f1", type=float, default=0.8, help="token F1 that counts as correct")
+    parser.add_argument("--cache", default="bench/cache/llm.sqlite", help="SQLite response cache")
+    parser.add_argument("--cache-mode", default="read-write", choices=llms.CACHE_MODES)
+    parser.add_argument("--out", required=True)
+    parser.add_argument("--name", help="corpus name to record (default: the corpus file name)")
+    args = parser.parse_args(argv)
+
+    from tqdm import tqdm
+
+    try:
+        items = select(read_labelled(args.questions), args.split)
+        corpus = brag.Corpus(Path(args.corpus).read_text(encoding="utf-8"))
+        llm = llms.CachedLLM(
+            llms.make_llm(args.model, provider=args.provider), args.cache, mode=args.cache_mode
+        )
+        bar = tqdm(total=len(items), desc="calibrating", unit="q")
+        result = calibrate(
+            items,
+            corpus,
+            llm,
+            k=args.k,
+            m=args.m,
+            f1_threshold=args.f1,
+            progress_path=f"{args.out}.progress.jsonl",
+            on_progress=lambda done, total: bar.update(done - bar.n),
+            meta={
+                "model": args.model,
+                "corpus": args.name or Path(args.corpus).name,
+                "questions_file": Path(args.questions).name,
+                "split": args.split,
+                "note": f"fitted by calibrate.py on questions {args.split} of {Path(args.questions).name}",
+            },
+        )
+        bar.close()
+    except (ValueError, llms.LLMError, brag.RunAborted) as err:
+        print(f"calibrate: {err}", file=sys.stderr)
+        return 2
+    Path(args.out).write_text(json.dumps(result, indent=1) + "\n", encoding="utf-8")
+    Path(f"{args.out}.progress.jsonl").unlink(missing_ok=True)
+    print(
+        f"wrote {args.out}: eta {result['eta']}, "
+        + ", ".join(f"{a} acc {d['accuracy']:.2f}" for a, d in result["diagnostics"].items())
+    )
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,213 @@
+"""Calibration: recovery of known rates, shrinkage, resume, bad input, the shipped files."""
+
+from __future__ import annotations
+
+import json
+import random
+import re
+
+import pytest
+from conftest import ROOT
+
+import brag
+import calibrate
+import llms
+from brag import Completion, Corpus
+
+TRUTH = {
+    "q": {"R1": 0.8, "R2": 0.65, "CB": 0.95},
+    "rho": {"R1": 0.55, "R2": 0.7},
+    "pi": {1: 0.15, 2: 0.15, 3: 0.2, 4: 0.2, 5: 0.3},
+    "kappa": {1: 0.1, 2: 0.25, 3: 0.4, 4: 0.6, 5: 0.8},
+    "eta": 0.3,
+}
+CORPUS = Corpus([f"passage {i} about topic {i % 7} and subject {i % 5}" for i in range(40)])
+
+
+class SimulatedLLM:
+    """Answers drawn from known rates, as a pure function of (question, action), so a resumed run
+    gets the same answer a fresh one would. The first wrong vote on a question names its
+    distractor; each later wrong vote repeats it with probability eta, else is new."""
+
+    def __init__(self, truth: dict, seed: int = 0) -> None:
+        self.truth, self.seed = truth, seed
+
+    def outcome(self, qid: str, action: str) -> tuple[bool, bool, int]:
+        """(answered, correct, agreement g) of one action on one question."""
+        rng, truth = random.Random(f"{self.seed}-{qid}-{action}"), self.truth
+        if rng.random() >= truth["q"][action]:
+            return False, False, 0
+        if action == "CB":
+            g = rng.choices(list(truth["pi"]), weights=list(truth["pi"].values()))[0]
+            return True, rng.random() < truth["kappa"][g], g
+        return True, rng.random() < truth["rho"][action], 0
+
+    def answer(self, qid: str, action: str) -> tuple[str, int]:
+        answered, correct, g = self.outcome(qid, action)
+        if not answered:
+            return "NONE", 0
+        if correct:
+            return f"gold{qid}", g
+        earlier = ("R1", "R2", "CB")[: ("R1", "R2", "CB").index(action)]
+        if not any(self.outcome(qid, a)[0] and not self.outcome(qid, a)[1] for a in earlier):
+            return f"distractor{qid}", g
+        repeat = random.Random(f"{self.seed}-{qid}-{action}-eta").random() < self.truth["eta"]
+        return (f"distractor{qid}" if repeat else f"other{qid}{action.lower()}"), g
+
+    def complete(self, messages, *, n=1, temperature=0.0, max_tokens=64, stop=None, seed=None):
+        prompt = messages[-1]["content"]
+        qid = re.findall(r"Question: Q(\d+) ", prompt)[-1]
+        if messages[0]["content"] == brag.CLOSED_BOOK_INSTRUCTIONS:
+            answer, g = self.answer(qid, "CB")
+            if answer == "NONE":
+                return Completion(["NONE"] * n, 10, n)
+            return Completion([answer] * g + [f"noise{qid}x{j}" for j in range(n - g)], 10, n)
+        action = "R2" if "\n[3] " in prompt.rsplit("\n\nPassages:\n", 1)[-1] else "R1"
+        return Completion([f"Answer: {self.answer(qid, action)[0]}"], 10, 1)
+
+
+def labelled(n: int) -> list[calibrate.Labelled]:
+    return [calibrate.Labelled(str(i), f"Q{i} what is the answer?", (f"gold{i}",)) for i in range(n)]
+
+
+def mean(beta: dict) -> float:
+    return beta["a"] / (beta["a"] + beta["b"])
+
+
+def test_fit_recovers_known_rates_from_2000_simulated_questions():
+    result = calibrate.calibrate(labelled(2000), CORPUS, SimulatedLLM(TRUTH), k=2)
+    actions = result["actions"]
+    for action in ("R1", "R2", "CB"):
+        assert actions[action]["q"] == pytest.approx(TRUTH["q"][action], abs=0.03), action
+    for action in ("R1", "R2"):
+        assert mean(actions[action]["rho"]) == pytest.approx(TRUTH["rho"][action], abs=0.04), action
+    for g in range(1, 6):
+        level = actions["CB"]["levels"][str(g)]
+        assert level["pi"] == pytest.approx(TRUTH["pi"][g], abs=0.03), g
+        assert mean(level["kappa"]) == pytest.approx(TRUTH["kappa"][g], abs=0.08), g
+    assert result["eta"] == pytest.approx(TRUTH["eta"], abs=0.04)
+    cal = brag.load_calibration(result)
+    assert cal.meta["fitted"] is True and cal.m == 5
+
+
+def test_thirty_questions_stay_inside_the_unit_interval_and_near_the_prior():
+    # CB always agrees fully; R2 never answers: levels 1-4 and R2's reliability see no data.
+    truth = dict(
+        TRUTH, q={"R1": 0.8, "R2": 0.0, "CB": 1.0}, pi={5: 1.0}, kappa={5: 1.0}, rho={"R1": 1.0, "R2": 0.5}
+    )
+    result = calibrate.calibrate(labelled(30), CORPUS, SimulatedLLM(truth, seed=3), k=2)
+    actions = result["actions"]
+    values = [actions["R1"]["q"], actions["R2"]["q"], actions["CB"]["q"], result["eta"]]
+    values += [mean(actions[a]["rho"]) for a in ("R1", "R2")]
+    values += [lv["pi"] for lv in actions["CB"]["levels"].values()]
+    values += [mean(lv["kappa"]) for lv in actions["CB"]["levels"].values()]
+    assert all(0 < v < 1 for v in values), values
+    assert mean(actions["R2"]["rho"]) == pytest.approx(calibrate.PRIOR["rho"]["R2"])  # no answers: the prior
+    for g in range(1, 5):
+        assert mean(actions["CB"]["levels"][str(g)]["kappa"]) == pytest.approx(calibrate.prior_kappa(g, 5))
+    assert actions["R2"]["q"] == pytest.approx(4 * 0.7 / 34)  # 0 of 30 answered, shrunk toward 0.7
+    assert mean(actions["R1"]["rho"]) < 1.0
+
+
+class Killed(BaseException):
+    """Stands in for the process being killed mid-run."""
+
+
+class CountingLLM:
+    def __init__(self, inner, kill_after: int | None = None) -> None:
+        self.inner, self.kill_after, self.calls = inner, kill_after, 0
+        self.name = "simulated"
+
+    def complete(self, messages, **kwargs):
+        if self.kill_after is not None and self.calls >= self.kill_after:
+            raise Killed
+        self.calls += 1
+        return self.inner.complete(messages, **kwargs)
+
+
+def test_resume_after_a_kill_repeats_no_llm_call(tmp_path):
+    items = labelled(40)
+    fresh = CountingLLM(SimulatedLLM(TRUTH, seed=5))
+    expected = calibrate.calibrate(items, CORPUS, llms.CachedLLM(fresh, tmp_path / "a.sqlite"), k=2)
+
+    cache, progress = tmp_path / "b.sqlite", tmp_path / "b.progress.jsonl"
+    first = CountingLLM(SimulatedLLM(TRUTH, seed=5), kill_after=50)  # dies inside question 17
+    with pytest.raises(Killed):
+        calibrate.calibrate(items, CORPUS, llms.CachedLLM(first, cache), k=2, progress_path=progress)
+    done = len(progress.read_text().splitlines())
+    assert 0 < done < len(items) and first.calls == 50
+    second = CountingLLM(SimulatedLLM(TRUTH, seed=5))
+    replayed = llms.CachedLLM(second, cache)
+    resumed = calibrate.calibrate(items, CORPUS, replayed, k=2, progress_path=progress)
+    assert first.calls + second.calls == fresh.calls  # nothing asked twice
+    assert replayed.hits == first.calls - 3 * done  # the half-done question's calls came from the cache
+    for key in ("eta", "actions", "counts", "diagnostics", "split_ids"):
+        assert resumed[key] == expected[key], key
+
+
+@pytest.mark.parametrize(
+    ("source", "message"),
+    [
+        ('[{"query": "x"}]', "question' is missing"),
+        ('[{"question": "x", "colour": "red"}]', "unknown layout"),
+        ('[{"question": "Who?", "gold": []}]', "gold answers are missing"),
+        ('[{"question": "Who?"', "malformed JSON"),
+        ('{"question": "Who?"}', "expected a JSON list"),
+        ("/no/such/file.json", "cannot read"),
+    ],
+)
+def test_bad_labelled_input_is_a_clear_error(source, message):
+    with pytest.raises(ValueError, match=message):
+        calibrate.read_labelled(source)
+
+
+def test_fewer_than_thirty_questions_is_refused():
+    with pytest.raises(ValueError, match="at least 30"):
+        calibrate.calibrate(labelled(29), CORPUS, SimulatedLLM(TRUTH))
+
+
+def test_reads_every_layout_of_the_shared_data(shared_data):
+    cases = {
+        "hotpotqa/hotpotqa_ircot500.json": 500,
+        "hotpotqa/hotpotqa_migres200.json": 200,
+        "2wikimultihopqa/2wikimultihopqa.json": 1000,
+        "2wikimultihopqa/2wikimultihopqa_migres164.json": 164,
+        "musique/musique_migres200.json": 200,
+    }
+    for path, count in cases.items():
+        items = calibrate.read_labelled(shared_data / path)
+        assert len(items) == count and all(i.gold and i.question for i in items), path
+    musique = calibrate.read_labelled(shared_data / "musique/musique_migres200.json")
+    assert any(len(i.gold) > 1 for i in musique)  # aliases count as gold
+    hotpot = calibrate.read_labelled(shared_data / "hotpotqa/hotpotqa_ircot500.json")
+    assert all(len(i.supporting) == 2 for i in hotpot)
+
+
+def test_correctness_rule():
+    assert calibrate.is_correct("the Nazi party", ["Nazi Party"])
+    assert calibrate.is_correct(
+        "Chief of Protocol of the United States", ["Chief of Protocol"], f1_threshold=0.5
+    )
+    assert not calibrate.is_correct("Chief of Protocol of the United States", ["Chief of Protocol"])
+    assert not calibrate.is_correct("", ["x"])
+
+
+SHIPPED = {
+    "calibration.json": "hotpotqa_ircot500.json",
+    "calibration_2wikimultihopqa.json": "2wikimultihopqa.json",
+    "calibration_musique.json": "musique_migres200.json",
+}
+
+
+@pytest.mark.parametrize("name", sorted(SHIPPED))
+def test_shipped_calibrations_load_and_state_their_origin(name):
+    path = ROOT / "data" / name
+    raw = json.loads(path.read_text())
+    cal = brag.load_calibration(path)
+    assert raw["fitted"] is True and raw["model"] == "local" and raw["date"]
+    assert (
+        raw["questions_file"] == SHIPPED[name]
+        and raw["split"]
+        and len(raw["split_ids"]) == raw["n_questions"] >= 30
+    )
+    assert cal.m == raw["m"] and 0 < cal.eta < 1
