@@ -429,15 +429,34 @@ class Passage:
         return f"{self.title}\n{self.text}" if self.title else self.text
 
 
+def parse_json(text: str, what: str) -> Any:
+    """``json.loads`` whose error names ``what`` and the place of the fault."""
+    try:
+        return json.loads(text)
+    except json.JSONDecodeError as err:
+        raise ValueError(
+            f"{what}: malformed JSON at line {err.lineno} column {err.colno}: {err.msg}"
+        ) from None
+
+
+def read_json(source: Any, what: str) -> Any:
+    """Data from a JSON string, a file path, or already-parsed data (returned as it is)."""
+    looks_like_json = isinstance(source, str) and source.lstrip().startswith(("{", "["))
+    if isinstance(source, os.PathLike) or (isinstance(source, str) and not looks_like_json):
+        path = Path(source)
+        try:
+            source = path.read_text(encoding="utf-8")
+        except OSError as err:
+            raise ValueError(f"{what}: cannot read {path}: {err.strerror}") from None
+        if path.suffix == ".jsonl":
+            source = "[" + ",".join(line for line in source.splitlines() if line.strip()) + "]"
+    return parse_json(source, what) if isinstance(source, str) else source
+
+
 def parse_passages(passages: Any) -> list[Passage | None]:
     """Read strings, ``{title, text}`` dicts, or a JSON string of either; None marks an empty one."""
     if isinstance(passages, str):
-        try:
-            passages = json.loads(passages)
-        except json.JSONDecodeError as err:
-            raise ValueError(
-                f"passages: malformed JSON at line {err.lineno} column {err.colno}: {err.msg}"
-            ) from None
+        passages = parse_json(passages, "passages")
     if isinstance(passages, dict) or not isinstance(passages, Sequence):
         raise ValueError(
             "passages: expected a list of strings or of {title, text} objects, "
@@ -735,22 +754,7 @@ def load_calibration(
         return source
     if source is None or (isinstance(source, str) and not source.strip()):
         source = DEFAULT_CALIBRATION_PATH
-    if isinstance(source, os.PathLike) or (
-        isinstance(source, str) and not source.lstrip().startswith(("{", "["))
-    ):
-        path = Path(source)
-        try:
-            text = path.read_text(encoding="utf-8")
-        except OSError as err:
-            raise ValueError(f"calibration: cannot read {path}: {err.strerror}") from None
-        source = text
-    if isinstance(source, str):
-        try:
-            source = json.loads(source)
-        except json.JSONDecodeError as err:
-            raise ValueError(
-                f"calibration: malformed JSON at line {err.lineno} column {err.colno}: {err.msg}"
-            ) from None
+    source = read_json(source, "calibration")
     return calibration_from_dict(source)
 
 

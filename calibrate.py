@@ -98,23 +98,7 @@ def _labelled(item: Any, index: int) -> Labelled:
 
 def read_labelled(source: str | os.PathLike[str] | Sequence[Any]) -> list[Labelled]:
     """Labelled questions from a list, a JSON string, or a JSON / JSON Lines file."""
-    looks_like_json = isinstance(source, str) and source.lstrip().startswith(("[", "{"))
-    if isinstance(source, os.PathLike) or (isinstance(source, str) and not looks_like_json):
-        path = Path(source)
-        try:
-            text = path.read_text(encoding="utf-8")
-        except OSError as err:
-            raise ValueError(f"labelled questions: cannot read {path}: {err.strerror}") from None
-        if path.suffix == ".jsonl":
-            text = "[" + ",".join(line for line in text.splitlines() if line.strip()) + "]"
-        source = text
-    if isinstance(source, str):
-        try:
-            source = json.loads(source)
-        except json.JSONDecodeError as err:
-            raise ValueError(
-                f"labelled questions: malformed JSON at line {err.lineno} column {err.colno}: {err.msg}"
-            ) from None
+    source = brag.read_json(source, "labelled questions")
     if not isinstance(source, list):
         raise ValueError("labelled questions: expected a JSON list of {question, gold} objects")
     return [_labelled(item, i) for i, item in enumerate(source)]
