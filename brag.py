@@ -822,6 +822,12 @@ class Corpus:
         self._vocab: dict[str, int] = self._bm25.vocab_dict
         self._scoring = _scoring_tokens(self._bm25)
         self._row = {pid: row for row, pid in enumerate(self.ids)}
+        self._df = np.diff(self._bm25.scores["indptr"])
+
+    def document_share(self, token: str) -> float:
+        """Share of the passages that contain ``token`` (0 when none does)."""
+        token_id = self._vocab.get(token)
+        return float(self._df[token_id]) / len(self.ids) if token_id is not None else 0.0
 
     def _log_ingestion(self, before: int) -> None:
         ing = self.ingestion
@@ -1022,6 +1028,77 @@ def _remap(result: IngestionResult, ids: Sequence[int]) -> IngestionResult:
     )
 
 
+# ------------------------------------------------------------------------------------------
+# Weak-retrieval gate: cheap signals of a retrieval window, no LLM (SPEC section 3)
+# ------------------------------------------------------------------------------------------
+
+_NUMBER = re.compile(r"\d")
+
+
+def salient_terms(question: str, corpus: Corpus, rare_share: float = 0.01) -> set[str]:
+    """Terms a window must mention to hold the evidence for ``question``.
+
+    Named entities (capitalised words after the first), numbers, and rare terms: found in at
+    most ``rare_share`` of the passages (or in one, in a small corpus).
+    """
+    words = question.split()
+    spans = " ".join(w for w in words[1:] if w[:1].isupper() or _NUMBER.search(w))
+    named = set(tokenize(spans))
+    # A term no passage contains cannot be covered by any window, so it says nothing.
+    floor = max(1.0, rare_share * len(corpus)) / len(corpus)
+    rare = {t for t in tokenize(question) if 0 < corpus.document_share(t) <= floor}
+    return named | rare
+
+
+def topk_overlap(a: np.ndarray, b: np.ndarray, k: int) -> float:
+    """Share of the top-k of ``a`` that is also in the top-k of ``b``."""
+    return len(set(_top(a, k)) & set(_top(b, k))) / max(1, min(k, len(a)))
+
+
+def window_signals(question: str, corpus: Corpus, window: Sequence[int], k: int) -> dict[str, float]:
+    """The gate's signals for one window; a signal that cannot be computed is absent."""
+    bm25 = corpus.scores(question)
+    top = np.sort(bm25)[::-1][: max(k, 2)]
+    signals = {
+        "max_score": float(top[0]),
+        "top_gap": float(top[0] - top[1]) if len(top) > 1 else 0.0,
+        "score_variance": float(np.var(top[:k])),
+    }
+    terms = salient_terms(question, corpus)
+    if terms:
+        seen = set().union(*(tokenize(corpus[i].render()) for i in window)) if window else set()
+        signals["evidence_coverage"] = len(terms & seen) / len(terms)
+    if corpus.embeddings is not None and corpus.embedder is not None:
+        dense = corpus.embeddings @ corpus.embedder.embed([question])[0]
+        signals["dense_max_score"] = float(dense.max())
+        signals["dense_score_variance"] = float(np.var(np.sort(dense)[::-1][:k]))
+        signals["retriever_divergence"] = 1.0 - topk_overlap(bm25, dense, k)
+    return signals
+
+
+@dataclass(frozen=True)
+class GateSignal:
+    """One kept signal: oriented so lower means weaker; it fires at or below ``threshold``."""
+
+    name: str
+    orientation: float  # +1 when weak windows have low raw values, -1 when they have high ones
+    threshold: float
+    auc: float
+
+
+@dataclass(frozen=True)
+class Gate:
+    """Fires (the window is likely missing a passage) when any kept signal fires."""
+
+    signals: tuple[GateSignal, ...]
+    k: int = 5
+
+    def fires(self, signals: Mapping[str, float]) -> bool | None:
+        """The verdict for a window's signals; None when none of the gate's signals is present."""
+        verdicts = [s.orientation * signals[s.name] <= s.threshold for s in self.signals if s.name in signals]
+        return any(verdicts) if verdicts else None
+
+
 def data_dir() -> Path | None:
     """The evaluation data directory: ``BRAG_DATA_DIR``, else ``../shared/data`` when present."""
     configured = os.environ.get("BRAG_DATA_DIR")
@@ -1059,6 +1136,7 @@ class ActionPrior:
     a: float
     b: float
     levels: tuple[Level, ...] = ()
+    weak: ActionPrior | None = None  # (q, rho) when the gate calls the window weak
 
     @property
     def mean(self) -> float:
@@ -1074,10 +1152,16 @@ class Calibration:
     actions: dict[str, ActionPrior]
     m: int
     meta: dict[str, Any] = field(default_factory=dict)
+    gate: Gate | None = None
+    gate_details: dict[str, Any] = field(default_factory=dict)  # AUCs, n, logistic fit
 
     def source_priors(self, m: int) -> dict[str, tuple[float, float]]:
-        """Beta(a, b) per vote type: R1, R2 and CB_g for g = 1..m (rescaled to this m)."""
-        priors = {t: (self.actions[t].a, self.actions[t].b) for t in ("R1", "R2")}
+        """Beta(a, b) per vote type: R1, R2, their weak-window variants, and CB_g for g = 1..m."""
+        priors = {}
+        for t in ("R1", "R2"):
+            strong = self.actions[t]
+            weak = strong.weak or strong
+            priors[t], priors[f"{t}_weak"] = (strong.a, strong.b), (weak.a, weak.b)
         for g in range(1, m + 1):
             level = self.level(g, m)
             priors[f"CB_{g}"] = (level.a, level.b)
@@ -1090,21 +1174,37 @@ class Calibration:
         return next(level for level in levels if level.g == g_cal)
 
     def rates(self) -> dict[str, float]:
-        """Information rate D_a of each action."""
-        return {a: information_rate(self.actions[a], self.eta) for a in ACTIONS}
+        """Information rate D_a of each action, and of R1 / R2 on a weak window."""
+        rates = {a: information_rate(self.actions[a], self.eta) for a in ACTIONS}
+        for t in ("R1", "R2"):
+            rates[f"{t}_weak"] = information_rate(self.actions[t].weak or self.actions[t], self.eta)
+        return rates
 
     def to_dict(self) -> dict[str, Any]:
         """The calibration as JSON-ready data (inverse of ``calibration_from_dict``)."""
         actions: dict[str, Any] = {}
         for name, prior in self.actions.items():
             entry: dict[str, Any] = {"q": prior.q, "rho": {"a": prior.a, "b": prior.b}}
+            if prior.weak is not None:
+                entry["weak"] = {"q": prior.weak.q, "rho": {"a": prior.weak.a, "b": prior.weak.b}}
             if prior.levels:
                 del entry["rho"]
                 entry["levels"] = {
                     str(lv.g): {"pi": lv.pi, "kappa": {"a": lv.a, "b": lv.b}} for lv in prior.levels
                 }
             actions[name] = entry
-        return {**self.meta, "version": CALIBRATION_VERSION, "m": self.m, "eta": self.eta, "actions": actions}
+        gate = None
+        if self.gate is not None:
+            gate = {"k": self.gate.k, "signals": [asdict(signal) for signal in self.gate.signals]}
+            gate = {**self.gate_details, **gate}
+        return {
+            **self.meta,
+            "version": CALIBRATION_VERSION,
+            "m": self.m,
+            "eta": self.eta,
+            "actions": actions,
+            "gate": gate,
+        }
 
 
 CALIBRATION_VERSION = 1
@@ -1145,7 +1245,14 @@ def calibration_from_dict(data: Any) -> Calibration:
             raise ValueError(f"calibration: actions.{name} is missing")
         q = _number(entry.get("q"), f"actions.{name}.q", 0.0, 1.0)
         if name != "CB":
-            actions[name] = ActionPrior(q, *_beta(entry.get("rho"), f"actions.{name}.rho"))
+            weak = None
+            if entry.get("weak") is not None:
+                raw_weak = entry["weak"]
+                if not isinstance(raw_weak, Mapping):
+                    raise ValueError(f"calibration: actions.{name}.weak must be an object with q and rho")
+                weak_q = _number(raw_weak.get("q"), f"actions.{name}.weak.q", 0.0, 1.0)
+                weak = ActionPrior(weak_q, *_beta(raw_weak.get("rho"), f"actions.{name}.weak.rho"))
+            actions[name] = ActionPrior(q, *_beta(entry.get("rho"), f"actions.{name}.rho"), weak=weak)
             continue
         levels_raw = entry.get("levels")
         if not isinstance(levels_raw, Mapping) or not levels_raw:
@@ -1167,8 +1274,33 @@ def calibration_from_dict(data: Any) -> Calibration:
         actions[name] = ActionPrior(q, 1.0, 1.0, tuple(levels))
     if "m" in data and data["m"] != m:
         raise ValueError(f"calibration: m = {data['m']!r} but CB has {m} agreement levels")
-    meta = {k: v for k, v in data.items() if k not in ("version", "eta", "actions", "m")}
-    return Calibration(eta=eta, actions=actions, m=m, meta=meta)
+    gate, details = _gate_from_dict(data.get("gate"))
+    meta = {k: v for k, v in data.items() if k not in ("version", "eta", "actions", "m", "gate")}
+    return Calibration(eta=eta, actions=actions, m=m, meta=meta, gate=gate, gate_details=details)
+
+
+def _gate_from_dict(raw: Any) -> tuple[Gate | None, dict[str, Any]]:
+    """The gate section: kept signals with orientation and threshold (the rest is diagnostics)."""
+    if raw is None:
+        return None, {}
+    if not isinstance(raw, Mapping) or not isinstance(raw.get("signals"), list):
+        raise ValueError("calibration: gate must be an object with a 'signals' list")
+    signals = []
+    for i, entry in enumerate(raw["signals"]):
+        where = f"gate.signals[{i}]"
+        if not isinstance(entry, Mapping) or not isinstance(entry.get("name"), str):
+            raise ValueError(f"calibration: {where} needs a name, an orientation and a threshold")
+        orientation = entry.get("orientation")
+        if orientation not in (1, -1, 1.0, -1.0):
+            raise ValueError(f"calibration: {where}.orientation must be 1 or -1")
+        threshold = _number(entry.get("threshold"), f"{where}.threshold", -1e12, 1e12)
+        auc = _number(entry.get("auc", 0.5), f"{where}.auc", 0.0, 1.0)
+        signals.append(GateSignal(entry["name"], float(orientation), threshold, auc))
+    k = raw.get("k", 5)
+    if not isinstance(k, int) or k < 1:
+        raise ValueError("calibration: gate.k must be a positive integer")
+    details = {key: value for key, value in raw.items() if key not in ("signals", "k")}
+    return Gate(tuple(signals), k), details
 
 
 def load_calibration(
@@ -1330,7 +1462,16 @@ class BRAG:
             raise ValueError("costs must give a positive cost for each of R1, R2 and CB")
         self._vote_model = VoteModel(self.calibration.source_priors(self.m), self.calibration.eta)
         self._rates = self.calibration.rates()
-        self._rate_per_cost = {a: rate / self.costs[a] for a, rate in self._rates.items()}
+        self._rate_per_cost = {a: rate / self.costs[a[:2]] for a, rate in self._rates.items()}
+        # Rates as the policy sees them, per (R1 window weak, R2 window weak): D and D / c.
+        self._tables = {
+            (w1, w2): tuple(
+                {"R1": t["R1_weak" if w1 else "R1"], "R2": t["R2_weak" if w2 else "R2"], "CB": t["CB"]}
+                for t in (self._rates, self._rate_per_cost)
+            )
+            for w1 in (False, True)
+            for w2 in (False, True)
+        }
 
     def run(
         self,
@@ -1382,6 +1523,10 @@ class _Run:
         self.uses: Counter[str] = Counter()
         self.read_ids: list[int] = []
         self.follow_up = ""
+        self.weak = {"R1": False, "R2": False}  # the gate's verdict on each action's window
+        self.second_hop: tuple[Retrieval, list[int], list[int]] | None = None
+        self.first_hop = corpus.retrieve(question, brag.k)
+        self.gate_view = {"R1": self.judge("R1", question, [i for i, _ in self.first_hop.hits])}
         self.steps: list[dict[str, Any]] = []
         self.calls = self.requests = self.prompt_tokens = self.completion_tokens = self.cached_calls = 0
         self.tokens_estimated = False
@@ -1406,7 +1551,8 @@ class _Run:
             t0 = time.perf_counter()
             self.probs, self.residual = self.beliefs.probabilities(len(self.candidates.texts))
             available = self.available()
-            decision = choose_action(error_probability(self.probs), brag._rate_per_cost, available, brag.lam)
+            rates, rate_per_cost = brag._tables[self.weak["R1"], self.weak["R2"]]
+            decision = choose_action(error_probability(self.probs), rate_per_cost, available, brag.lam)
             if self.schedule is not None:
                 while self.schedule and self.schedule[0] not in available:
                     self.schedule.pop(0)
@@ -1418,7 +1564,7 @@ class _Run:
             step = {
                 "step": len(self.steps) + 1,
                 "posterior": self.posterior_view(),
-                "rates": dict(brag._rates),
+                "rates": dict(rates),
                 "available": available,
                 "score": decision.score,
                 "action": decision.action,
@@ -1483,19 +1629,35 @@ class _Run:
             "passages": [{"id": i, "title": self.corpus[i].title} for i in passage_ids],
         }
 
+    def judge(self, action: str, query: str, window: list[int]) -> dict[str, Any] | None:
+        """Gate signals and verdict for an action's window (None without a calibrated gate)."""
+        gate = self.brag.calibration.gate
+        if gate is None:
+            return None
+        signals = window_signals(query, self.corpus, window, gate.k)
+        verdict = gate.fires(signals)
+        self.weak[action] = bool(verdict)
+        return {"signals": {k: round(v, 6) for k, v in signals.items()}, "weak": verdict}
+
     def do_R1(self) -> dict[str, Any]:
-        found = self.corpus.retrieve(self.question, self.brag.k)
+        found = self.first_hop
         self.read_ids = [i for i, _ in found.hits]
-        seen = self.read(source="R1", passage_ids=self.read_ids)
+        seen = self.read(source="R1_weak" if self.weak["R1"] else "R1", passage_ids=self.read_ids)
         seen["scores"] = [round(s, 4) for _, s in found.hits]
         seen["dedup_removed"] = found.removed
+        seen["gate"] = self.gate_view["R1"]
         self.follow_up = seen["follow_up_query"]
+        # The second hop's window is known now, so the gate can judge it before R2 is scored.
+        found2 = self.corpus.retrieve(self.follow_up, self.brag.k + len(self.read_ids))
+        fresh = [i for i, _ in found2.hits if i not in self.read_ids]
+        novel = self.corpus.novel(fresh, self.read_ids)
+        self.second_hop = (found2, fresh, novel)
+        self.gate_view["R2"] = self.judge("R2", self.follow_up, self.read_ids + novel[: self.brag.k])
         return seen
 
     def do_R2(self) -> dict[str, Any]:
-        found = self.corpus.retrieve(self.follow_up, self.brag.k + len(self.read_ids))
-        fresh = [i for i, _ in found.hits if i not in self.read_ids]
-        novel = self.corpus.novel(fresh, self.read_ids)
+        assert self.second_hop is not None  # R2 is only available after R1
+        found, fresh, novel = self.second_hop
         new = novel[: self.brag.k]
         if not new:
             # Re-reading the same window would repeat R1's answer as if it were independent.
@@ -1504,7 +1666,8 @@ class _Run:
                 "new_passages": [],
                 "skipped": "the follow-up query found no new passage",
             }
-        seen = self.read(source="R2", passage_ids=self.read_ids + new)
+        seen = self.read(source="R2_weak" if self.weak["R2"] else "R2", passage_ids=self.read_ids + new)
+        seen["gate"] = self.gate_view["R2"]
         seen["query"] = self.follow_up
         seen["new_passages"] = new
         seen["dedup_removed"] = found.removed + [i for i in fresh if i not in novel]
@@ -1557,6 +1720,7 @@ class _Run:
             "p_err": round(error_probability(self.probs), 6),
             "steps": self.steps,
             "stop_reason": stop_reason,
+            "gate": self.gate_view,
             "corpus": self.corpus.stats(),
             "totals": {
                 "llm_calls": self.calls,

@@ -24,10 +24,12 @@ import json
 import math
 import os
 import sys
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
+
+import numpy as np
 
 import brag
 
@@ -135,7 +137,7 @@ class Outcome:
     correct: dict[str, bool]
     agreement: int
     calls: int = 0
-    extra: dict[str, Any] = field(default_factory=dict)
+    weak: dict[str, bool | None] = field(default_factory=dict)  # the gate's verdict per window
 
 
 def observe_one(item: Labelled, corpus: brag.Corpus, controller: brag.BRAG, f1_threshold: float) -> Outcome:
@@ -143,14 +145,17 @@ def observe_one(item: Labelled, corpus: brag.Corpus, controller: brag.BRAG, f1_t
     _, report = controller.run(item.question, corpus, actions=["R1", "R2", "CB"])
     answers = {"R1": "", "R2": "", "CB": ""}
     agreement = 0
+    weak: dict[str, bool | None] = {}
     for step in report["steps"]:
         seen = step.get("observation") or {}
         if step["action"]:
             answers[step["action"]] = seen.get("answer", "") or ""
+        if seen.get("gate"):
+            weak[step["action"]] = seen["gate"]["weak"]
         if step["action"] == "CB":
             agreement = seen["agreement"]
     correct = {a: is_correct(answers[a], item.gold, f1_threshold) for a in answers}
-    return Outcome(item.id, answers, correct, agreement, report["totals"]["llm_calls"])
+    return Outcome(item.id, answers, correct, agreement, report["totals"]["llm_calls"], weak)
 
 
 def observe(
@@ -231,6 +236,21 @@ def fit(outcomes: Sequence[Outcome], m: int) -> dict[str, Any]:
         if action != "CB":
             rho = shrunk(correct, answered, PRIOR["rho"][action])
             actions[action] = {"q": round(q, 6), "rho": _beta(rho)}
+            judged = [o for o in outcomes if o.weak.get(action) is not None]
+            if judged:  # the gate ran: separate (q, rho) for strong and weak windows
+                for verdict, key in ((False, "strong"), (True, "weak")):
+                    part = [o for o in judged if o.weak[action] is verdict]
+                    part_answered = sum(bool(o.answers[action]) for o in part)
+                    part_correct = sum(o.correct[action] for o in part)
+                    counts[action][key] = {"n": len(part), "answered": part_answered, "correct": part_correct}
+                    entry = {
+                        "q": round(shrunk(part_answered, len(part), q), 6),
+                        "rho": _beta(shrunk(part_correct, part_answered, rho)),
+                    }
+                    if verdict:
+                        actions[action]["weak"] = entry
+                    else:
+                        actions[action].update(entry)
     levels = {}
     cb_answered = counts["CB"]["answered"]
     counts["CB"]["levels"] = {}
@@ -256,6 +276,198 @@ def fit(outcomes: Sequence[Outcome], m: int) -> dict[str, Any]:
     return {"eta": round(eta, 6), "actions": actions, "counts": counts, "diagnostics": diagnostics}
 
 
+# ------------------------------------------------------------------------------------------
+# The weak-retrieval gate (SPEC section 3): no LLM
+# ------------------------------------------------------------------------------------------
+
+
+def auc(scores: Sequence[float], positive: Sequence[bool]) -> float:
+    """ROC AUC by the Mann-Whitney U statistic.
+
+    P(score of a positive > score of a negative), ties counted half: what sklearn's
+    ``roc_auc_score`` computes.
+    """
+    scores, positive = np.asarray(scores, dtype=float), np.asarray(positive, dtype=bool)
+    n_pos, n_neg = int(positive.sum()), int((~positive).sum())
+    if n_pos == 0 or n_neg == 0:
+        raise ValueError("AUC needs both weak and strong windows")
+    order = np.argsort(scores, kind="stable")
+    ranks = np.empty(len(scores))
+    sorted_scores = scores[order]
+    i = 0
+    while i < len(scores):  # average ranks over ties
+        j = i
+        while j + 1 < len(scores) and sorted_scores[j + 1] == sorted_scores[i]:
+            j += 1
+        ranks[order[i : j + 1]] = (i + j) / 2 + 1
+        i = j + 1
+    u = ranks[positive].sum() - n_pos * (n_pos + 1) / 2
+    return float(u / (n_pos * n_neg))
+
+
+def youden(oriented: Sequence[float], weak: Sequence[bool]) -> tuple[float, float, float]:
+    """Threshold t maximising TPR - FPR for "weak when oriented value <= t"; (t, TPR, FPR)."""
+    values, weak = np.asarray(oriented, dtype=float), np.asarray(weak, dtype=bool)
+    best = (-math.inf, 0.0, 0.0, 0.0)
+    for t in np.unique(values):
+        fires = values <= t
+        tpr, fpr = fires[weak].mean(), fires[~weak].mean()
+        if tpr - fpr > best[0]:
+            best = (tpr - fpr, float(t), float(tpr), float(fpr))
+    return best[1], best[2], best[3]
+
+
+def threshold_for_recall(
+    oriented: Sequence[float], weak: Sequence[bool], recall: float
+) -> tuple[float, float, float]:
+    """The lowest threshold that catches at least ``recall`` of the weak windows; (t, TPR, FPR)."""
+    values, weak = np.asarray(oriented, dtype=float), np.asarray(weak, dtype=bool)
+    for t in np.unique(values):
+        fires = values <= t
+        if fires[weak].mean() >= recall:
+            return float(t), float(fires[weak].mean()), float(fires[~weak].mean())
+    return float(values.max()), 1.0, 1.0
+
+
+def fit_logistic(x: np.ndarray, y: np.ndarray, l2: float = 1.0, iterations: int = 50) -> dict[str, Any]:
+    """L2-regularised logistic regression by Newton's method on standardised features."""
+    mean, std = x.mean(axis=0), x.std(axis=0)
+    std = np.where(std == 0, 1.0, std)
+    z = np.hstack([np.ones((len(x), 1)), (x - mean) / std])
+    w = np.zeros(z.shape[1])
+    penalty = np.diag([0.0] + [l2] * (z.shape[1] - 1))
+    for _ in range(iterations):
+        p = 1 / (1 + np.exp(-(z @ w)))
+        gradient = z.T @ (p - y) + penalty @ w
+        hessian = z.T @ (z * (p * (1 - p))[:, None]) + penalty
+        step = np.linalg.solve(hessian + 1e-9 * np.eye(len(w)), gradient)
+        w -= step
+        if np.abs(step).max() < 1e-8:
+            break
+    return {"intercept": float(w[0]), "coef": w[1:].tolist(), "mean": mean.tolist(), "std": std.tolist()}
+
+
+def logistic_scores(model: dict[str, Any], x: np.ndarray) -> np.ndarray:
+    """Probability that each window is weak under a fitted logistic combination."""
+    z = (x - np.asarray(model["mean"])) / np.asarray(model["std"])
+    return 1 / (1 + np.exp(-(model["intercept"] + z @ np.asarray(model["coef"]))))
+
+
+def window_is_weak(window_titles: Iterable[str], needed_titles: Iterable[str]) -> bool:
+    """Weak: at least one needed passage (by title) is outside the window."""
+    return not set(needed_titles) <= set(window_titles)
+
+
+def gate_rows(
+    items: Sequence[Labelled], corpus: brag.Corpus, k: int = 5
+) -> list[tuple[dict[str, float], bool]]:
+    """Signals and the weak label of each question's R1 window (questions with known support)."""
+    rows = []
+    for item in items:
+        if not item.supporting:
+            continue
+        window = [i for i, _ in corpus.search(item.question, k)]
+        signals = brag.window_signals(item.question, corpus, window, k)
+        rows.append((signals, window_is_weak([corpus[i].title for i in window], item.supporting)))
+    return rows
+
+
+def fit_gate(
+    rows: Sequence[tuple[Mapping[str, float], bool]],
+    *,
+    k: int = 5,
+    min_separation: float = 0.65,
+    max_correlation: float = 0.85,
+    target_recall: float | None = None,
+    max_signals: int = 2,
+) -> dict[str, Any]:
+    """Fit the gate section of a calibration.
+
+    AUC per signal; the kept, oriented signals with thresholds (Youden's J, or a target recall);
+    and a logistic combination of them for comparison.
+    """
+    weak = np.array([w for _, w in rows], dtype=bool)
+    if len(rows) < MIN_QUESTIONS or weak.all() or not weak.any():
+        raise ValueError(f"gate calibration needs {MIN_QUESTIONS}+ windows, some weak and some strong")
+    names = sorted({name for signals, _ in rows for name in signals})
+    table = {n: np.array([s.get(n, np.nan) for s, _ in rows]) for n in names}
+    aucs = {}
+    for name in names:
+        present = ~np.isnan(table[name])
+        if weak[present].any() and (~weak[present]).any():
+            aucs[name] = auc(table[name][present], weak[present])
+    ranked = sorted(aucs, key=lambda n: -max(aucs[n], 1 - aucs[n]))
+    kept: list[str] = []
+    dropped: dict[str, str] = {}
+    for name in ranked:
+        separation = max(aucs[name], 1 - aucs[name])
+        if separation < min_separation:
+            dropped[name] = f"separation {separation:.3f} < {min_separation}"
+            continue
+        for stronger in kept:
+            both = ~np.isnan(table[name]) & ~np.isnan(table[stronger])
+            corr = (
+                float(np.corrcoef(table[name][both], table[stronger][both])[0, 1]) if both.sum() > 2 else 0.0
+            )
+            if abs(corr) > max_correlation:
+                dropped[name] = f"|corr| {abs(corr):.3f} with {stronger} > {max_correlation}"
+                break
+        else:
+            if len(kept) < max_signals:
+                kept.append(name)
+            else:
+                dropped[name] = f"only the {max_signals} strongest signals are combined"
+    signals = []
+    for name in kept:
+        orientation = 1.0 if aucs[name] < 0.5 else -1.0  # lower oriented value = weaker
+        present = ~np.isnan(table[name])
+        oriented = orientation * table[name][present]
+        if target_recall is None:
+            threshold, tpr, fpr = youden(oriented, weak[present])
+        else:
+            threshold, tpr, fpr = threshold_for_recall(oriented, weak[present], target_recall)
+        signals.append(
+            {
+                "name": name,
+                "orientation": orientation,
+                "threshold": threshold,
+                "auc": round(aucs[name], 4),
+                "tpr": round(tpr, 4),
+                "fpr": round(fpr, 4),
+            }
+        )
+    gate = brag.Gate(
+        tuple(brag.GateSignal(s["name"], s["orientation"], s["threshold"], s["auc"]) for s in signals), k
+    )
+    fires = np.array([bool(gate.fires(s)) for s, _ in rows])
+
+    def combine(features: list[str]) -> dict[str, Any] | None:
+        complete = [i for i, (s, _) in enumerate(rows) if all(f in s for f in features)]
+        if not features or not complete:
+            return None
+        x = np.array([[rows[i][0][f] for f in features] for i in complete])
+        model = {"features": features, **fit_logistic(x, weak[complete].astype(float))}
+        model["auc_calibration"] = round(auc(logistic_scores(model, x), weak[complete]), 4)
+        return model
+
+    everywhere = [n for n in names if all(n in s for s, _ in rows)]
+    logistic = combine(kept if len(kept) >= 2 else ranked[:2])
+    logistic_all = combine(everywhere)
+    return {
+        "k": k,
+        "signals": signals,
+        "rule": "weak when any kept signal fires",
+        "n": len(rows),
+        "weak_rate": round(float(weak.mean()), 4),
+        "auc": {name: round(value, 4) for name, value in aucs.items()},
+        "dropped": dropped,
+        "tpr": round(float(fires[weak].mean()), 4),
+        "fpr": round(float(fires[~weak].mean()), 4),
+        "logistic": logistic,
+        "logistic_all_signals": logistic_all,
+    }
+
+
 def calibrate(
     items: Sequence[Labelled],
     corpus: brag.Corpus,
@@ -274,8 +486,14 @@ def calibrate(
         raise ValueError(f"calibration needs at least {MIN_QUESTIONS} labelled questions, got {len(items)}")
     if len({i.id for i in items}) != len(items):
         raise ValueError("labelled questions: ids must be unique")
-    # lam = 0 and a prior calibration: the schedule decides what runs, never the prior's numbers.
-    controller = brag.BRAG(llm, calibration=brag.load_calibration(), lam=0.0, k=k, m=m, seed=seed)
+    gate = None
+    rows = gate_rows(items, corpus, k)
+    if len(rows) >= MIN_QUESTIONS and any(w for _, w in rows) and not all(w for _, w in rows):
+        gate = fit_gate(rows, k=k)
+    # The prior calibration plus this gate: the schedule decides what runs, and the gate's
+    # verdict on each window is recorded so R1 and R2 get strong- and weak-window reliabilities.
+    prior = brag.load_calibration().to_dict()
+    controller = brag.BRAG(llm, calibration={**prior, "gate": gate}, lam=0.0, k=k, m=m, seed=seed)
     outcomes = observe(
         items,
         corpus,
@@ -298,14 +516,50 @@ def calibrate(
         "prior": PRIOR_TEXT,
         "date": dt.datetime.now(dt.UTC).strftime("%Y-%m-%d"),
         **fitted,
-        "gate": None,  # the weak-retrieval gate's section, filled by gate calibration
+        "gate": gate,
     }
     brag.load_calibration(result)  # fails loudly if the fit produced something the loader rejects
     return result
 
 
+def main_gate(argv: Sequence[str]) -> int:
+    """``python calibrate.py gate``: fit the weak-retrieval gate alone (no LLM)."""
+    parser = argparse.ArgumentParser(
+        prog="calibrate.py gate", description="Fit the weak-retrieval gate (no LLM)."
+    )
+    parser.add_argument("--questions", required=True, help="questions whose supporting passages are known")
+    parser.add_argument("--corpus", required=True)
+    parser.add_argument("--split", default="0:100")
+    parser.add_argument("--k", type=int, default=5)
+    parser.add_argument("--target-recall", type=float, help="threshold for this share of weak windows caught")
+    parser.add_argument("--into", help="a calibration JSON whose 'gate' section to replace")
+    parser.add_argument("--out", help="where to write (default: --into, else standard output)")
+    args = parser.parse_args(argv)
+    try:
+        items = select(read_labelled(args.questions), args.split)
+        corpus = brag.Corpus(Path(args.corpus).read_text(encoding="utf-8"))
+        gate = fit_gate(gate_rows(items, corpus, args.k), k=args.k, target_recall=args.target_recall)
+        result: dict[str, Any] = gate
+        if args.into:
+            result = {**json.loads(Path(args.into).read_text(encoding="utf-8")), "gate": gate}
+            brag.load_calibration(result)
+    except (ValueError, OSError) as err:
+        print(f"calibrate gate: {err}", file=sys.stderr)
+        return 2
+    text = json.dumps(result, indent=1) + "\n"
+    out = args.out or args.into
+    if out:
+        Path(out).write_text(text, encoding="utf-8")
+    else:
+        sys.stdout.write(text)
+    return 0
+
+
 def main(argv: Sequence[str] | None = None) -> int:
-    """Command line: calibrate and write the JSON."""
+    """Command line: calibrate and write the JSON (``gate`` as the first word: the gate alone)."""
+    argv = list(sys.argv[1:] if argv is None else argv)
+    if argv[:1] == ["gate"]:
+        return main_gate(argv[1:])
     import llms
 
     parser = argparse.ArgumentParser(description="Fit a BRAG calibration from labelled questions.")

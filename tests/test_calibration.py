@@ -18,7 +18,7 @@ def test_shipped_calibration_loads_and_says_where_it_came_from():
     raw = shipped()
     assert raw["version"] == 1 and raw["note"]
     assert cal.m == raw["m"] and 0 < cal.eta < 1
-    assert set(cal.rates()) == {"R1", "R2", "CB"}
+    assert set(cal.rates()) == {"R1", "R2", "CB", "R1_weak", "R2_weak"}
 
 
 def test_round_trip_through_dict_and_json_string():
@@ -68,6 +68,6 @@ def test_malformed_calibration_is_a_clear_value_error(data, message):
 def test_rescales_agreement_levels_for_another_m():
     cal = load_calibration()
     priors = cal.source_priors(3)
-    assert set(priors) == {"R1", "R2", "CB_1", "CB_2", "CB_3"}
+    assert set(priors) == {"R1", "R2", "R1_weak", "R2_weak", "CB_1", "CB_2", "CB_3"}
     full = cal.source_priors(5)
     assert priors["CB_3"] == full["CB_5"] and priors["CB_1"] == full["CB_2"]
