@@ -1065,9 +1065,12 @@ def window_signals(question: str, corpus: Corpus, window: Sequence[int], k: int)
         "score_variance": float(np.var(top[:k])),
     }
     terms = salient_terms(question, corpus)
+    signals["salient_terms"] = float(len(terms))  # more named things, more passages needed
     if terms:
         seen = set().union(*(tokenize(corpus[i].render()) for i in window)) if window else set()
         signals["evidence_coverage"] = len(terms & seen) / len(terms)
+        top1 = set(tokenize(corpus[window[0]].render())) if window else set()
+        signals["top1_coverage"] = len(terms & top1) / len(terms)
     if corpus.embeddings is not None and corpus.embedder is not None:
         dense = corpus.embeddings @ corpus.embedder.embed([question])[0]
         signals["dense_max_score"] = float(dense.max())
@@ -1577,7 +1580,13 @@ class _Run:
                 self.stop_reason = decision.stop_reason or ""
                 return
             self.current = decision.action
+            before = (self.calls, self.prompt_tokens, self.completion_tokens)
             step["observation"] = getattr(self, f"do_{decision.action}")()
+            step["cost"] = {
+                "llm_calls": self.calls - before[0],
+                "prompt_tokens": self.prompt_tokens - before[1],
+                "completion_tokens": self.completion_tokens - before[2],
+            }
             self.uses[decision.action] += 1
             self.current = None
 

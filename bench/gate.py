@@ -96,12 +96,16 @@ def signal_rows(questions: list, rows: list[dict]) -> list[tuple[dict[str, float
 
 
 def evaluate(name: str, rows: list[tuple[dict[str, float], bool]]) -> list[str]:
+    order = np.random.default_rng(0).permutation(len(rows))  # files are ordered (by hop type, say)
     half = len(rows) // 2
-    cal, test = rows[:half], rows[half:]
+    cal, test = [rows[i] for i in order[:half]], [rows[i] for i in order[half:]]
     gate = calibrate.fit_gate(cal, k=K)
     weak = np.array([w for _, w in test])
     names = sorted({n for s, _ in test for n in s})
-    test_auc = {n: calibrate.auc([s[n] for s, _ in test], weak) for n in names}
+    test_auc = {}
+    for n in names:
+        present = [(s[n], w) for s, w in test if n in s]  # a signal may be absent for a window
+        test_auc[n] = calibrate.auc([v for v, _ in present], [w for _, w in present])
     kept = calibrate.brag.Gate(
         tuple(
             calibrate.brag.GateSignal(s["name"], s["orientation"], s["threshold"], s["auc"])
@@ -112,8 +116,9 @@ def evaluate(name: str, rows: list[tuple[dict[str, float], bool]]) -> list[str]:
     fires = np.array([bool(kept.fires(s)) for s, _ in test])
 
     def held_out_auc(model: dict) -> float:
-        x = np.array([[s[f] for f in model["features"]] for s, _ in test])
-        return calibrate.auc(calibrate.logistic_scores(model, x), weak)
+        complete = [(s, w) for s, w in test if all(f in s for f in model["features"])]
+        x = np.array([[s[f] for f in model["features"]] for s, _ in complete])
+        return calibrate.auc(calibrate.logistic_scores(model, x), [w for _, w in complete])
 
     logistic, logistic_all = gate["logistic"], gate["logistic_all_signals"]
     logistic_auc, all_auc = held_out_auc(logistic), held_out_auc(logistic_all)
@@ -168,7 +173,7 @@ def main() -> None:
         "",
         "Command: `python bench/gate.py`",
         f"Machine: {platform.machine()}, Python {platform.python_version()}. Windows: BM25 top-{K}. "
-        "Calibration split: the first half of each question file; held-out: the second half.",
+        "Calibration split: a seeded random half of each question set; held-out: the other half.",
         "AUC is the probability that a weak window scores higher than a strong one; separation is",
         "max(AUC, 1 - AUC).",
         "",

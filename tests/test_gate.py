@@ -95,7 +95,17 @@ def test_signals_and_the_gate_on_a_planted_deep_passage():
     easy = brag.window_signals(EASY, corpus, easy_window, 1)
     assert easy["evidence_coverage"] == 1.0 and hard["evidence_coverage"] < 0.75
     assert COVERAGE_GATE.fires(hard) is True and COVERAGE_GATE.fires(easy) is False
-    assert set(hard) == {"max_score", "top_gap", "score_variance", "evidence_coverage"}  # no embedder
+    expected = {
+        "max_score",
+        "top_gap",
+        "score_variance",
+        "salient_terms",
+        "evidence_coverage",
+        "top1_coverage",
+    }
+    assert set(hard) == expected  # no embedder: no dense signal
+    assert brag.window_signals("the of and", corpus, hard_window, 1)["salient_terms"] == 0.0
+    assert "evidence_coverage" not in brag.window_signals("the of and", corpus, hard_window, 1)
     dense = Corpus(PASSAGES, embedder=brag.HashingEmbedder())
     with_dense = brag.window_signals(HARD, dense, hard_window, 1)
     assert {"dense_max_score", "dense_score_variance", "retriever_divergence"} <= set(with_dense)

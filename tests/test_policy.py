@@ -3,7 +3,7 @@
 import math
 
 import pytest
-from conftest import ScriptedLLM, last_block
+from conftest import PRIORS, ScriptedLLM, last_block
 
 from brag import BRAG, ActionPrior, Corpus, Level, choose_action, information_rate, load_calibration
 
@@ -42,7 +42,7 @@ def test_cost_enters_through_rate_per_cost():
     corpus = Corpus(["Phobos is a moon of Mars.", "Deimos is a moon of Mars.", "Io is a moon."])
     llm = ScriptedLLM(read=lambda p: "NONE", closed_book=lambda p, n: ["Phobos"] * n)
     costs = {"R1": 1.0, "R2": 1.0, "CB": 0.5}
-    _, report = BRAG(llm, costs=costs, lam=0.0).run("Which moon?", corpus)
+    _, report = BRAG(llm, calibration=PRIORS, costs=costs, lam=0.0).run("Which moon?", corpus)
     assert report["steps"][0]["action"] == "CB"
 
 
@@ -56,7 +56,7 @@ def test_stops_exactly_at_the_rule():
 
 def test_r2_is_unavailable_before_r1():
     # A calibration where R2 is by far the most informative: the controller still opens with R1.
-    cal = load_calibration().to_dict()
+    cal = load_calibration(PRIORS).to_dict()
     cal["actions"]["R2"] = {"q": 1.0, "rho": {"a": 99.0, "b": 1.0}}
     llm = ScriptedLLM(read=lambda prompt: "Answer: NONE\nFollow-up query: Mars moon")
     corpus = Corpus(["Phobos is a moon of Mars.", "Deimos is a moon of Mars."])
@@ -88,7 +88,7 @@ def test_larger_lambda_never_makes_more_calls(cb_answers):
     calls = []
     for lam in [0.0, 0.001, 0.01, 0.05, 0.1, 0.2, 0.5, 1.0, 2.0]:
         llm = ScriptedLLM(read=tower_llm, closed_book=lambda p, n: cb_answers[:n])
-        _, report = BRAG(llm, lam=lam, k=1).run(question, corpus)
+        _, report = BRAG(llm, calibration=PRIORS, lam=lam, k=1).run(question, corpus)
         calls.append(report["totals"]["llm_calls"])
     assert calls == sorted(calls, reverse=True)
     assert calls[0] == 3 and calls[-1] == 0

@@ -3,7 +3,7 @@
 import json
 
 import pytest
-from conftest import ScriptedLLM, last_block
+from conftest import PRIORS, ScriptedLLM, last_block
 
 from brag import BRAG, Corpus, Passage, RunAborted, expand_query, is_degenerate_query
 
@@ -30,7 +30,7 @@ def test_two_hop_question_is_answered_through_the_fallback_query():
     llm = ScriptedLLM(
         read=two_hop_reader, closed_book=lambda p, n: ["Oslo", "Rome", "Lima", "NONE", "Bern"][:n]
     )
-    answer, report = BRAG(llm, k=1, lam=0.05).run(QUESTION, Corpus(PASSAGES))
+    answer, report = BRAG(llm, calibration=PRIORS, k=1, lam=0.05).run(QUESTION, Corpus(PASSAGES))
     assert answer == "Bergen"
     steps = [s for s in report["steps"] if s["action"]]
     assert [s["action"] for s in steps][:2] == ["R1", "R2"]
@@ -45,8 +45,8 @@ def test_two_hop_question_is_answered_through_the_fallback_query():
 
 def test_unanimous_closed_book_outweighs_a_single_read():
     llm = ScriptedLLM(read=two_hop_reader, closed_book=lambda p, n: ["Oslo"] * n)
-    answer, _ = BRAG(llm, k=1, lam=0.05).run(QUESTION, Corpus(PASSAGES))
-    # kappa_5 = 0.7 against rho_R2 = 0.6 in the shipped priors.
+    answer, _ = BRAG(llm, calibration=PRIORS, k=1, lam=0.05).run(QUESTION, Corpus(PASSAGES))
+    # kappa_5 = 0.7 against rho_R2 = 0.6 in the priors.
     assert answer == "Oslo"
 
 
@@ -57,7 +57,7 @@ def test_totals_equal_what_the_llm_reported_and_report_is_json():
         prompt_tokens=123,
         completion_tokens=9,
     )
-    _, report = BRAG(llm, k=1, lam=0.0).run(QUESTION, Corpus(PASSAGES))
+    _, report = BRAG(llm, calibration=PRIORS, k=1, lam=0.0).run(QUESTION, Corpus(PASSAGES))
     totals = report["totals"]
     assert totals["llm_calls"] == len(llm.requests) == 3
     assert totals["prompt_tokens"] == 123 * 3
@@ -81,7 +81,7 @@ def test_totals_equal_what_the_llm_reported_and_report_is_json():
 def test_r2_without_new_passages_makes_no_call_and_no_vote():
     llm = ScriptedLLM(read=lambda p: "Answer: Oslo\nFollow-up query: Norway capital city")
     small = Corpus(PASSAGES[:3])
-    _, report = BRAG(llm, k=5, lam=0.0).run("What is the capital of Norway?", small)
+    _, report = BRAG(llm, calibration=PRIORS, k=5, lam=0.0).run("What is the capital of Norway?", small)
     r2 = next(s for s in report["steps"] if s["action"] == "R2")["observation"]
     assert r2["new_passages"] == [] and "no new passage" in r2["skipped"]
     assert report["totals"]["llm_calls"] == len(llm.requests) == 2  # R1 and CB only
@@ -91,7 +91,7 @@ def test_r2_without_new_passages_makes_no_call_and_no_vote():
 def test_deterministic_for_equal_inputs():
     def run():
         llm = ScriptedLLM(read=two_hop_reader, closed_book=lambda p, n: ["Oslo"] * n)
-        answer, report = BRAG(llm, k=1).run(QUESTION, Corpus(PASSAGES))
+        answer, report = BRAG(llm, calibration=PRIORS, k=1).run(QUESTION, Corpus(PASSAGES))
         for step in report["steps"]:
             step.pop("policy_us")
         report["totals"].pop("wall_time_s")
@@ -108,14 +108,14 @@ def test_on_step_sees_every_decision_before_it_runs():
     def on_step(step):
         seen.append((step["step"], step["action"], len(llm.requests)))
 
-    _, report = BRAG(llm, k=1, lam=0.0).run(QUESTION, Corpus(PASSAGES), on_step=on_step)
+    _, report = BRAG(llm, calibration=PRIORS, k=1, lam=0.0).run(QUESTION, Corpus(PASSAGES), on_step=on_step)
     assert [a for _, a, _ in seen] == [s["action"] for s in report["steps"]]
     assert [calls for _, _, calls in seen] == list(range(len(seen)))  # called before the LLM call
 
 
 def test_no_candidate_gives_empty_answer_and_says_so():
     llm = ScriptedLLM(read=lambda p: "NONE")
-    answer, report = BRAG(llm, lam=0.0, k=2).run("What is unknowable?", Corpus(PASSAGES))
+    answer, report = BRAG(llm, calibration=PRIORS, lam=0.0, k=2).run("What is unknowable?", Corpus(PASSAGES))
     assert answer == "" and report["answered"] is False and "no candidate" in report["note"]
     assert report["totals"]["llm_calls"] == 3
 
@@ -131,7 +131,7 @@ class FailingLLM(ScriptedLLM):
 def test_failure_mid_run_keeps_the_partial_report():
     llm = FailingLLM(read=lambda p: "Answer: Oslo\nFollow-up query: Oslo city")
     with pytest.raises(RunAborted, match="endpoint unreachable") as err:
-        BRAG(llm, lam=0.0).run(QUESTION, Corpus(PASSAGES))
+        BRAG(llm, calibration=PRIORS, lam=0.0).run(QUESTION, Corpus(PASSAGES))
     report = err.value.report
     assert report["totals"]["llm_calls"] == 1
     assert report["answer"] == "Oslo"
@@ -142,16 +142,16 @@ def test_failure_mid_run_keeps_the_partial_report():
 @pytest.mark.parametrize("question", ["", "   ", None])
 def test_empty_question_is_a_value_error(question):
     with pytest.raises(ValueError, match="question is empty"):
-        BRAG(ScriptedLLM(read=str)).run(question, Corpus(PASSAGES))
+        BRAG(ScriptedLLM(read=str), calibration=PRIORS).run(question, Corpus(PASSAGES))
 
 
 def test_non_corpus_and_bad_settings_are_value_errors():
     with pytest.raises(ValueError, match=r"brag\.Corpus"):
-        BRAG(ScriptedLLM(read=str)).run("q?", PASSAGES)
+        BRAG(ScriptedLLM(read=str), calibration=PRIORS).run("q?", PASSAGES)
     with pytest.raises(ValueError, match="lam"):
-        BRAG(ScriptedLLM(read=str), lam=-1)
+        BRAG(ScriptedLLM(read=str), calibration=PRIORS, lam=-1)
     with pytest.raises(ValueError, match="k must be"):
-        BRAG(ScriptedLLM(read=str), k=0)
+        BRAG(ScriptedLLM(read=str), calibration=PRIORS, k=0)
     with pytest.raises(ValueError, match="calibration"):
         BRAG(ScriptedLLM(read=str), calibration='{"version": 1}')
 
@@ -169,10 +169,14 @@ def test_degenerate_queries_and_expansion():
 
 def test_a_fixed_schedule_runs_exactly_those_actions():
     llm = ScriptedLLM(read=two_hop_reader, closed_book=lambda p, n: ["Oslo"] * n)
-    _, report = BRAG(llm, k=1, lam=10.0).run(QUESTION, Corpus(PASSAGES), actions=["R1", "R2"])
+    _, report = BRAG(llm, calibration=PRIORS, k=1, lam=10.0).run(
+        QUESTION, Corpus(PASSAGES), actions=["R1", "R2"]
+    )
     assert [s["action"] for s in report["steps"]] == ["R1", "R2", None]
     assert report["stop_reason"] == "schedule done" and len(llm.requests) == 2
-    _, report = BRAG(llm, k=1).run(QUESTION, Corpus(PASSAGES), actions=["R2", "CB"])  # R2 needs R1
+    _, report = BRAG(llm, calibration=PRIORS, k=1).run(
+        QUESTION, Corpus(PASSAGES), actions=["R2", "CB"]
+    )  # R2 needs R1
     assert [s["action"] for s in report["steps"]] == ["CB", None]
     with pytest.raises(ValueError, match="actions must be drawn"):
-        BRAG(llm).run(QUESTION, Corpus(PASSAGES), actions=["R3"])
+        BRAG(llm, calibration=PRIORS).run(QUESTION, Corpus(PASSAGES), actions=["R3"])
