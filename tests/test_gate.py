@@ -8,7 +8,7 @@ import random
 
 import numpy as np
 import pytest
-from conftest import ScriptedLLM, last_block
+from conftest import PRIORS, ScriptedLLM, last_block
 
 import brag
 import calibrate
@@ -113,7 +113,7 @@ def test_signals_and_the_gate_on_a_planted_deep_passage():
 
 
 def gated_calibration() -> dict:
-    cal = brag.load_calibration().to_dict()
+    cal = brag.load_calibration(PRIORS).to_dict()
     cal["actions"]["R1"] = {
         "q": 0.9,
         "rho": {"a": 9.0, "b": 1.0},
