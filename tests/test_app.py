@@ -12,7 +12,7 @@ from concurrent.futures import ThreadPoolExecutor
 
 import pytest
 from app_server import AppProcess, rest_call
-from conftest import ROOT
+from conftest import PRIORS, ROOT
 from gradio_client import Client
 from gradio_client.exceptions import AppError
 from hub_server import FakeHub
@@ -46,8 +46,19 @@ def scripted(request: dict) -> Reply:
     return Reply(texts=["Oslo", "Rome", "NONE", "Paris", "Lima"][: request.get("n", 1)])
 
 
+# The hand-set priors, so expectations do not move when the shipped calibration is refitted.
+PRIOR_JSON = PRIORS.read_text()
+
+
 def args(
-    question=QUESTION, corpus="", documents=DOC_LINES, lam=0.05, model="", token="", provider="auto", cal=""
+    question=QUESTION,
+    corpus="",
+    documents=DOC_LINES,
+    lam=0.05,
+    model="",
+    token="",
+    provider="auto",
+    cal=PRIOR_JSON,
 ):
     return [question, corpus, documents, lam, model, token, provider, cal]
 
@@ -159,9 +170,9 @@ LABELLED = json.dumps([{"question": QUESTION, "gold": ["Bergen"], "id": f"q{i}"}
 
 def test_calibrate_round_trips_into_brag(client, llm_server):
     before = len(llm_server.chat_requests)
-    fitted = client.predict(LABELLED, "", DOC_LINES, "", "", "auto", api_name="/calibrate")
+    fitted = client.predict(LABELLED, "Demo", "", "", "", "auto", api_name="/calibrate")
     cal = json.loads(fitted)
-    assert cal["n_questions"] == 30 and cal["fitted"] is True and cal["corpus"] == "your documents"
+    assert cal["n_questions"] == 30 and cal["fitted"] is True and cal["corpus"] == "Demo"
     assert len(llm_server.chat_requests) - before == 30 * 3  # every action on every question
     assert cal["diagnostics"]["R2"]["accuracy"] == 1.0  # the scripted reader is right after hop 2
     answer, report = client.predict(*args(cal=fitted), api_name="/brag")
@@ -183,7 +194,7 @@ def test_calibrate_bad_input_is_a_clear_error(client, labelled, message):
 
 
 def test_brag_picks_the_calibration_of_the_chosen_corpus(client):
-    _, demo = client.predict(*args(corpus="Demo", documents=""), api_name="/brag")
+    _, demo = client.predict(*args(corpus="Demo", documents="", cal=""), api_name="/brag")
     assert demo["config"]["calibration"]["corpus"] == "HotpotQA"
 
 

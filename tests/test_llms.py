@@ -9,7 +9,7 @@ import time
 from concurrent.futures import ThreadPoolExecutor
 
 import pytest
-from conftest import ROOT
+from conftest import PRIORS, ROOT
 from openai_server import FakeOpenAI, Reply
 
 import brag
@@ -225,7 +225,9 @@ def test_failure_mid_run_raises_with_the_partial_report():
     corpus = Corpus(["Lina Berg was born in Bergen.", "Oslo is a city.", "x y"])
     with FakeOpenAI(handler=lambda r: next(replies)) as server:
         with pytest.raises(brag.RunAborted, match="token rejected") as err:
-            BRAG(make_llm(server.url + "#m"), lam=0.0).run("Where was Lina Berg born?", corpus)
+            BRAG(make_llm(server.url + "#m"), calibration=PRIORS, lam=0.0).run(
+                "Where was Lina Berg born?", corpus
+            )
     assert err.value.report["totals"]["llm_calls"] == 1 and err.value.report["answer"] == "Bergen"
     assert isinstance(err.value.__cause__, TokenRejected)
 
