@@ -1340,6 +1340,8 @@ READ_EXAMPLES = (
     "Question: In which country is Lake Orla?\nAnswer: Finland\nFollow-up query: Lake Orla "
     "Finland\n\n"
 )
+# A reply ends at a blank line or where the model starts writing another worked example.
+READ_STOP = ["\n\n", "\nPassages:", "\nQuestion:"]
 CLOSED_BOOK_INSTRUCTIONS = "Answer the question with a short answer (a name, date, number or short phrase)."
 CLOSED_BOOK_EXAMPLES = (
     "Question: What is the capital of France?\nAnswer: Paris\n\n"
@@ -1620,7 +1622,7 @@ class _Run:
             n=1,
             temperature=0.0,
             max_tokens=self.brag.max_tokens,
-            stop=["\n\n", "\nPassages:", "\nQuestion:"],
+            stop=READ_STOP,
         )
         raw = reply.texts[0] if reply.texts else ""
         answer, query = parse_reading(raw)

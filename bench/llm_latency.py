@@ -21,8 +21,6 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 import brag
 import llms
 
-READ_STOP = ["\n\n", "\nPassages:", "\nQuestion:"]
-
 
 def read_prompts(n: int) -> list[list[dict[str, str]]]:
     """R1 prompts for the first ``n`` HotpotQA questions (demo corpus when the data is absent)."""
@@ -58,7 +56,7 @@ def main() -> None:
     questions = [m[-1]["content"].rsplit("Question: ", 1)[-1].removesuffix("\nAnswer:") for m in reads]
     rows = []
     for label, prompts, kwargs in [
-        ("R1 read (top-5 passages)", reads, {"max_tokens": 48, "stop": READ_STOP}),
+        ("R1 read (top-5 passages)", reads, {"max_tokens": 48, "stop": brag.READ_STOP}),
         (
             "CB, m = 5 samples",
             [brag.closed_book_messages(q) for q in questions],

@@ -363,28 +363,25 @@ def local() -> LocalModel:
     return make_llm("local")
 
 
+def read_locally(local: LocalModel, question: str, passage: brag.Passage) -> tuple[str, Completion]:
+    """An R1-style read of one passage by the local model: (parsed answer, raw completion)."""
+    reply = local.complete(brag.read_messages(question, [passage]), max_tokens=48, stop=brag.READ_STOP)
+    return brag.parse_reading(reply.texts[0])[0], reply
+
+
 @needs_local
 def test_local_model_answers_a_one_passage_question(local):
-    passages = [brag.Passage("Marie Curie", "Marie Curie was born in Warsaw in 1867. She was a physicist.")]
-    reply = local.complete(
-        brag.read_messages("In which city was Marie Curie born?", passages),
-        max_tokens=48,
-        stop=["\n\n", "\nPassages:", "\nQuestion:"],
-    )
-    answer, _query = brag.parse_reading(reply.texts[0])
+    passage = brag.Passage("Marie Curie", "Marie Curie was born in Warsaw in 1867. She was a physicist.")
+    answer, reply = read_locally(local, "In which city was Marie Curie born?", passage)
     assert brag.same_answer(answer, "Warsaw"), reply.texts
     assert reply.prompt_tokens > 100 and reply.completion_tokens > 0 and not reply.estimated
 
 
 @needs_local
 def test_local_model_returns_none_or_a_short_answer(local):
-    passages = [brag.Passage("Oslo", "Oslo is the capital of Norway.")]
-    reply = local.complete(
-        brag.read_messages("What year did the Glass Tower open?", passages),
-        max_tokens=48,
-        stop=["\n\n", "\nPassages:", "\nQuestion:"],
+    answer, _ = read_locally(
+        local, "What year did the Glass Tower open?", brag.Passage("Oslo", "Oslo is in Norway.")
     )
-    answer, _query = brag.parse_reading(reply.texts[0])
     assert brag.is_no_answer(answer) or 0 < len(answer.split()) <= 20
 
 
