@@ -512,9 +512,11 @@ class Embedder(Protocol):
         ...
 
 
-def _unit_rows(matrix: np.ndarray) -> np.ndarray:
+def unit_rows(matrix: Any) -> np.ndarray:
+    """Rows scaled to unit length as float32 (all-zero rows stay zero): what an Embedder returns."""
+    matrix = np.asarray(matrix, dtype=np.float32)
     norms = np.linalg.norm(matrix, axis=1, keepdims=True)
-    return (matrix / np.where(norms == 0, 1, norms)).astype(np.float32)
+    return matrix / np.where(norms == 0, 1, norms)
 
 
 @dataclass(frozen=True)
@@ -544,7 +546,7 @@ class HashingEmbedder:
             if len(hashes):
                 signs = np.where(hashes & 0x80000000, -1.0, 1.0)
                 out[row] = np.bincount(hashes % self.dim, weights=signs, minlength=self.dim)
-        return _unit_rows(out)
+        return unit_rows(out)
 
 
 @dataclass(frozen=True)
@@ -742,6 +744,8 @@ class Retrieval:
     hits: list[tuple[int, float]]
     removed: list[int]
     considered: int
+    bm25: np.ndarray | None = None  # every kept passage's score, kept for the gate's signals
+    dense: np.ndarray | None = None
 
     @property
     def dedup_ratio(self) -> float:
@@ -912,6 +916,8 @@ class Corpus:
                 [(self.ids[j], float(s)) for j, s in hits],
                 [self.ids[j] for j in removed],
                 len(hits) + len(removed),
+                bm25,
+                dense,
             )
             if result.dedup_ratio > self.dedup.warn_retrieval_ratio:
                 log.warning(
@@ -922,7 +928,7 @@ class Corpus:
         hits = [(self.ids[j], float(bm25[j])) for j in ranked]
         if self.dedup.min_relevance_score is not None:
             hits, _ = dedup_ranked(hits, None, self.dedup, k)
-        return Retrieval(hits, [], len(hits))
+        return Retrieval(hits, [], len(hits), bm25)
 
     def novel(self, candidates: Sequence[int], read: Sequence[int]) -> list[int]:
         """Keep the candidates that repeat none of the passages already ``read``.
@@ -1055,10 +1061,15 @@ def topk_overlap(a: np.ndarray, b: np.ndarray, k: int) -> float:
     return len(set(_top(a, k)) & set(_top(b, k))) / max(1, min(k, len(a)))
 
 
-def window_signals(question: str, corpus: Corpus, window: Sequence[int], k: int) -> dict[str, float]:
-    """The gate's signals for one window; a signal that cannot be computed is absent."""
-    bm25 = corpus.scores(question)
-    top = np.sort(bm25)[::-1][: max(k, 2)]
+def window_signals(
+    question: str, corpus: Corpus, window: Sequence[int], k: int, found: Retrieval | None = None
+) -> dict[str, float]:
+    """The gate's signals for one window; a signal that cannot be computed is absent.
+
+    ``found``, the retrieval for ``question``, lends its scores so nothing is scored twice.
+    """
+    bm25 = found.bm25 if found is not None and found.bm25 is not None else corpus.scores(question)
+    top = bm25[_top(bm25, max(k, 2))]
     signals = {
         "max_score": float(top[0]),
         "top_gap": float(top[0] - top[1]) if len(top) > 1 else 0.0,
@@ -1072,9 +1083,11 @@ def window_signals(question: str, corpus: Corpus, window: Sequence[int], k: int)
         top1 = set(tokenize(corpus[window[0]].render())) if window else set()
         signals["top1_coverage"] = len(terms & top1) / len(terms)
     if corpus.embeddings is not None and corpus.embedder is not None:
-        dense = corpus.embeddings @ corpus.embedder.embed([question])[0]
+        dense = found.dense if found is not None and found.dense is not None else None
+        if dense is None:
+            dense = corpus.embeddings @ corpus.embedder.embed([question])[0]
         signals["dense_max_score"] = float(dense.max())
-        signals["dense_score_variance"] = float(np.var(np.sort(dense)[::-1][:k]))
+        signals["dense_score_variance"] = float(np.var(dense[_top(dense, k)]))
         signals["retriever_divergence"] = 1.0 - topk_overlap(bm25, dense, k)
     return signals
 
@@ -1531,7 +1544,8 @@ class _Run:
         self.weak = {"R1": False, "R2": False}  # the gate's verdict on each action's window
         self.second_hop: tuple[Retrieval, list[int], list[int]] | None = None
         self.first_hop = corpus.retrieve(question, brag.k)
-        self.gate_view = {"R1": self.judge("R1", question, [i for i, _ in self.first_hop.hits])}
+        window = [i for i, _ in self.first_hop.hits]
+        self.gate_view = {"R1": self.judge("R1", question, window, self.first_hop)}
         self.steps: list[dict[str, Any]] = []
         self.calls = self.requests = self.prompt_tokens = self.completion_tokens = self.cached_calls = 0
         self.tokens_estimated = False
@@ -1640,12 +1654,12 @@ class _Run:
             "passages": [{"id": i, "title": self.corpus[i].title} for i in passage_ids],
         }
 
-    def judge(self, action: str, query: str, window: list[int]) -> dict[str, Any] | None:
+    def judge(self, action: str, query: str, window: list[int], found: Retrieval) -> dict[str, Any] | None:
         """Gate signals and verdict for an action's window (None without a calibrated gate)."""
         gate = self.brag.calibration.gate
         if gate is None:
             return None
-        signals = window_signals(query, self.corpus, window, gate.k)
+        signals = window_signals(query, self.corpus, window, gate.k, found)
         verdict = gate.fires(signals)
         self.weak[action] = bool(verdict)
         return {"signals": {k: round(v, 6) for k, v in signals.items()}, "weak": verdict}
@@ -1663,7 +1677,7 @@ class _Run:
         fresh = [i for i, _ in found2.hits if i not in self.read_ids]
         novel = self.corpus.novel(fresh, self.read_ids)
         self.second_hop = (found2, fresh, novel)
-        self.gate_view["R2"] = self.judge("R2", self.follow_up, self.read_ids + novel[: self.brag.k])
+        self.gate_view["R2"] = self.judge("R2", self.follow_up, self.read_ids + novel[: self.brag.k], found2)
         return seen
 
     def do_R2(self) -> dict[str, Any]:

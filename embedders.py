@@ -16,7 +16,7 @@ from pathlib import Path
 
 import numpy as np
 
-from brag import Embedder, HashingEmbedder
+from brag import Embedder, HashingEmbedder, unit_rows
 
 PACKAGES = {
     "model2vec": ("static_model", "model2vec"),
@@ -38,12 +38,6 @@ def available(name: str) -> bool:
     return name in PACKAGES and all(importlib.util.find_spec(p) is not None for p in PACKAGES[name])
 
 
-def _unit(matrix: np.ndarray) -> np.ndarray:
-    matrix = np.asarray(matrix, dtype=np.float32)
-    norms = np.linalg.norm(matrix, axis=1, keepdims=True)
-    return matrix / np.where(norms == 0, 1, norms)
-
-
 class Model2VecEmbedder:
     """The ``tokenlearn-static-model`` static embeddings through ``model2vec``."""
 
@@ -62,7 +56,7 @@ class Model2VecEmbedder:
 
     def embed(self, texts: Sequence[str]) -> np.ndarray:
         """Unit-length static embeddings."""
-        return _unit(self.model.encode(list(texts)))
+        return unit_rows(self.model.encode(list(texts)))
 
 
 class MiniLMEmbedder:
@@ -83,7 +77,7 @@ class MiniLMEmbedder:
     def embed(self, texts: Sequence[str]) -> np.ndarray:
         """Unit-length sentence embeddings."""
         vectors = self.model.encode(list(texts), batch_size=self.batch_size, normalize_embeddings=True)
-        return _unit(vectors)
+        return unit_rows(vectors)
 
 
 def make_embedder(name: str | None) -> Embedder | None:

@@ -194,9 +194,9 @@ class _RemoteBackend:
         seed: int | None = None,
     ) -> Completion:
         """``n`` samples as one request where the server supports ``n``, else in parallel."""
-        if n <= 1 or self.native_n is False:
-            if n <= 1:
-                return self._send(messages, 1, temperature, max_tokens, stop, seed)
+        if n <= 1:
+            return self._send(messages, 1, temperature, max_tokens, stop, seed)
+        if self.native_n is False:
             return self._parallel(messages, n, temperature, max_tokens, stop, seed, offset=0)
         try:
             first = self._send(messages, n, temperature, max_tokens, stop, seed)
