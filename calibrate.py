@@ -366,8 +366,9 @@ def gate_rows(
     for item in items:
         if not item.supporting:
             continue
-        window = [i for i, _ in corpus.search(item.question, k)]
-        signals = brag.window_signals(item.question, corpus, window, k)
+        found = corpus.retrieve(item.question, k)
+        window = [i for i, _ in found.hits]
+        signals = brag.window_signals(item.question, corpus, window, k, found)
         rows.append((signals, window_is_weak([corpus[i].title for i in window], item.supporting)))
     return rows
 
