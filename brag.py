@@ -76,6 +76,7 @@ class Completion:
     cached: bool = False  # served from a response cache (it was a real call when made)
     estimated: bool = False  # token counts estimated because the server reported none
     requests: int = 1  # HTTP requests (or local generations) behind this call
+    seconds: float | None = None  # wall time of the call when it was made; None if unknown
 
 
 @runtime_checkable
@@ -1549,6 +1550,10 @@ class _Run:
         self.steps: list[dict[str, Any]] = []
         self.calls = self.requests = self.prompt_tokens = self.completion_tokens = self.cached_calls = 0
         self.tokens_estimated = False
+        # llm_seconds: what the calls took when made (a cache keeps the original latency);
+        # llm_wait_s: time this run spent waiting on the backend (near zero on cache hits).
+        self.llm_seconds = self.llm_wait_s = 0.0
+        self.llm_seconds_known = True
         self.policy_us = 0.0
         self.started = time.perf_counter()
         self.stop_reason = ""
@@ -1596,20 +1601,29 @@ class _Run:
                 self.stop_reason = decision.stop_reason or ""
                 return
             self.current = decision.action
-            before = (self.calls, self.prompt_tokens, self.completion_tokens)
+            before = (self.calls, self.prompt_tokens, self.completion_tokens, self.llm_seconds)
             step["observation"] = getattr(self, f"do_{decision.action}")()
             step["cost"] = {
                 "llm_calls": self.calls - before[0],
                 "prompt_tokens": self.prompt_tokens - before[1],
                 "completion_tokens": self.completion_tokens - before[2],
+                "llm_seconds": round(self.llm_seconds - before[3], 6),
             }
             self.uses[decision.action] += 1
             self.current = None
 
     def ask(self, messages: list[dict[str, str]], **kwargs: Any) -> Completion:
+        t0 = time.perf_counter()
         result = self.brag.llm.complete(messages, seed=self.brag.seed, **kwargs)
+        waited = time.perf_counter() - t0
         if not isinstance(result, Completion):
             raise TypeError(f"LLM backend returned {type(result).__name__}, expected Completion")
+        self.llm_wait_s += waited
+        if result.cached:
+            self.llm_seconds += result.seconds or 0.0
+            self.llm_seconds_known &= result.seconds is not None
+        else:
+            self.llm_seconds += waited if result.seconds is None else result.seconds
         self.calls += 1
         self.requests += result.requests
         self.prompt_tokens += result.prompt_tokens
@@ -1755,6 +1769,9 @@ class _Run:
                 "completion_tokens": self.completion_tokens,
                 "tokens_estimated": self.tokens_estimated,
                 "wall_time_s": round(time.perf_counter() - self.started, 6),
+                "llm_seconds": round(self.llm_seconds, 6),
+                "llm_seconds_known": self.llm_seconds_known,
+                "llm_wait_s": round(self.llm_wait_s, 6),
                 "policy_us": round(self.policy_us, 2),
             },
             "config": {

@@ -25,7 +25,7 @@ import threading
 import time
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
@@ -477,7 +477,7 @@ class LocalModel:
 # Response cache
 # ------------------------------------------------------------------------------------------
 
-CACHE_MODES = ("read-write", "replay", "off")
+CACHE_MODES = ("read-write", "replay", "off", "retime")
 
 
 def request_key(
@@ -508,6 +508,10 @@ class CachedLLM:
     Safe under concurrent threads (one connection behind a lock; the LLM call runs outside it)
     and processes (WAL journal, busy timeout). When two threads miss on the same key, the first
     stored response wins and both return it, so a replay sees what the run saw.
+
+    Each entry keeps the call's latency, so replayed runs can still report LLM time. ``retime``
+    is read-write that re-issues a hit with no stored latency once, to record it; the stored
+    texts are kept, so results never change.
     """
 
     def __init__(
@@ -527,22 +531,32 @@ class CachedLLM:
             self._db.execute("PRAGMA journal_mode=WAL")
             self._db.execute(
                 "CREATE TABLE IF NOT EXISTS responses (key TEXT PRIMARY KEY, texts TEXT NOT NULL, "
-                "prompt_tokens INTEGER, completion_tokens INTEGER, estimated INTEGER, requests INTEGER)"
+                "prompt_tokens INTEGER, completion_tokens INTEGER, estimated INTEGER, requests INTEGER, "
+                "seconds REAL)"
             )
+            columns = {row[1] for row in self._db.execute("PRAGMA table_info(responses)")}
+            if "seconds" not in columns:  # a cache written before latencies were stored
+                self._db.execute("ALTER TABLE responses ADD COLUMN seconds REAL")
             self._db.commit()
 
     def _get(self, key: str) -> Completion | None:
         assert self._db is not None
         with self._lock:
             row = self._db.execute(
-                "SELECT texts, prompt_tokens, completion_tokens, estimated, requests "
+                "SELECT texts, prompt_tokens, completion_tokens, estimated, requests, seconds "
                 "FROM responses WHERE key = ?",
                 (key,),
             ).fetchone()
         if row is None:
             return None
         return Completion(
-            json.loads(row[0]), row[1], row[2], cached=True, estimated=bool(row[3]), requests=row[4]
+            json.loads(row[0]),
+            row[1],
+            row[2],
+            cached=True,
+            estimated=bool(row[3]),
+            requests=row[4],
+            seconds=row[5],
         )
 
     def complete(
@@ -561,17 +575,24 @@ class CachedLLM:
             return self.llm.complete(messages, **kwargs)
         key = request_key(self.model, messages, n, temperature, max_tokens, stop, seed)
         hit = self._get(key)
-        if hit is not None:
+        if hit is not None and not (self.mode == "retime" and hit.seconds is None):
             with self._lock:
                 self.hits += 1
             return hit
         if self.mode == "replay":
             raise CacheMiss(f"replay: no cached response for request {key[:12]} (model {self.model})")
+        t0 = time.perf_counter()
         fresh = self.llm.complete(messages, **kwargs)
+        seconds = time.perf_counter() - t0 if fresh.seconds is None else fresh.seconds
         with self._lock:
+            if hit is not None:  # retime: record the latency, keep the stored texts
+                self.hits += 1
+                self._db.execute("UPDATE responses SET seconds = ? WHERE key = ?", (seconds, key))
+                self._db.commit()
+                return replace(hit, seconds=seconds)
             self.misses += 1
             self._db.execute(
-                "INSERT OR IGNORE INTO responses VALUES (?, ?, ?, ?, ?, ?)",
+                "INSERT OR IGNORE INTO responses VALUES (?, ?, ?, ?, ?, ?, ?)",
                 (
                     key,
                     json.dumps(fresh.texts),
@@ -579,18 +600,13 @@ class CachedLLM:
                     fresh.completion_tokens,
                     int(fresh.estimated),
                     fresh.requests,
+                    seconds,
                 ),
             )
             self._db.commit()
         stored = self._get(key)
         assert stored is not None
-        return Completion(
-            stored.texts,
-            stored.prompt_tokens,
-            stored.completion_tokens,
-            estimated=stored.estimated,
-            requests=stored.requests,
-        )
+        return replace(stored, cached=False)
 
     def close(self) -> None:
         """Close the database."""

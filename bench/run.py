@@ -17,6 +17,7 @@ from __future__ import annotations
 import argparse
 import json
 import sys
+import time
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -76,21 +77,29 @@ def score(answer: str, gold: tuple[str, ...]) -> tuple[float, float]:
     return em, max(brag.token_f1(answer, g) for g in gold) if answer else 0.0
 
 
-def cost(steps: list[dict[str, Any]], upto: int | None = None) -> tuple[int, int]:
-    """(LLM calls, tokens) of the first ``upto`` actions of a report."""
+def cost(steps: list[dict[str, Any]], upto: int | None = None) -> tuple[int, int, float]:
+    """(LLM calls, tokens, LLM seconds as measured when made) of a report's first ``upto`` actions."""
     acted = [s for s in steps if s["action"]][:upto]
     calls = sum(s["cost"]["llm_calls"] for s in acted)
     tokens = sum(s["cost"]["prompt_tokens"] + s["cost"]["completion_tokens"] for s in acted)
-    return calls, tokens
+    return calls, tokens, round(sum(s["cost"]["llm_seconds"] for s in acted), 6)
 
 
 def run_dataset(ds: Dataset, root: Path, llm: brag.LLM, n: int, k: int, m: int) -> dict[str, Any]:
     items = calibrate.read_labelled(root / ds.questions)[ds.test_start : ds.test_start + n]
     corpus = brag.Corpus((root / ds.corpus).read_text(encoding="utf-8"))
     cal = brag.load_calibration(ROOT / "data" / ds.calibration)
-    rows: dict[str, list[tuple[float, float, int, int]]] = {}
-    overhead = []
-    for item in items:
+    rows: dict[str, list[tuple[float, float, int, int, float]]] = {}
+    overhead: list[float] = []  # controller time / LLM time, per BRAG run that called the LLM
+    local_s: list[float] = []  # retrieval, gate and controller time per BRAG run (no LLM)
+    unknown = 0  # BRAG runs with a cached call whose latency was never recorded
+    first_actions = {str(lam): dict.fromkeys(("R1", "CB", "stop"), 0) for lam in LAMBDAS}
+    started = time.perf_counter()
+    for number, item in enumerate(items, 1):
+        print(
+            f"{ds.name} {number}/{len(items)} {item.id} t={time.perf_counter() - started:.0f}s",
+            file=sys.stderr,
+        )
         fixed = brag.BRAG(llm, calibration=cal, lam=0.0, k=k, m=m)
         answer, report = fixed.run(item.question, corpus, actions=["CB"])
         rows.setdefault("Closed-book", []).append((*score(answer, item.gold), *cost(report["steps"])))
@@ -107,9 +116,21 @@ def run_dataset(ds: Dataset, root: Path, llm: brag.LLM, n: int, k: int, m: int) 
         for lam in LAMBDAS:
             answer, report = brag.BRAG(llm, calibration=cal, lam=lam, k=k, m=m).run(item.question, corpus)
             rows.setdefault(f"BRAG λ={lam}", []).append((*score(answer, item.gold), *cost(report["steps"])))
-            if report["totals"]["wall_time_s"] > 0:
-                overhead.append(report["totals"]["policy_us"] / 1e6 / report["totals"]["wall_time_s"])
-    return {"name": ds.name, "ids": [i.id for i in items], "rows": rows, "overhead": overhead}
+            first_actions[str(lam)][report["steps"][0]["action"] or "stop"] += 1
+            totals = report["totals"]
+            local_s.append(totals["wall_time_s"] - totals["llm_wait_s"])
+            unknown += not totals["llm_seconds_known"]
+            if totals["llm_seconds_known"] and totals["llm_seconds"] > 0:
+                overhead.append(totals["policy_us"] / 1e6 / totals["llm_seconds"])
+    timing = {"overhead": overhead, "local_s": local_s, "unknown_latency": unknown}
+    rates = {action: round(rate, 4) for action, rate in cal.rates().items()}
+    return {
+        "name": ds.name,
+        "ids": [i.id for i in items],
+        "rows": rows,
+        "controller": {"rates": rates, "eta": round(cal.eta, 4), "first_actions": first_actions},
+        "timing": timing,
+    }
 
 
 def bootstrap_ci(a: np.ndarray, b: np.ndarray, resamples: int = 10_000, seed: int = 0) -> tuple[float, float]:
@@ -121,28 +142,92 @@ def bootstrap_ci(a: np.ndarray, b: np.ndarray, resamples: int = 10_000, seed: in
     return float(np.quantile(means, 0.025)), float(np.quantile(means, 0.975))
 
 
+def best_baseline(summary: dict[str, tuple[float, ...]]) -> str:
+    """The most accurate baseline; fewer calls break ties."""
+    return max(BASELINES, key=lambda b: (summary[b][0], -summary[b][2]))
+
+
 def table(result: dict[str, Any]) -> list[str]:
     rows = result["rows"]
-    summary = {
-        method: tuple(np.mean([r[i] for r in values]) for i in range(4)) for method, values in rows.items()
-    }
-    best = max(BASELINES, key=lambda b: (summary[b][0], -summary[b][2]))
+    summary = summarise(result)
+    best = best_baseline(summary)
     lines = [
         f"## {result['name']} ({len(result['ids'])} test questions)",
         "",
-        "| method | Acc | F1 | LLM calls | tokens | Δ Acc vs best baseline (95 % CI) |",
-        "|---|---|---|---|---|---|",
+        "| method | Acc | F1 | LLM calls | tokens | LLM time (s) | Δ Acc vs best baseline (95 % CI) |",
+        "|---|---|---|---|---|---|---|",
     ]
-    for method, (acc, f1, calls, tokens) in summary.items():
+    for method, (acc, f1, calls, tokens, seconds) in summary.items():
         ci = ""
         if method.startswith("BRAG"):
             a = np.array([r[0] for r in rows[method]])
             b = np.array([r[0] for r in rows[best]])
             low, high = bootstrap_ci(a, b)
             ci = f"{acc - summary[best][0]:+.3f} ({low:+.3f}, {high:+.3f})"
-        lines.append(f"| {method} | {acc:.3f} | {f1:.3f} | {calls:.2f} | {tokens:.0f} | {ci} |")
+        lines.append(
+            f"| {method} | {acc:.3f} | {f1:.3f} | {calls:.2f} | {tokens:.0f} | {seconds:.2f} | {ci} |"
+        )
     lines += ["", f"Best baseline: {best}. Test ids: {', '.join(result['ids'])}.", ""]
     return lines
+
+
+def summarise(result: dict[str, Any]) -> dict[str, tuple[float, ...]]:
+    """Per method: mean (accuracy, F1, LLM calls, tokens, LLM seconds)."""
+    return {m: tuple(float(np.mean([r[i] for r in v])) for i in range(5)) for m, v in result["rows"].items()}
+
+
+def verdict(result: dict[str, Any]) -> str:
+    """Whether some lambda matches the best baseline with fewer calls or beats it at no more calls."""
+    summary = summarise(result)
+    best = best_baseline(summary)
+    acc, calls = summary[best][0], summary[best][2]
+    where = f"{best} ({acc:.3f} at {calls:.2f} calls)"
+    if acc == 0:
+        return f"Not comparable: no baseline answers a question correctly; the best is {where}."
+    wins = [
+        lam
+        for lam in LAMBDAS
+        if (s := summary[f"BRAG λ={lam}"])
+        and ((s[0] >= acc and s[2] < calls) or (s[0] > acc and s[2] <= calls))
+    ]
+    if wins:
+        return f"Target met: BRAG at {', '.join(f'λ={lam}' for lam in wins)} is on or above {where}."
+    top = max(LAMBDAS, key=lambda lam: (summary[f"BRAG λ={lam}"][0], -summary[f"BRAG λ={lam}"][2]))
+    s = summary[f"BRAG λ={top}"]
+    return f"Target not met: BRAG's best is {s[0]:.3f} at {s[2]:.2f} calls (λ={top}), below {where}."
+
+
+def controller(view: dict[str, Any]) -> list[str]:
+    """What the controller saw: the calibration's information rates and its first choices."""
+    rates = ", ".join(f"{action} {rate:.4f}" for action, rate in view["rates"].items())
+    firsts = "; ".join(
+        f"λ={lam}: " + ", ".join(f"{a} {n}" for a, n in counts.items() if n)
+        for lam, counts in view["first_actions"].items()
+    )
+    return [
+        f"Information rates D per call from the calibration (η = {view['eta']}): {rates}.",
+        f"BRAG's first action per question: {firsts}.",
+        "",
+    ]
+
+
+def timing(timing: dict[str, Any]) -> list[str]:
+    """Controller overhead against LLM time, and the time spent outside the LLM."""
+    lines = []
+    if timing["overhead"]:
+        o = np.array(timing["overhead"])
+        lines.append(
+            f"Controller time / LLM time per BRAG run (LLM time as measured when each call was made): "
+            f"median {np.median(o):.2e}, max {o.max():.2e}, over {len(o)} runs."
+        )
+    if timing["local_s"]:
+        lines.append(
+            f"Retrieval + gate + controller time per BRAG run (this run): median "
+            f"{1000 * np.median(timing['local_s']):.1f} ms."
+        )
+    if timing["unknown_latency"]:
+        lines.append(f"{timing['unknown_latency']} BRAG runs used a cached call with no recorded latency.")
+    return [*lines, ""] if lines else []
 
 
 def plot(results: list[dict[str, Any]], path: Path) -> None:
@@ -178,6 +263,11 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--m", type=int, default=5)
     parser.add_argument("--cache", default=str(ROOT / "bench" / "cache" / "llm.sqlite"))
     parser.add_argument("--replay", action="store_true", help="no LLM: every response from the cache")
+    parser.add_argument(
+        "--retime",
+        action="store_true",
+        help="re-issue cached calls with no stored latency, once, to time them",
+    )
     parser.add_argument("--out", type=Path, default=ROOT / "bench" / "results")
     parser.add_argument("--data", type=Path, default=None, help="data directory (default BRAG_DATA_DIR)")
     args = parser.parse_args(argv)
@@ -185,7 +275,7 @@ def main(argv: list[str] | None = None) -> int:
     if root is None:
         print("run: set BRAG_DATA_DIR to the shared evaluation data", file=sys.stderr)
         return 2
-    mode = "replay" if args.replay else "read-write"
+    mode = "replay" if args.replay else "retime" if args.retime else "read-write"
     llm = llms.CachedLLM(llms.make_llm(args.model), args.cache, model=args.model, mode=mode)
     results = []
     for key in args.datasets:
@@ -207,16 +297,12 @@ def main(argv: list[str] | None = None) -> int:
         "",
     ]
     for result in results:
-        lines += table(result)
-        if result["overhead"]:
-            lines.append(
-                f"Controller time / run time, median over BRAG runs: {np.median(result['overhead']):.2e}."
-            )
-            lines.append("")
+        lines += table(result) + controller(result["controller"]) + timing(result["timing"])
+        lines += [verdict(result), ""]
     (args.out / "benchmark.md").write_text("\n".join(lines) + "\n", encoding="utf-8")
     plot(results, args.out / "benchmark.png")
     (args.out / "benchmark.json").write_text(
-        json.dumps([{k: v for k, v in r.items() if k != "overhead"} for r in results]), encoding="utf-8"
+        json.dumps([{k: v for k, v in r.items() if k != "timing"} for r in results]), encoding="utf-8"
     )
     return 0
 

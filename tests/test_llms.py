@@ -312,6 +312,65 @@ def test_brag_replay_reproduces_the_run_and_counts_cached_calls(tmp_path):
     assert report2["totals"]["prompt_tokens"] == report["totals"]["prompt_tokens"]
 
 
+def test_cache_keeps_each_calls_latency_for_replayed_runs(tmp_path):
+    path = tmp_path / "cache.sqlite"
+    corpus = Corpus(["Lina Berg was born in Bergen.", "Oslo is a city.", "The tower is tall."])
+    question = "Where was Lina Berg born?"
+    with FakeOpenAI(handler=lambda request: Reply(delay=0.3), answer="Answer: Bergen") as server:
+        live = CachedLLM(make_llm(server.url + "#m"), path)
+        _, report = BRAG(live, lam=0.0, k=1).run(question, corpus)
+        live.close()
+    calls = report["totals"]["llm_calls"]
+    assert calls >= 2
+    # Live: each call waited on the 0.3 s server, and that is what was stored.
+    assert report["totals"]["llm_seconds"] >= 0.3 * calls
+    assert report["totals"]["llm_wait_s"] >= 0.3 * calls
+    replay = CachedLLM(make_llm(server.url + "#m"), path, mode="replay")
+    _, again = BRAG(replay, lam=0.0, k=1).run(question, corpus)
+    # Replayed: no waiting, but the stored latencies add up to the live run's.
+    assert again["totals"]["llm_wait_s"] < 0.3
+    assert again["totals"]["llm_seconds"] == pytest.approx(report["totals"]["llm_seconds"], abs=1e-5)
+    assert again["totals"]["llm_seconds_known"] is True
+    per_step = [s["cost"]["llm_seconds"] for s in again["steps"] if s["action"]]
+    assert sum(per_step) == pytest.approx(again["totals"]["llm_seconds"], abs=1e-5)
+
+
+def test_a_cache_without_latencies_is_upgraded_and_retimed_once(tmp_path):
+    path = tmp_path / "old.sqlite"
+    key = llms.request_key("counting", MESSAGES, 1, 0.0, 64, None, None)
+    db = sqlite3.connect(path)  # the schema before latencies were stored
+    db.execute(
+        "CREATE TABLE responses (key TEXT PRIMARY KEY, texts TEXT NOT NULL, prompt_tokens INTEGER, "
+        "completion_tokens INTEGER, estimated INTEGER, requests INTEGER)"
+    )
+    db.execute("INSERT INTO responses VALUES (?, ?, 7, 1, 0, 1)", (key, json.dumps(["stored answer"])))
+    db.commit()
+    db.close()
+
+    inner = CountingLLM()
+    old = CachedLLM(inner, path, model="counting").complete(MESSAGES)
+    assert (old.texts, old.seconds, old.cached, inner.calls) == (["stored answer"], None, True, 0)
+
+    retimer = CachedLLM(inner, path, model="counting", mode="retime")
+    timed = retimer.complete(MESSAGES)
+    assert inner.calls == 1 and timed.texts == ["stored answer"]  # the stored reply is kept
+    assert timed.seconds is not None and timed.seconds >= 0.01  # CountingLLM sleeps 10 ms
+    again = retimer.complete(MESSAGES)
+    assert inner.calls == 1 and again.seconds == pytest.approx(timed.seconds)  # timed once only
+    replayed = CachedLLM(inner, path, model="counting", mode="replay").complete(MESSAGES)
+    assert replayed.seconds == pytest.approx(timed.seconds) and replayed.texts == ["stored answer"]
+
+
+def test_unknown_latency_is_flagged_in_the_report(tmp_path):
+    class Untimed:
+        def complete(self, messages, **kwargs):
+            return Completion(["Answer: Bergen"] * kwargs.get("n", 1), 5, 1, cached=True)
+
+    _, report = BRAG(Untimed(), lam=0.0, k=1).run("Where was Lina Berg born?", Corpus(["Lina Berg."]))
+    assert report["totals"]["llm_calls"] > 0
+    assert report["totals"]["llm_seconds_known"] is False and report["totals"]["llm_seconds"] == 0.0
+
+
 def test_cache_off_and_bad_mode(tmp_path):
     inner = CountingLLM()
     cache = CachedLLM(inner, tmp_path / "x.sqlite", mode="off")
