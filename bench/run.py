@@ -18,6 +18,7 @@ import argparse
 import json
 import sys
 import time
+from collections import Counter
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -94,6 +95,7 @@ def run_dataset(ds: Dataset, root: Path, llm: brag.LLM, n: int, k: int, m: int) 
     local_s: list[float] = []  # retrieval, gate and controller time per BRAG run (no LLM)
     unknown = 0  # BRAG runs with a cached call whose latency was never recorded
     first_actions = {str(lam): dict.fromkeys(("R1", "CB", "stop"), 0) for lam in LAMBDAS}
+    hops: Counter[str] = Counter()
     started = time.perf_counter()
     for number, item in enumerate(items, 1):
         print(
@@ -110,6 +112,7 @@ def run_dataset(ds: Dataset, root: Path, llm: brag.LLM, n: int, k: int, m: int) 
         both = report["answer"]
         rows.setdefault("IRCoT / self-ask", []).append((*score(both, item.gold), *cost(report["steps"])))
         verdict = (report["gate"].get("R1") or {}).get("weak")  # None without a calibrated gate
+        hops.update(evidence(item, report, verdict, score(r1_answer, item.gold)[0]))
         hop = not r1_answer or verdict is True
         adaptive = (both, cost(report["steps"])) if hop else (r1_answer, cost(report["steps"], 1))
         rows.setdefault("Adaptive / CRAG", []).append((*score(adaptive[0], item.gold), *adaptive[1]))
@@ -129,8 +132,33 @@ def run_dataset(ds: Dataset, root: Path, llm: brag.LLM, n: int, k: int, m: int) 
         "ids": [i.id for i in items],
         "rows": rows,
         "controller": {"rates": rates, "eta": round(cal.eta, 4), "first_actions": first_actions},
+        "hops": dict(sorted(hops.items())),
         "timing": timing,
     }
+
+
+def evidence(
+    item: calibrate.Labelled, report: dict[str, Any], weak: bool | None, r1_em: float
+) -> Counter[str]:
+    """Counts about one R1-then-R2 run: follow-up queries, supporting passages found, the gate."""
+    steps = [s for s in report["steps"] if s["action"]]
+    r1 = steps[0]["observation"]
+    out = Counter(questions=1, fallback_query=int(r1["follow_up_fallback"]), r1_correct=int(r1_em))
+    r2 = steps[1]["observation"] if len(steps) > 1 else {}
+    out["r2_read"] = int("passages" in r2)
+    if weak is not None:
+        out["gate_weak"] = int(weak)
+        out["r1_correct_on_weak"] = int(weak and r1_em > 0)
+    if not item.supporting:
+        return out
+    r1_titles = [p["title"] for p in r1["passages"]]
+    r2_titles = [p["title"] for p in r2.get("passages", [])]
+    r1_missing = calibrate.window_is_weak(r1_titles, item.supporting)
+    out.update(labelled=1, r1_missing=int(r1_missing))
+    out["r2_missing"] = int(calibrate.window_is_weak(r1_titles + r2_titles, item.supporting))
+    if weak is not None:
+        out["gate_weak_and_missing"] = int(weak and r1_missing)
+    return out
 
 
 def bootstrap_ci(a: np.ndarray, b: np.ndarray, resamples: int = 10_000, seed: int = 0) -> tuple[float, float]:
@@ -209,6 +237,31 @@ def controller(view: dict[str, Any]) -> list[str]:
         f"BRAG's first action per question: {firsts}.",
         "",
     ]
+
+
+def hop_lines(h: dict[str, int]) -> list[str]:
+    """The R1-then-R2 runs in words: follow-up queries, supporting passages found, the gate."""
+    n = h["questions"]
+    lines = [
+        f"Follow-up queries: the model wrote a usable one for {n - h['fallback_query']} of {n} questions "
+        f"(the rest used the non-LLM expansion); R2 read new passages for {h['r2_read']} of {n}.",
+    ]
+    if h.get("labelled"):
+        lines.append(
+            f"Supporting passages (by title, {h['labelled']} questions): the R1 window missed one for "
+            f"{h['r1_missing']}; R1 + R2 together still missed one for {h['r2_missing']}."
+        )
+    if "gate_weak" in h:
+        weak, strong = h["gate_weak"], n - h["gate_weak"]
+        right_strong = h["r1_correct"] - h["r1_correct_on_weak"]
+        line = (
+            f"Gate: called {weak} of {n} R1 windows weak; R1 was right on {h['r1_correct_on_weak']}/{weak} "
+            f"weak and {right_strong}/{strong} strong windows"
+        )
+        if h.get("labelled"):
+            line += f"; {h.get('gate_weak_and_missing', 0)} of its weak calls missed a supporting passage"
+        lines.append(line + ".")
+    return [*lines, ""]
 
 
 def timing(timing: dict[str, Any]) -> list[str]:
@@ -297,7 +350,8 @@ def main(argv: list[str] | None = None) -> int:
         "",
     ]
     for result in results:
-        lines += table(result) + controller(result["controller"]) + timing(result["timing"])
+        lines += table(result) + controller(result["controller"]) + hop_lines(result["hops"])
+        lines += timing(result["timing"])
         lines += [verdict(result), ""]
     (args.out / "benchmark.md").write_text("\n".join(lines) + "\n", encoding="utf-8")
     plot(results, args.out / "benchmark.png")

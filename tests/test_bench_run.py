@@ -88,7 +88,11 @@ def test_replay_reproduces_the_tables_exactly(tmp_path):
     # LLM time is what each call took when made, so the replay reports the live run's time.
     assert all(r[4] >= DELAY for r in rows["Closed-book"])
     assert all(r[4] >= 2 * DELAY for r in rows["IRCoT / self-ask"] if r[2] == 2)
+    # Each supporting passage shares the question's words, so every R1 window holds it.
+    hops = live[0]["hops"]
+    assert (hops["questions"], hops["labelled"], hops["r1_missing"]) == (3, 3, 0)
     summary = (replay_out / "benchmark.md").read_text()
+    assert "the R1 window missed one for 0" in summary
     assert "LLM time (s)" in summary and "Controller time / LLM time" in summary
     assert "Target met" in summary or "Target not met" in summary
     assert (replay_out / "benchmark.png").stat().st_size > 1000
