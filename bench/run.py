@@ -96,6 +96,7 @@ def run_dataset(ds: Dataset, root: Path, llm: brag.LLM, n: int, k: int, m: int) 
     unknown = 0  # BRAG runs with a cached call whose latency was never recorded
     first_actions = {str(lam): dict.fromkeys(("R1", "CB", "stop"), 0) for lam in LAMBDAS}
     hops: Counter[str] = Counter()
+    overruled = dict.fromkeys(map(str, LAMBDAS), 0)  # BRAG wrong though one of its own reads was right
     started = time.perf_counter()
     for number, item in enumerate(items, 1):
         print(
@@ -120,6 +121,9 @@ def run_dataset(ds: Dataset, root: Path, llm: brag.LLM, n: int, k: int, m: int) 
             answer, report = brag.BRAG(llm, calibration=cal, lam=lam, k=k, m=m).run(item.question, corpus)
             rows.setdefault(f"BRAG λ={lam}", []).append((*score(answer, item.gold), *cost(report["steps"])))
             first_actions[str(lam)][report["steps"][0]["action"] or "stop"] += 1
+            reads = [s["observation"].get("answer") for s in report["steps"] if s["action"] in ("R1", "R2")]
+            right = any(a and brag.exact_match(a, item.gold) for a in reads)
+            overruled[str(lam)] += int(right and not brag.exact_match(answer, item.gold))
             totals = report["totals"]
             local_s.append(totals["wall_time_s"] - totals["llm_wait_s"])
             unknown += not totals["llm_seconds_known"]
@@ -127,11 +131,20 @@ def run_dataset(ds: Dataset, root: Path, llm: brag.LLM, n: int, k: int, m: int) 
                 overhead.append(totals["policy_us"] / 1e6 / totals["llm_seconds"])
     timing = {"overhead": overhead, "local_s": local_s, "unknown_latency": unknown}
     rates = {action: round(rate, 4) for action, rate in cal.rates().items()}
+    # A vote's likelihood ratio, right answer against one repeated wrong one: below 1, a vote
+    # counts against the answer it names.
+    ratios = {t: round(a / b / cal.eta, 3) for t, (a, b) in cal.source_priors(m).items()}
     return {
         "name": ds.name,
         "ids": [i.id for i in items],
         "rows": rows,
-        "controller": {"rates": rates, "eta": round(cal.eta, 4), "first_actions": first_actions},
+        "controller": {
+            "rates": rates,
+            "eta": round(cal.eta, 4),
+            "vote_ratio": ratios,
+            "first_actions": first_actions,
+            "overruled": overruled,
+        },
         "hops": dict(sorted(hops.items())),
         "timing": timing,
     }
@@ -232,9 +245,14 @@ def controller(view: dict[str, Any]) -> list[str]:
         f"λ={lam}: " + ", ".join(f"{a} {n}" for a, n in counts.items() if n)
         for lam, counts in view["first_actions"].items()
     )
+    ratios = ", ".join(f"{t} {r:.2f}" for t, r in view["vote_ratio"].items())
+    overruled = ", ".join(f"λ={lam}: {n}" for lam, n in view["overruled"].items())
     return [
         f"Information rates D per call from the calibration (η = {view['eta']}): {rates}.",
+        f"Vote likelihood ratio ρ / ((1 − ρ) η) per source (below 1, a vote counts against the answer "
+        f"it names): {ratios}.",
         f"BRAG's first action per question: {firsts}.",
+        f"BRAG answered wrong although one of its own R1/R2 reads was right: {overruled}.",
         "",
     ]
 
