@@ -308,15 +308,25 @@ def plot(results: list[dict[str, Any]], path: Path) -> None:
     import matplotlib.pyplot as plt
 
     fig, axes = plt.subplots(1, len(results), figsize=(5 * len(results), 4), squeeze=False)
+    # Hollow markers of falling size, so baselines that land on the same point stay visible.
+    markers = {"Closed-book": ("o", 150), "Vanilla RAG": ("s", 100), "IRCoT / self-ask": ("^", 70)}
+    markers["Adaptive / CRAG"] = ("D", 35)
     for ax, result in zip(axes[0], results, strict=True):
         rows = result["rows"]
         mean = {k: (np.mean([r[2] for r in v]), np.mean([r[0] for r in v])) for k, v in rows.items()}
-        for baseline in BASELINES:
-            ax.scatter(*mean[baseline], label=baseline)
+        for (baseline, (marker, size)), color in zip(markers.items(), ("C0", "C1", "C2", "C3"), strict=True):
+            ax.scatter(
+                *mean[baseline], marker=marker, s=size, facecolors="none", edgecolors=color, label=baseline
+            )
         curve = [mean[f"BRAG λ={lam}"] for lam in LAMBDAS]
-        ax.plot([c[0] for c in curve], [c[1] for c in curve], "k-o", label="BRAG (λ sweep)")
-        for lam, (x, y) in zip(LAMBDAS, curve, strict=True):
-            ax.annotate(f"λ={lam}", (x, y), fontsize=7, xytext=(3, 3), textcoords="offset points")
+        ax.plot([c[0] for c in curve], [c[1] for c in curve], "k-", marker=".", label="BRAG (λ sweep)")
+        labels: dict[tuple[float, float], list[str]] = {}
+        for lam, point in zip(LAMBDAS, curve, strict=True):
+            labels.setdefault(point, []).append(str(lam))
+        for i, (point, lams) in enumerate(labels.items()):  # alternate below / above: neighbours crowd
+            offset = (4, -10 if i % 2 == 0 else 5)
+            ax.annotate("λ=" + ", ".join(lams), point, fontsize=7, xytext=offset, textcoords="offset points")
+        ax.margins(0.15)
         ax.set_title(result["name"])
         ax.set_xlabel("LLM calls per question")
         ax.set_ylabel("accuracy (EM)")
