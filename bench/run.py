@@ -34,6 +34,13 @@ import llms  # noqa: E402
 
 LAMBDAS = (0.01, 0.02, 0.05, 0.1, 0.2)
 BASELINES = ("Closed-book", "Vanilla RAG", "IRCoT / self-ask", "Adaptive / CRAG")
+# Hollow markers of falling size, so baselines that land on the same point stay visible.
+MARKERS = {
+    "Closed-book": ("o", 150, "C0"),
+    "Vanilla RAG": ("s", 100, "C1"),
+    "IRCoT / self-ask": ("^", 70, "C2"),
+    "Adaptive / CRAG": ("D", 35, "C3"),
+}
 
 
 @dataclass(frozen=True)
@@ -225,12 +232,11 @@ def verdict(result: dict[str, Any]) -> str:
     where = f"{best} ({acc:.3f} at {calls:.2f} calls)"
     if acc == 0:
         return f"Not comparable: no baseline answers a question correctly; the best is {where}."
-    wins = [
-        lam
-        for lam in LAMBDAS
-        if (s := summary[f"BRAG λ={lam}"])
-        and ((s[0] >= acc and s[2] < calls) or (s[0] > acc and s[2] <= calls))
-    ]
+
+    def on_or_above(point: tuple[float, ...]) -> bool:
+        return (point[0] >= acc and point[2] < calls) or (point[0] > acc and point[2] <= calls)
+
+    wins = [lam for lam in LAMBDAS if on_or_above(summary[f"BRAG λ={lam}"])]
     if wins:
         return f"Target met: BRAG at {', '.join(f'λ={lam}' for lam in wins)} is on or above {where}."
     top = max(LAMBDAS, key=lambda lam: (summary[f"BRAG λ={lam}"][0], -summary[f"BRAG λ={lam}"][2]))
@@ -308,13 +314,10 @@ def plot(results: list[dict[str, Any]], path: Path) -> None:
     import matplotlib.pyplot as plt
 
     fig, axes = plt.subplots(1, len(results), figsize=(5 * len(results), 4), squeeze=False)
-    # Hollow markers of falling size, so baselines that land on the same point stay visible.
-    markers = {"Closed-book": ("o", 150), "Vanilla RAG": ("s", 100), "IRCoT / self-ask": ("^", 70)}
-    markers["Adaptive / CRAG"] = ("D", 35)
     for ax, result in zip(axes[0], results, strict=True):
         rows = result["rows"]
         mean = {k: (np.mean([r[2] for r in v]), np.mean([r[0] for r in v])) for k, v in rows.items()}
-        for (baseline, (marker, size)), color in zip(markers.items(), ("C0", "C1", "C2", "C3"), strict=True):
+        for baseline, (marker, size, color) in MARKERS.items():
             ax.scatter(
                 *mean[baseline], marker=marker, s=size, facecolors="none", edgecolors=color, label=baseline
             )
