@@ -18,14 +18,18 @@ import hashlib
 import html
 import json
 import logging
+import re
 import threading
 import time
+import urllib.parse
 from collections import OrderedDict
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import gradio as gr
 import pandas as pd
+from starlette.middleware import Middleware
 
 import brag
 import calibrate
@@ -47,12 +51,14 @@ CORPORA: dict[str, tuple[str, tuple[str, ...], str]] = {
     "2WikiMultihopQA": ("2wikimultihopqa", ("2wikimultihopqa_corpus.json",), "2wikimultihopqa_corpus.json"),
     "MuSiQue": ("musique", ("musique_corpus.json", "musique_migres200_corpus.json"), "musique_corpus.json"),
 }
-# The shipped calibration fitted on each corpus; pasted documents and Demo use HotpotQA's.
-CALIBRATIONS = {
-    "HotpotQA": HERE / "data" / "calibration.json",
-    "2WikiMultihopQA": HERE / "data" / "calibration_2wikimultihopqa.json",
-    "MuSiQue": HERE / "data" / "calibration_musique.json",
+# The shipped calibrations by name, read once at start-up; a request names one or sends JSON.
+SHIPPED: dict[str, brag.Calibration] = {
+    "hotpotqa": brag.load_calibration(HERE / "data" / "calibration.json"),
+    "2wikimultihopqa": brag.load_calibration(HERE / "data" / "calibration_2wikimultihopqa.json"),
+    "musique": brag.load_calibration(HERE / "data" / "calibration_musique.json"),
 }
+# The one fitted on each corpus; pasted documents and Demo use HotpotQA's.
+CALIBRATIONS = {"HotpotQA": "hotpotqa", "2WikiMultihopQA": "2wikimultihopqa", "MuSiQue": "musique"}
 EXAMPLES = [
     ["Where was the architect of the Glass Tower born?", DEMO],
     ["Which political party used the idea coined by Friedrich Ratzel?", DEMO],
@@ -67,16 +73,325 @@ def user_error(message: str) -> gr.Error:
     return gr.Error(message, print_exception=False)
 
 
+def _env_number(name: str, default: float, kind: type = int) -> Any:
+    raw = os.environ.get(name, "").strip()
+    if not raw:
+        return default
+    try:
+        value = kind(raw)
+    except ValueError:
+        raise SystemExit(f"{name} must be a positive number, got {raw!r}") from None
+    if not value > 0:
+        raise SystemExit(f"{name} must be a positive number, got {raw!r}")
+    return value
+
+
 def concurrency() -> int:
     """``BRAG_CONCURRENCY`` (default 16): how many requests run at once."""
-    raw = os.environ.get("BRAG_CONCURRENCY", "16")
+    return _env_number("BRAG_CONCURRENCY", 16)
+
+
+# ------------------------------------------------------------------------------------------
+# The public boundary: every remote input passes here, and the owner's policy lives here
+# ------------------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Limits:
+    """What one request may cost; each is set by the environment variable named beside it."""
+
+    question_chars: int = 4_000  # BRAG_MAX_QUESTION_CHARS
+    documents_bytes: int = 5_000_000  # BRAG_MAX_DOCUMENTS_BYTES
+    passages: int = 20_000  # BRAG_MAX_PASSAGES
+    calibration_bytes: int = 100_000  # BRAG_MAX_CALIBRATION_BYTES
+    labelled_bytes: int = 1_000_000  # BRAG_MAX_LABELLED_BYTES
+    labelled_min: int = calibrate.MIN_QUESTIONS  # BRAG_MIN_LABELLED
+    labelled_max: int = 300  # BRAG_MAX_LABELLED
+    request_timeout: float = 120.0  # BRAG_REQUEST_TIMEOUT: /brag, seconds
+    calibrate_timeout: float = 3_600.0  # BRAG_CALIBRATE_TIMEOUT: /calibrate makes 3 calls a question
+    documents_cache_bytes: int = 200_000_000  # BRAG_DOCUMENTS_CACHE_BYTES: pasted corpora kept
+
+    @classmethod
+    def from_env(cls) -> Limits:
+        """The defaults above, overridden by the environment."""
+        names = {
+            "question_chars": "BRAG_MAX_QUESTION_CHARS",
+            "documents_bytes": "BRAG_MAX_DOCUMENTS_BYTES",
+            "passages": "BRAG_MAX_PASSAGES",
+            "calibration_bytes": "BRAG_MAX_CALIBRATION_BYTES",
+            "labelled_bytes": "BRAG_MAX_LABELLED_BYTES",
+            "labelled_min": "BRAG_MIN_LABELLED",
+            "labelled_max": "BRAG_MAX_LABELLED",
+            "request_timeout": "BRAG_REQUEST_TIMEOUT",
+            "calibrate_timeout": "BRAG_CALIBRATE_TIMEOUT",
+            "documents_cache_bytes": "BRAG_DOCUMENTS_CACHE_BYTES",
+        }
+        defaults = cls()
+        values = {
+            f: _env_number(env, getattr(defaults, f), type(getattr(defaults, f))) for f, env in names.items()
+        }
+        return cls(**values)
+
+
+LIMITS = Limits.from_env()
+
+
+def _too_big(what: str, size: int, limit: int, unit: str, variable: str) -> gr.Error:
+    return user_error(f"{what} is {size:,} {unit}; the limit is {limit:,} ({variable}).")
+
+
+def check_question(question: Any) -> str:
+    """A non-empty question within the length limit."""
+    if not isinstance(question, str) or not question.strip():
+        raise user_error("The question is empty.")
+    if len(question) > LIMITS.question_chars:
+        raise _too_big(
+            "The question", len(question), LIMITS.question_chars, "characters", "BRAG_MAX_QUESTION_CHARS"
+        )
+    return question
+
+
+def check_lam(lam: Any) -> float:
+    """λ as a finite number in [0, 10]."""
     try:
-        value = int(raw)
-    except ValueError:
-        raise SystemExit(f"BRAG_CONCURRENCY must be a positive integer, got {raw!r}") from None
-    if value < 1:
-        raise SystemExit(f"BRAG_CONCURRENCY must be a positive integer, got {raw!r}")
+        value = float(lam)
+    except (TypeError, ValueError):
+        raise user_error("λ must be a number.") from None
+    if not 0 <= value <= 10:  # NaN fails too
+        raise user_error("λ must lie between 0 and 10.")
     return value
+
+
+def read_calibration(text: Any, corpus_label: str) -> brag.Calibration:
+    """The calibration a request names: empty (the corpus's shipped one), a shipped name, or JSON.
+
+    Never a path: nothing is read from disk for it.
+    """
+    text = (text or "").strip() if isinstance(text, str) else text
+    if not text:
+        return SHIPPED[CALIBRATIONS.get(corpus_label, "hotpotqa")]
+    if not isinstance(text, str):
+        raise user_error("calibration must be JSON text or the name of a shipped calibration.")
+    if text in SHIPPED:
+        return SHIPPED[text]
+    if not text.startswith("{"):
+        raise user_error(
+            "calibration must be the JSON that /calibrate returns, or one of the shipped names: "
+            + ", ".join(SHIPPED)
+        )
+    size = len(text.encode())
+    if size > LIMITS.calibration_bytes:
+        raise _too_big(
+            "The calibration", size, LIMITS.calibration_bytes, "bytes", "BRAG_MAX_CALIBRATION_BYTES"
+        )
+    try:
+        return brag.calibration_from_dict(brag.parse_json(text, "calibration"))
+    except ValueError as err:
+        raise user_error(str(err)) from None
+
+
+def read_labelled(text: Any) -> list[calibrate.Labelled]:
+    """Labelled questions from JSON text (never a path), within the count and size limits."""
+    if not isinstance(text, str) or not text.strip():
+        raise user_error(
+            f'No labelled questions: paste a JSON list of {{"question", "gold": [...]}} '
+            f"objects ({LIMITS.labelled_min} to {LIMITS.labelled_max})."
+        )
+    size = len(text.encode())
+    if size > LIMITS.labelled_bytes:
+        raise _too_big(
+            "The labelled questions", size, LIMITS.labelled_bytes, "bytes", "BRAG_MAX_LABELLED_BYTES"
+        )
+    if not text.strip().startswith("["):
+        raise user_error('labelled questions must be a JSON list of {"question", "gold": [...]} objects.')
+    try:
+        items = calibrate.read_labelled(brag.parse_json(text, "labelled questions"))
+    except ValueError as err:
+        raise user_error(str(err)) from None
+    if not LIMITS.labelled_min <= len(items) <= LIMITS.labelled_max:
+        raise user_error(
+            f"calibration needs at least {LIMITS.labelled_min} and at most {LIMITS.labelled_max} labelled "
+            f"questions (BRAG_MIN_LABELLED / BRAG_MAX_LABELLED), got {len(items)}."
+        )
+    return items
+
+
+def check_documents(documents: str) -> list[Any]:
+    """Pasted documents as passages: a JSON list, or one passage per line; within the limits."""
+    size = len(documents.encode())
+    if size > LIMITS.documents_bytes:
+        raise _too_big("The documents", size, LIMITS.documents_bytes, "bytes", "BRAG_MAX_DOCUMENTS_BYTES")
+    stripped = documents.strip()
+    if stripped.startswith(("[", "{")):
+        passages = brag.parse_json(stripped, "documents")
+        if not isinstance(passages, list):
+            raise user_error(
+                "documents: a JSON document must be a list of strings or of {title, text} objects."
+            )
+    else:
+        passages = [line for line in stripped.splitlines() if line.strip()]
+    if len(passages) > LIMITS.passages:
+        raise _too_big("The documents", len(passages), LIMITS.passages, "passages", "BRAG_MAX_PASSAGES")
+    return passages
+
+
+_PROVIDER = re.compile(r"^[a-z0-9][a-z0-9-]{0,39}$")
+
+
+@dataclass(frozen=True)
+class EndpointPolicy:
+    """Where a caller-chosen model URL may point (``BRAG_ALLOWED_ENDPOINTS``).
+
+    Unset: any public http(s) host; loopback, private, link-local and multicast addresses are
+    refused at connection time, by the address actually connected to. ``*``: anything (a local
+    deployment). Otherwise a comma-separated list of URL prefixes; a URL must share a prefix's
+    scheme, host and port and extend its path. The owner's model (``BRAG_MODEL``, else the
+    default) is always allowed and is the only one that gets the server's secrets.
+    """
+
+    prefixes: tuple[str, ...] = ()
+    allow_all: bool = False
+
+    @classmethod
+    def from_env(cls) -> EndpointPolicy:
+        """The policy ``BRAG_ALLOWED_ENDPOINTS`` sets."""
+        raw = os.environ.get("BRAG_ALLOWED_ENDPOINTS", "").strip()
+        if raw == "*":
+            return cls(allow_all=True)
+        prefixes = tuple(p.strip() for p in raw.split(",") if p.strip())
+        for prefix in prefixes:
+            if urllib.parse.urlsplit(prefix).scheme not in ("http", "https"):
+                raise SystemExit(f"BRAG_ALLOWED_ENDPOINTS: {llms.redact_url(prefix)} is not an http(s) URL")
+        return cls(prefixes)
+
+    def listed(self, url: str) -> bool:
+        """True when ``url`` extends one of the allowed prefixes."""
+        target = _url_parts(url)
+        for prefix in self.prefixes:
+            scheme, host, port, path = _url_parts(prefix)
+            if target[:3] == (scheme, host, port) and (
+                target[3] == path or target[3].startswith(path.rstrip("/") + "/")
+            ):
+                return True
+        return False
+
+
+def _url_parts(url: str) -> tuple[str, str, int | None, str]:
+    parts = urllib.parse.urlsplit(url)
+    port = parts.port or {"http": 80, "https": 443}.get(parts.scheme)
+    return parts.scheme, (parts.hostname or "").lower(), port, parts.path or "/"
+
+
+POLICY = EndpointPolicy.from_env()
+
+
+class RequestSizeLimit:
+    """ASGI middleware: a request body larger than ``max_bytes`` is refused before it is parsed.
+
+    The per-field limits above act on parsed values; this bounds what a caller can make the
+    server read at all (JSON escaping can triple a field's size, hence the allowance).
+    """
+
+    def __init__(self, app: Any, max_bytes: int) -> None:
+        self.app, self.max_bytes = app, max_bytes
+
+    async def __call__(self, scope: dict[str, Any], receive: Any, send: Any) -> None:
+        """Pass the request on, counting its body; refuse it with 413 once it is too large."""
+        if scope["type"] != "http":
+            await self.app(scope, receive, send)
+            return
+        declared = dict(scope.get("headers", [])).get(b"content-length", b"0")
+        if not declared.isdigit() or int(declared) > self.max_bytes:
+            await self._refuse(send)
+            return
+        received = 0
+        started = False
+
+        async def counted_receive() -> dict[str, Any]:
+            nonlocal received
+            message = await receive()
+            received += len(message.get("body", b""))
+            if received > self.max_bytes:
+                raise _TooLarge
+            return message
+
+        async def tracked_send(message: dict[str, Any]) -> None:
+            nonlocal started
+            started = started or message["type"] == "http.response.start"
+            await send(message)
+
+        try:
+            await self.app(scope, counted_receive, tracked_send)
+        except _TooLarge:
+            if not started:
+                await self._refuse(send)
+
+    async def _refuse(self, send: Any) -> None:
+        body = json.dumps({"error": f"request body over {self.max_bytes:,} bytes (BRAG_MAX_REQUEST_BYTES)"})
+        await send(
+            {
+                "type": "http.response.start",
+                "status": 413,
+                "headers": [(b"content-type", b"application/json")],
+            }
+        )
+        await send({"type": "http.response.body", "body": body.encode()})
+
+
+class _TooLarge(Exception):
+    pass
+
+
+class Blocks(gr.Blocks):
+    """Gradio Blocks whose wrong-input-count error neither logs nor echoes the inputs.
+
+    Gradio's own message lists every value received, a token among them, and prints it to the
+    server log with a traceback.
+    """
+
+    def validate_inputs(self, block_fn: Any, inputs: list[Any]) -> None:
+        """Refuse a call with too few inputs, naming only the counts."""
+        if len(inputs) < len(block_fn.inputs):
+            raise gr.Error(
+                f"/{block_fn.api_name or block_fn.name} takes {len(block_fn.inputs)} inputs, got "
+                f"{len(inputs)}: see the API page for their order",
+                print_exception=False,
+            )
+
+
+class RedactSecrets(logging.Filter):
+    """Scrub every log record: URL credentials, bearer tokens, HF tokens, the server's own secrets."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        secrets = [os.environ.get(name, "") for name in ("HF_TOKEN", "OPENAI_API_KEY")]
+        self.secrets = [s for s in secrets if len(s) >= 6]
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        """Rewrite the record's message without secrets; never drop it."""
+        message = record.getMessage()
+        cleaned = re.sub(r"(\w+://)[^/\s@]+@", r"\1***@", message)
+        cleaned = re.sub(r"(?i)(bearer\s+|hf_)[\w.\-]{6,}", r"\1***", cleaned)
+        for secret in self.secrets:
+            cleaned = cleaned.replace(secret, "***")
+        if cleaned != message:
+            record.msg, record.args = cleaned, ()
+        return True
+
+
+def configure_logging() -> None:
+    """One line per event on stderr, every line scrubbed of secrets."""
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(message)s")
+    for name in ("httpx", "httpx2"):  # a line per HTTP request, with its full URL
+        logging.getLogger(name).setLevel(logging.WARNING)
+    for handler in logging.getLogger().handlers:
+        handler.addFilter(RedactSecrets())
+
+
+def max_request_bytes() -> int:
+    """``BRAG_MAX_REQUEST_BYTES``: by default room for the largest documents and calibration, escaped."""
+    default = 3 * (LIMITS.documents_bytes + LIMITS.labelled_bytes) + LIMITS.calibration_bytes + 1_000_000
+    return _env_number("BRAG_MAX_REQUEST_BYTES", default)
 
 
 # ------------------------------------------------------------------------------------------
@@ -104,13 +419,14 @@ def corpus_file(name: str) -> Path:
 
 
 class CorpusStore:
-    """Named corpora, each read and indexed once and then shared by every request."""
+    """Named corpora, indexed once and shared; pasted document sets, kept to a memory budget."""
 
-    def __init__(self) -> None:
+    def __init__(self, documents_budget: int) -> None:
         self._corpora: dict[str, brag.Corpus] = {}
         self._locks: dict[str, threading.Lock] = {name: threading.Lock() for name in [DEMO, *CORPORA]}
         self._documents: OrderedDict[str, brag.Corpus] = OrderedDict()
         self._documents_lock = threading.Lock()
+        self.documents_budget = documents_budget
 
     def named(self, name: str) -> brag.Corpus:
         """A named corpus; the first request for it pays for reading and indexing."""
@@ -128,38 +444,36 @@ class CorpusStore:
             return self._corpora[name]
 
     def documents(self, text: str) -> brag.Corpus:
-        """Pasted documents: a JSON list, or one passage per line. Recent ones stay indexed."""
+        """Pasted documents (checked against the limits first), indexed once while they stay cached."""
         key = hashlib.sha256(text.encode()).hexdigest()
         with self._documents_lock:
             if key in self._documents:
                 self._documents.move_to_end(key)
                 return self._documents[key]
-        stripped = text.strip()
-        if stripped.startswith(("[", "{")):
-            corpus = brag.Corpus(stripped)
-        else:
-            corpus = brag.Corpus([line for line in stripped.splitlines() if line.strip()])
+        corpus = brag.Corpus(check_documents(text))
         with self._documents_lock:
             self._documents[key] = corpus
-            while len(self._documents) > 32:
+            while self._documents and self.cached_bytes() > self.documents_budget:
                 self._documents.popitem(last=False)
         return corpus
 
+    def cached_bytes(self) -> int:
+        """Estimated memory held by the cached pasted corpora."""
+        return sum(corpus.memory_bytes() for corpus in self._documents.values())
 
-STORE = CorpusStore()
+
+STORE = CorpusStore(LIMITS.documents_cache_bytes)
 
 
 def pick_corpus(corpus: str | None, documents: str | None) -> tuple[brag.Corpus, str]:
     """Pasted documents win over a named corpus; neither is an error."""
-    if documents and documents.strip():
+    if isinstance(documents, str) and documents.strip():
         return STORE.documents(documents), "your documents"
-    name = (corpus or "").strip()
+    name = (corpus or "").strip() if isinstance(corpus, str) else ""
     if not name:
         raise user_error("No corpus: choose one or paste documents (one passage per line, or a JSON list).")
     if name not in CORPORA and name != DEMO:
-        raise user_error(
-            f"Unknown corpus {name!r}: use one of {', '.join([DEMO, *CORPORA])}, or paste documents."
-        )
+        raise user_error(f"Unknown corpus: use one of {', '.join([DEMO, *CORPORA])}, or paste documents.")
     return STORE.named(name), name
 
 
@@ -175,29 +489,36 @@ ACTION_TEXT = {
 
 
 class LLMPool:
-    """Backends reused across requests, one per (model, token, provider).
+    """Backends reused across requests, one per (model, token, provider), built under the policy.
 
     Building an HTTP client costs about 0.1 s (TLS set-up), and every backend is thread-safe, so
-    concurrent requests share one.
+    concurrent requests share one. Every request for the local model shares its one runner.
     """
 
-    def __init__(self, size: int = 64) -> None:
+    def __init__(self, policy: EndpointPolicy, size: int = 64) -> None:
         self._pool: OrderedDict[tuple[str, str, str], llms.LLM] = OrderedDict()
         self._lock = threading.Lock()
+        self.policy = policy
         self.size = size
 
-    def get(self, model: str | None, hf_token: str | None, provider: str | None) -> llms.LLM:
+    def get(self, model: Any, hf_token: Any, provider: Any) -> llms.LLM:
         """The backend for this request, built on first use."""
-        spec = (model or "").strip() or llms.default_model()
-        token = (hf_token or "").strip() or None
-        provider = (provider or "").strip() or "auto"
+        spec = model.strip() if isinstance(model, str) else ""
+        spec = spec or llms.default_model()
+        token = (hf_token.strip() if isinstance(hf_token, str) else "") or None
+        provider = (provider.strip() if isinstance(provider, str) else "") or "auto"
+        if len(spec) > 2_000:
+            raise user_error("The model name or URL is too long.")
+        if not _PROVIDER.match(provider):
+            raise user_error("provider must be an Inference Providers name such as 'auto' or 'together'.")
         key = (spec, hashlib.sha256((token or "").encode()).hexdigest(), provider)
         with self._lock:
             if key in self._pool:
                 self._pool.move_to_end(key)
                 return self._pool[key]
         try:
-            backend = llms.make_llm(spec, token, provider)
+            llms.check_token(token)
+            backend = self._build(spec, token, provider)
         except (ValueError, llms.LLMError) as err:
             raise user_error(str(err)) from None
         with self._lock:
@@ -206,8 +527,28 @@ class LLMPool:
                 self._pool.popitem(last=False)
         return backend
 
+    def _build(self, spec: str, token: str | None, provider: str) -> llms.LLM:
+        owner = spec == llms.default_model()
+        if spec.startswith("local:") and spec.partition(":")[2] not in llms.LOCAL_MODELS and not owner:
+            names = ", ".join(["local", *(f"local:{name}" for name in llms.LOCAL_MODELS)])
+            raise ValueError(f"model: a local model is named {names}; paths are not accepted here")
+        if not spec.startswith(("http://", "https://")) or owner:
+            # The owner's endpoint, a Hugging Face model id (served by Hugging Face) or a local
+            # model: the server's own secrets may go there.
+            return llms.make_llm(spec, token, provider)
+        if any(ch.isspace() for ch in spec) or not urllib.parse.urlsplit(spec).hostname:
+            raise ValueError("model: that is not a valid http(s) URL")
+        url = spec.partition("#")[0]
+        if not self.policy.allow_all and self.policy.prefixes and not self.policy.listed(url):
+            raise llms.EndpointRefused(
+                f"{llms.redact_url(url)} is not an endpoint this server may call (BRAG_ALLOWED_ENDPOINTS)"
+            )
+        # A caller's URL gets the caller's token or none, never the server's.
+        public_only = not self.policy.allow_all and not self.policy.prefixes
+        return llms.make_llm(spec, token, provider, secrets_from_env=False, public_only=public_only)
 
-LLMS = LLMPool()
+
+LLMS = LLMPool(POLICY)
 
 
 def _failure(err: Exception) -> gr.Error:
@@ -237,35 +578,28 @@ def run_brag(
     progress: gr.Progress = gr.Progress(),  # noqa: B008 (Gradio's own idiom)
 ) -> tuple[str, dict[str, Any]]:
     """Answer a question over a corpus; returns the answer and the full BRAG report."""
-    if not isinstance(question, str) or not question.strip():
-        raise user_error("The question is empty.")
+    question = check_question(question)
+    lam = check_lam(lam)
     try:
-        lam = float(lam)
-    except (TypeError, ValueError):
-        raise user_error(f"lam must be a number, got {lam!r}") from None
-    try:
-        progress(0.0, desc="Loading the corpus")
-        chosen, label = pick_corpus(corpus, documents)
-        if not (calibration or "").strip():
-            calibration = CALIBRATIONS.get(label, brag.DEFAULT_CALIBRATION_PATH)
-        controller = brag.BRAG(LLMS.get(model, hf_token, provider), calibration=calibration, lam=lam)
+        with llms.deadline(LIMITS.request_timeout):
+            progress(0.0, desc="Loading the corpus")
+            chosen, label = pick_corpus(corpus, documents)
+            cal = read_calibration(calibration, label)
+            controller = brag.BRAG(LLMS.get(model, hf_token, provider), calibration=cal, lam=lam)
 
-        def on_step(step: dict[str, Any]) -> None:
-            if step["action"]:
-                progress(
-                    min(0.9, 0.25 * step["step"]), desc=f"Step {step['step']} · {ACTION_TEXT[step['action']]}"
-                )
+            def on_step(step: dict[str, Any]) -> None:
+                if step["action"]:
+                    desc = f"Step {step['step']} · {ACTION_TEXT[step['action']]}"
+                    progress(min(0.9, 0.25 * step["step"]), desc=desc)
 
-        answer, report = controller.run(question, chosen, on_step=on_step)
+            answer, report = controller.run(question, chosen, on_step=on_step)
     except gr.Error:
         raise
     except Exception as err:
         raise _failure(err) from None
     report["corpus"] = label
-    report["calibration"] = {
-        k: controller.calibration.meta.get(k) for k in ("source", "model", "corpus", "date")
-    }
-    report["model"] = model or llms.default_model()
+    report["calibration"] = {k: cal.meta.get(k) for k in ("source", "model", "corpus", "date")}
+    report["model"] = llms.redact_url((model or "").strip() or llms.default_model())
     totals = report["totals"]
     log.info(
         "answered: corpus=%s model=%s calls=%d tokens=%d %.2fs",
@@ -287,28 +621,25 @@ def run_calibrate(
     provider: str,
     progress: gr.Progress = gr.Progress(),  # noqa: B008 (Gradio's own idiom)
 ) -> str:
-    """Fit a calibration for a model and corpus from at least 30 labelled questions (JSON out)."""
-    if not isinstance(labelled_json, str) or not labelled_json.strip():
-        raise user_error(
-            f'No labelled questions: paste a JSON list of {{"question", "gold": [...]}} '
-            f"objects ({calibrate.MIN_QUESTIONS} or more)."
-        )
+    """Fit a calibration for a model and corpus from labelled questions (JSON out)."""
+    items = read_labelled(labelled_json)
     try:
-        items = calibrate.read_labelled(labelled_json)
-        chosen, label = pick_corpus(corpus, documents)
-        spec = (model or "").strip() or llms.default_model()
-        progress(0.0, desc=f"Running R1, R2 and CB on {len(items)} questions")
-        result = calibrate.calibrate(
-            items,
-            chosen,
-            LLMS.get(model, hf_token, provider),
-            on_progress=lambda done, total: progress(done / total, desc=f"Question {done} of {total}"),
-            meta={
-                "model": spec,
-                "corpus": label,
-                "note": f"fitted in the app on {len(items)} labelled questions",
-            },
-        )
+        with llms.deadline(LIMITS.calibrate_timeout):
+            chosen, label = pick_corpus(corpus, documents)
+            spec = llms.redact_url((model or "").strip() or llms.default_model())
+            backend = LLMS.get(model, hf_token, provider)
+            progress(0.0, desc=f"Running R1, R2 and CB on {len(items)} questions")
+            result = calibrate.calibrate(
+                items,
+                chosen,
+                backend,
+                on_progress=lambda done, total: progress(done / total, desc=f"Question {done} of {total}"),
+                meta={
+                    "model": spec,
+                    "corpus": label,
+                    "note": f"fitted in the app on {len(items)} labelled questions",
+                },
+            )
     except gr.Error:
         raise
     except Exception as err:
@@ -451,7 +782,7 @@ CSS = """
 
 def build() -> gr.Blocks:
     """The Gradio Blocks app."""
-    with gr.Blocks(title="BRAG · cost-aware question answering") as demo:
+    with Blocks(title="BRAG · cost-aware question answering") as demo:
         gr.Markdown(
             "# BRAG · cost-aware question answering\n"
             "A Bayesian controller decides which LLM calls are worth making: read the top passages "
@@ -478,7 +809,7 @@ def build() -> gr.Blocks:
                     with gr.Row():
                         model = gr.Textbox(
                             label="Model",
-                            placeholder=f"default: {llms.default_model()}",
+                            placeholder=f"default: {llms.redact_url(llms.default_model())}",
                             info="HF model id, an OpenAI-compatible URL, or 'local'",
                         )
                         hf_token = gr.Textbox(label="HF token", type="password", placeholder="optional")
@@ -514,7 +845,9 @@ def build() -> gr.Blocks:
                 cal_corpus = gr.Dropdown([DEMO, *CORPORA, ""], value=DEMO, label="Corpus")
                 cal_documents = gr.Textbox(label="Your documents (optional)", lines=2)
             with gr.Row():
-                cal_model = gr.Textbox(label="Model", placeholder=f"default: {llms.default_model()}")
+                cal_model = gr.Textbox(
+                    label="Model", placeholder=f"default: {llms.redact_url(llms.default_model())}"
+                )
                 cal_token = gr.Textbox(label="HF token", type="password")
                 cal_provider = gr.Textbox(label="Provider", value="auto")
             fit = gr.Button("Calibrate", variant="primary")
@@ -526,14 +859,16 @@ def build() -> gr.Blocks:
                 api_name="calibrate",
             )
     demo.queue(default_concurrency_limit=concurrency())
+    llms.bound_hub_calls()  # deadlines hold for Inference Providers calls too
     return demo
 
 
 if __name__ == "__main__":
-    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(message)s")
+    configure_logging()
     build().launch(
         server_name=os.environ.get("GRADIO_SERVER_NAME", "127.0.0.1"),
         theme=gr.themes.Soft(),
         css=CSS,
         show_error=True,
+        app_kwargs={"middleware": [Middleware(RequestSizeLimit, max_bytes=max_request_bytes())]},
     )

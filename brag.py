@@ -22,6 +22,7 @@ import math
 import os
 import re
 import string
+import tempfile
 import time
 import unicodedata
 import zlib
@@ -485,7 +486,9 @@ def parse_passages(passages: Any) -> list[Passage | None]:
             doc_id = str(item.get("doc_id", ""))
             salience = item.get("salience", 1.0)
             if isinstance(salience, bool) or not isinstance(salience, (int, float)) or not 0 <= salience <= 1:
-                raise ValueError(f"passages[{i}]: salience must be a number in [0, 1], got {salience!r}")
+                raise ValueError(
+                    f"passages[{i}]: salience must be a number in [0, 1], got {_shown(salience)}"
+                )
         else:
             raise ValueError(
                 f"passages[{i}]: expected a string or a {{title, text}} object, got {type(item).__name__}"
@@ -819,8 +822,11 @@ class Corpus:
         if self.embeddings is not None:
             self.embeddings.setflags(write=False)  # embeddings are never modified after ingestion
         method, idf_method = BM25_VARIANTS[variant]
+        tokens = [tokenize(self._passages[i].render()) for i in self.ids]
+        if not any(tokens):
+            raise ValueError("corpus has nothing to search: no passage holds a word (letters or digits)")
         self._bm25 = bm25s.BM25(k1=k1, b=b, method=method, idf_method=idf_method)
-        self._bm25.index([tokenize(self._passages[i].render()) for i in self.ids], show_progress=False)
+        self._bm25.index(tokens, show_progress=False)
         self._finish()
 
     def _finish(self) -> None:
@@ -860,6 +866,26 @@ class Corpus:
             "max_salience_boost": round(max(boosts), 6) if boosts else 0.0,
             "embedder": self.embedder.name if self.embedder is not None else None,
         }
+
+    def fingerprint(self) -> str:
+        """SHA-256 of what retrieval depends on: the kept passages, their ids and the BM25 settings."""
+        if getattr(self, "_fingerprint", None) is None:
+            digest = hashlib.sha256(json.dumps([self.variant, self.k1, self.b, self.rrf_k]).encode())
+            for i in self.ids:
+                digest.update(f"\0{i}\0{self._passages[i].render()}".encode())
+            self._fingerprint = digest.hexdigest()
+        return self._fingerprint
+
+    def memory_bytes(self) -> int:
+        """An estimate of the memory the corpus holds: index arrays, vocabulary, passages, vectors."""
+        arrays = sum(a.nbytes for a in self._bm25.scores.values() if isinstance(a, np.ndarray))
+        arrays += self._df.nbytes + self.salience.nbytes + self._scoring.nbytes
+        if self.embeddings is not None:
+            arrays += self.embeddings.nbytes
+        # CPython: a str is about 50 bytes plus its characters; a Passage and its dict entries ~250.
+        text = sum(len(p.title) + len(p.text) + 350 for p in self._passages.values())
+        vocabulary = 120 * len(self._vocab)
+        return int(arrays + text + vocabulary + 80 * len(self.ids))
 
     def __len__(self) -> int:
         """Number of kept passages."""
@@ -1125,6 +1151,39 @@ def data_dir() -> Path | None:
     return fallback if fallback.is_dir() else None
 
 
+def write_atomic(path: str | os.PathLike[str], text: str) -> None:
+    """Write ``text`` to ``path`` so that readers see the old file or the new one, never a part.
+
+    A temporary file in the same folder, flushed to disk, then renamed over the target.
+    """
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd, temporary = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
+    try:
+        with os.fdopen(fd, "w", encoding="utf-8") as out:
+            out.write(text)
+            out.flush()
+            os.fsync(out.fileno())
+        os.replace(temporary, path)
+    finally:
+        if os.path.exists(temporary):
+            os.unlink(temporary)
+    directory = os.open(path.parent, os.O_RDONLY)
+    try:
+        os.fsync(directory)
+    finally:
+        os.close(directory)
+
+
+def cache_dir() -> Path:
+    """Where BRAG keeps files it builds once: ``BRAG_CACHE_DIR``, else ``~/.cache/brag``."""
+    configured = os.environ.get("BRAG_CACHE_DIR")
+    if configured:
+        return Path(configured).expanduser()
+    base = os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache"
+    return Path(base) / "brag"
+
+
 # ------------------------------------------------------------------------------------------
 # Calibration: hyperpriors of the controller
 # ------------------------------------------------------------------------------------------
@@ -1227,12 +1286,18 @@ class Calibration:
 CALIBRATION_VERSION = 1
 
 
+def _shown(value: Any, width: int = 40) -> str:
+    """A value as an error message may echo it: its repr, cut short."""
+    text = repr(value)
+    return text if len(text) <= width else text[: width - 1] + "…"
+
+
 def _number(value: Any, where: str, low: float, high: float, *, open_low: bool = False) -> float:
     if isinstance(value, bool) or not isinstance(value, (int, float)) or math.isnan(value):
-        raise ValueError(f"calibration: {where} must be a number, got {value!r}")
+        raise ValueError(f"calibration: {where} must be a number, got {_shown(value)}")
     if value < low or value > high or (open_low and value == low):
         bracket = "(" if open_low else "["
-        raise ValueError(f"calibration: {where} = {value!r} is outside {bracket}{low:g}, {high:g}]")
+        raise ValueError(f"calibration: {where} = {_shown(value)} is outside {bracket}{low:g}, {high:g}]")
     return float(value)
 
 
@@ -1250,7 +1315,9 @@ def calibration_from_dict(data: Any) -> Calibration:
         raise ValueError(f"calibration: expected a JSON object, got {type(data).__name__}")
     version = data.get("version")
     if version != CALIBRATION_VERSION:
-        raise ValueError(f"calibration: unsupported version {version!r} (expected {CALIBRATION_VERSION})")
+        raise ValueError(
+            f"calibration: unsupported version {_shown(version)} (expected {CALIBRATION_VERSION})"
+        )
     eta = _number(data.get("eta"), "eta", 0.0, 1.0, open_low=True)
     raw = data.get("actions")
     if not isinstance(raw, Mapping):
@@ -1277,7 +1344,9 @@ def calibration_from_dict(data: Any) -> Calibration:
         levels = []
         for key, lv in levels_raw.items():
             if not str(key).isdigit() or not isinstance(lv, Mapping):
-                raise ValueError(f"calibration: actions.CB.levels.{key} is not a level g -> {{pi, kappa}}")
+                raise ValueError(
+                    f"calibration: actions.CB.levels.{_shown(key)} is not a level g -> {{pi, kappa}}"
+                )
             where = f"actions.CB.levels.{key}"
             pi = _number(lv.get("pi"), f"{where}.pi", 0.0, 1.0)
             levels.append(Level(int(key), pi, *_beta(lv.get("kappa"), f"{where}.kappa")))
@@ -1290,7 +1359,7 @@ def calibration_from_dict(data: Any) -> Calibration:
         # A mean reliability near 1 is allowed; the Beta prior keeps it finite.
         actions[name] = ActionPrior(q, 1.0, 1.0, tuple(levels))
     if "m" in data and data["m"] != m:
-        raise ValueError(f"calibration: m = {data['m']!r} but CB has {m} agreement levels")
+        raise ValueError(f"calibration: m = {_shown(data['m'])} but CB has {m} agreement levels")
     gate, details = _gate_from_dict(data.get("gate"))
     meta = {k: v for k, v in data.items() if k not in ("version", "eta", "actions", "m", "gate")}
     return Calibration(eta=eta, actions=actions, m=m, meta=meta, gate=gate, gate_details=details)
@@ -1336,45 +1405,64 @@ def load_calibration(
 # Prompts and follow-up queries
 # ------------------------------------------------------------------------------------------
 
-# Small models follow a plain completion with worked examples far better than instructions,
-# and large models read the same prompt fine, so every backend gets the same text.
+# Worked examples go in as earlier chat turns, which is how chat models learn a format; a
+# completion-only backend flattens the same turns into one few-shot prompt (llms.plain_prompt).
 READ_INSTRUCTIONS = (
     "Answer the question from the passages with a short answer (a name, date, number or short "
     "phrase), or NONE if the passages do not contain it. Then write a follow-up search query "
     "for the missing fact."
 )
-READ_EXAMPLES = (
-    "Passages:\n[1] Lebensraum\nLebensraum is a concept coined by Friedrich Ratzel. It was "
-    "adopted by the Nazi Party.\nQuestion: Which political party adopted the concept coined "
-    "by Friedrich Ratzel?\nAnswer: Nazi Party\nFollow-up query: Nazi Party Lebensraum\n\n"
-    "Passages:\n[1] Blue Tower\nThe Blue Tower was designed by Ana Ruiz.\nQuestion: In which "
-    "city was the architect of the Blue Tower born?\nAnswer: NONE\nFollow-up query: Ana Ruiz "
-    "architect birthplace\n\n"
-    "Passages:\n[1] Lake Orla\nLake Orla lies in Finland. Its area is 12 square kilometres.\n"
-    "Question: In which country is Lake Orla?\nAnswer: Finland\nFollow-up query: Lake Orla "
-    "Finland\n\n"
+# (passages, question, reply) per worked example.
+READ_EXAMPLES: tuple[tuple[str, str, str], ...] = (
+    (
+        "[1] Lebensraum\nLebensraum is a concept coined by Friedrich Ratzel. "
+        "It was adopted by the Nazi Party.",
+        "Which political party adopted the concept coined by Friedrich Ratzel?",
+        "Answer: Nazi Party\nFollow-up query: Nazi Party Lebensraum",
+    ),
+    (
+        "[1] Blue Tower\nThe Blue Tower was designed by Ana Ruiz.",
+        "In which city was the architect of the Blue Tower born?",
+        "Answer: NONE\nFollow-up query: Ana Ruiz architect birthplace",
+    ),
+    (
+        "[1] Lake Orla\nLake Orla lies in Finland. Its area is 12 square kilometres.",
+        "In which country is Lake Orla?",
+        "Answer: Finland\nFollow-up query: Lake Orla Finland",
+    ),
 )
 # A reply ends at a blank line or where the model starts writing another worked example.
 READ_STOP = ["\n\n", "\nPassages:", "\nQuestion:"]
 CLOSED_BOOK_INSTRUCTIONS = "Answer the question with a short answer (a name, date, number or short phrase)."
-CLOSED_BOOK_EXAMPLES = (
-    "Question: What is the capital of France?\nAnswer: Paris\n\n"
-    "Question: Who wrote Hamlet?\nAnswer: William Shakespeare\n\n"
-    "Question: In which year did World War II end?\nAnswer: 1945\n\n"
+CLOSED_BOOK_EXAMPLES: tuple[tuple[str, str], ...] = (
+    ("What is the capital of France?", "Answer: Paris"),
+    ("Who wrote Hamlet?", "Answer: William Shakespeare"),
+    ("In which year did World War II end?", "Answer: 1945"),
 )
 
 
+def _read_turn(body: str, question: str) -> str:
+    return f"Passages:\n{body}\nQuestion: {question}"
+
+
+def _chat(instructions: str, examples: Iterable[tuple[str, str]], final: str) -> list[dict[str, str]]:
+    messages = [{"role": "system", "content": instructions}]
+    for asked, replied in examples:
+        messages += [{"role": "user", "content": asked}, {"role": "assistant", "content": replied}]
+    return [*messages, {"role": "user", "content": final}]
+
+
 def read_messages(question: str, passages: Sequence[Passage]) -> list[dict[str, str]]:
-    """The R1/R2 prompt: passages, question, and the Answer / Follow-up query format."""
+    """The R1/R2 prompt: worked examples, then the passages and the question."""
     body = "\n".join(f"[{i}] {p.render()}" for i, p in enumerate(passages, 1)) or "(no passages found)"
-    prompt = f"{READ_EXAMPLES}Passages:\n{body}\nQuestion: {question}\nAnswer:"
-    return [{"role": "system", "content": READ_INSTRUCTIONS}, {"role": "user", "content": prompt}]
+    examples = [(_read_turn(b, q), reply) for b, q, reply in READ_EXAMPLES]
+    return _chat(READ_INSTRUCTIONS, examples, _read_turn(body, question))
 
 
 def closed_book_messages(question: str) -> list[dict[str, str]]:
-    """The CB prompt: the question alone."""
-    prompt = f"{CLOSED_BOOK_EXAMPLES}Question: {question}\nAnswer:"
-    return [{"role": "system", "content": CLOSED_BOOK_INSTRUCTIONS}, {"role": "user", "content": prompt}]
+    """The CB prompt: worked examples, then the question alone."""
+    examples = [(f"Question: {q}", reply) for q, reply in CLOSED_BOOK_EXAMPLES]
+    return _chat(CLOSED_BOOK_INSTRUCTIONS, examples, f"Question: {question}")
 
 
 _CAPITALISED = re.compile(r"\b[A-Z][\w'’.-]*(?:\s+(?:of|the|de|von|van|[A-Z][\w'’.-]*))*")
@@ -1418,7 +1506,7 @@ def expand_query(question: str, passages: Sequence[Passage], max_terms: int = 4)
 
 
 class RunAborted(RuntimeError):
-    """An LLM call failed mid-run; ``report`` holds everything done up to the failure."""
+    """An action failed mid-run (mostly its LLM call); ``report`` holds everything done before."""
 
     def __init__(self, message: str, report: dict[str, Any]) -> None:
         super().__init__(message)
@@ -1440,8 +1528,12 @@ class _Candidates:
 
 
 def closed_book_mode(samples: Sequence[str]) -> tuple[str, int]:
-    """The mode of the closed-book samples (no-answers excluded) and its agreement level g."""
-    answers = [clean_answer(s.strip().splitlines()[0]) if s.strip() else "" for s in samples]
+    """The mode of the closed-book samples (no-answers excluded) and its agreement level g.
+
+    Each sample is parsed like a read's reply, so a chat model's "Answer: Paris" and a
+    completion model's "Paris" are the same candidate.
+    """
+    answers = [parse_reading(s)[0] for s in samples]
     answers = [a for a in answers if not is_no_answer(a)]
     if not answers:
         return "", 0
@@ -1518,7 +1610,7 @@ class BRAG:
             run.loop()
         except Exception as err:  # a backend may raise anything; the work done is kept
             report = run.report(f"error: {err}")
-            raise RunAborted(f"LLM call failed during {run.current or 'the run'}: {err}", report) from err
+            raise RunAborted(f"{run.current or 'the run'} failed: {err}", report) from err
         return run.answer(), run.report(run.stop_reason)
 
 

@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import argparse
 import datetime as dt
+import hashlib
 import json
 import math
 import os
@@ -158,29 +159,80 @@ def observe_one(item: Labelled, corpus: brag.Corpus, controller: brag.BRAG, f1_t
     return Outcome(item.id, answers, correct, agreement, report["totals"]["llm_calls"], weak)
 
 
+def progress_key(llm: brag.LLM, corpus: brag.Corpus, k: int, m: int, seed: int, f1_threshold: float) -> str:
+    """What observed outcomes depend on: the model, the corpus, the settings and the prompts."""
+    prompts = [brag.read_messages("Q", []), brag.closed_book_messages("Q"), brag.READ_STOP]
+    payload = [
+        getattr(llm, "name", type(llm).__name__),
+        corpus.fingerprint(),
+        k,
+        m,
+        seed,
+        f1_threshold,
+        prompts,
+    ]
+    return hashlib.sha256(json.dumps(payload, sort_keys=True).encode()).hexdigest()
+
+
+def read_progress(path: Path, key: str) -> dict[str, Outcome]:
+    """Outcomes saved by an earlier run with the same ``key``; a clear error for a damaged file.
+
+    A last line cut short (the run was killed while writing it) is dropped, so that question
+    runs again; any other damage names the file and the line.
+    """
+    if not path.exists():
+        return {}
+    text = path.read_text(encoding="utf-8", errors="replace")
+    lines = text.split("\n")
+    if not text.endswith("\n"):
+        lines = lines[:-1]
+    what = f"calibration progress file {path}"
+    if not lines or not lines[0].strip():
+        return {}
+    try:
+        header = json.loads(lines[0])
+    except json.JSONDecodeError:
+        header = None
+    if not isinstance(header, dict) or "progress_key" not in header:
+        raise ValueError(f"{what} has no valid header line; delete it to start the calibration over")
+    if header["progress_key"] != key:
+        raise ValueError(f"{what} belongs to another model, corpus or setting; delete it to start over")
+    done: dict[str, Outcome] = {}
+    for number, line in enumerate(lines[1:], 2):
+        if not line.strip():
+            continue
+        try:
+            row = json.loads(line)
+            done[row["id"]] = Outcome(**row)
+        except (json.JSONDecodeError, KeyError, TypeError) as err:
+            raise ValueError(
+                f"{what}, line {number}, is damaged ({type(err).__name__}); delete the file to start the "
+                "calibration over"
+            ) from None
+    return done
+
+
 def observe(
     items: Sequence[Labelled],
     corpus: brag.Corpus,
     controller: brag.BRAG,
     *,
     progress_path: str | os.PathLike[str] | None = None,
+    progress: str = "",
     f1_threshold: float = 0.8,
     on_progress: Callable[[int, int], None] | None = None,
 ) -> list[Outcome]:
-    """Outcomes for every item; those already in ``progress_path`` are read, not re-run."""
-    done: dict[str, Outcome] = {}
+    """Outcomes for every item; those already in ``progress_path`` (under the same key) are read."""
     path = Path(progress_path) if progress_path else None
-    if path and path.exists():
-        for line in path.read_text(encoding="utf-8").splitlines():
-            if line.strip():
-                row = json.loads(line)
-                done[row["id"]] = Outcome(**row)
+    done = read_progress(path, progress) if path else {}
+    if path and not done:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_text(json.dumps({"progress_key": progress}) + "\n", encoding="utf-8")
     out = []
     for i, item in enumerate(items):
         if item.id not in done:
             outcome = observe_one(item, corpus, controller, f1_threshold)
             if path:
-                path.parent.mkdir(parents=True, exist_ok=True)
                 with path.open("a", encoding="utf-8") as handle:
                     handle.write(json.dumps(asdict(outcome)) + "\n")
             done[item.id] = outcome
@@ -500,6 +552,7 @@ def calibrate(
         corpus,
         controller,
         progress_path=progress_path,
+        progress=progress_key(llm, corpus, k, m, seed, f1_threshold),
         f1_threshold=f1_threshold,
         on_progress=on_progress,
     )
@@ -550,7 +603,7 @@ def main_gate(argv: Sequence[str]) -> int:
     text = json.dumps(result, indent=1) + "\n"
     out = args.out or args.into
     if out:
-        Path(out).write_text(text, encoding="utf-8")
+        brag.write_atomic(out, text)
     else:
         sys.stdout.write(text)
     return 0
@@ -610,7 +663,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     except (ValueError, llms.LLMError, brag.RunAborted) as err:
         print(f"calibrate: {err}", file=sys.stderr)
         return 2
-    Path(args.out).write_text(json.dumps(result, indent=1) + "\n", encoding="utf-8")
+    brag.write_atomic(args.out, json.dumps(result, indent=1) + "\n")
     Path(f"{args.out}.progress.jsonl").unlink(missing_ok=True)
     print(
         f"wrote {args.out}: eta {result['eta']}, "

