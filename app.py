@@ -19,10 +19,12 @@ import html
 import json
 import logging
 import re
+import tempfile
 import threading
 import time
 import urllib.parse
 from collections import OrderedDict
+from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -40,6 +42,9 @@ HERE = Path(__file__).resolve().parent
 DEMO = "Demo"
 DEMO_CORPUS_PATH = HERE / "data" / "demo_corpus.json"
 HIPPORAG_REPO = "osunlp/HippoRAG_2"
+YOUR_DOCUMENTS = "Your documents"
+ACTIONS = brag.ACTIONS
+HOPS = 1  # second-hop reads per question (chosen by bench/controller.py)
 # Display name -> (folder under BRAG_DATA_DIR, local file names to try in order, Hub file name).
 # The shared data holds HippoRAG's own 2Wiki corpus and faithful subsets for the other two.
 CORPORA: dict[str, tuple[str, tuple[str, ...], str]] = {
@@ -51,14 +56,9 @@ CORPORA: dict[str, tuple[str, tuple[str, ...], str]] = {
     "2WikiMultihopQA": ("2wikimultihopqa", ("2wikimultihopqa_corpus.json",), "2wikimultihopqa_corpus.json"),
     "MuSiQue": ("musique", ("musique_corpus.json", "musique_migres200_corpus.json"), "musique_corpus.json"),
 }
-# The shipped calibrations by name, read once at start-up; a request names one or sends JSON.
-SHIPPED: dict[str, brag.Calibration] = {
-    "hotpotqa": brag.load_calibration(HERE / "data" / "calibration.json"),
-    "2wikimultihopqa": brag.load_calibration(HERE / "data" / "calibration_2wikimultihopqa.json"),
-    "musique": brag.load_calibration(HERE / "data" / "calibration_musique.json"),
-}
-# The one fitted on each corpus; pasted documents and Demo use HotpotQA's.
-CALIBRATIONS = {"HotpotQA": "hotpotqa", "2WikiMultihopQA": "2wikimultihopqa", "MuSiQue": "musique"}
+# The shipped calibrations by name, read once at start-up: the hand-set prior and those fitted
+# for particular models. A request names one, names one that /calibrate kept, or sends JSON.
+SHIPPED: dict[str, brag.Calibration] = brag.shipped_calibrations()
 EXAMPLES = [
     ["Where was the architect of the Glass Tower born?", DEMO],
     ["Which political party used the idea coined by Friedrich Ratzel?", DEMO],
@@ -137,7 +137,7 @@ LIMITS = Limits.from_env()
 
 
 def _too_big(what: str, size: int, limit: int, unit: str, variable: str) -> gr.Error:
-    return user_error(f"{what} is {size:,} {unit}; the limit is {limit:,} ({variable}).")
+    return user_error(f"{what}: {size:,} {unit}, over the limit of {limit:,} ({variable}).")
 
 
 def check_question(question: Any) -> str:
@@ -162,22 +162,25 @@ def check_lam(lam: Any) -> float:
     return value
 
 
-def read_calibration(text: Any, corpus_label: str) -> brag.Calibration:
-    """The calibration a request names: empty (the corpus's shipped one), a shipped name, or JSON.
+def read_calibration(text: Any, corpus_label: str, model: str) -> brag.Calibration:
+    """The calibration a request names: empty, a shipped name, a kept fit's name, or JSON.
 
-    Never a path: nothing is read from disk for it.
+    Empty is the one shipped for this model and corpus, else the hand-set prior. Never a path:
+    a kept fit's name is checked against its pattern before its file is opened.
     """
     text = (text or "").strip() if isinstance(text, str) else text
     if not text:
-        return SHIPPED[CALIBRATIONS.get(corpus_label, "hotpotqa")]
+        return brag.shipped_calibration(model, corpus_label, SHIPPED)
     if not isinstance(text, str):
-        raise user_error("calibration must be JSON text or the name of a shipped calibration.")
+        raise user_error("calibration must be JSON text or the name of a calibration.")
     if text in SHIPPED:
         return SHIPPED[text]
+    if KEPT.holds(text):
+        return KEPT.load(text)
     if not text.startswith("{"):
         raise user_error(
-            "calibration must be the JSON that /calibrate returns, or one of the shipped names: "
-            + ", ".join(SHIPPED)
+            "calibration must be the JSON that /calibrate returns, the name it gave, or one of the "
+            "shipped names: " + ", ".join(SHIPPED)
         )
     size = len(text.encode())
     if size > LIMITS.calibration_bytes:
@@ -283,6 +286,46 @@ def _url_parts(url: str) -> tuple[str, str, int | None, str]:
 
 
 POLICY = EndpointPolicy.from_env()
+
+
+class KeptCalibrations:
+    """Fits that /calibrate made, kept on disk under a name derived from their content.
+
+    The name (``fit-`` and 12 hex digits) is what a later /brag request passes as
+    ``calibration``; only names of that exact form are ever turned into a file name. The
+    oldest go first beyond ``limit`` files.
+    """
+
+    NAME = re.compile(r"^fit-[0-9a-f]{12}$")
+
+    def __init__(self, directory: Path, limit: int = 500) -> None:
+        self.directory, self.limit = directory, limit
+
+    def holds(self, name: str) -> bool:
+        """True when ``name`` names a kept fit."""
+        return bool(self.NAME.match(name)) and (self.directory / f"{name}.json").is_file()
+
+    def load(self, name: str) -> brag.Calibration:
+        """A kept fit by name."""
+        if not self.NAME.match(name):
+            raise user_error("not the name of a kept calibration")
+        try:
+            return brag.load_calibration(self.directory / f"{name}.json")
+        except ValueError:
+            raise user_error(f"the kept calibration {name} cannot be read; run /calibrate again") from None
+
+    def keep(self, result: dict[str, Any]) -> str:
+        """Store a fit and return its name."""
+        digest = hashlib.sha256(json.dumps(result, sort_keys=True).encode()).hexdigest()
+        name = f"fit-{digest[:12]}"
+        brag.write_atomic(self.directory / f"{name}.json", json.dumps({**result, "name": name}, indent=1))
+        kept = sorted(self.directory.glob("fit-*.json"), key=lambda p: p.stat().st_mtime)
+        for old in kept[: max(0, len(kept) - self.limit)]:
+            old.unlink(missing_ok=True)
+        return name
+
+
+KEPT = KeptCalibrations(brag.cache_dir() / "calibrations")
 
 
 class RequestSizeLimit:
@@ -470,6 +513,8 @@ def pick_corpus(corpus: str | None, documents: str | None) -> tuple[brag.Corpus,
     if isinstance(documents, str) and documents.strip():
         return STORE.documents(documents), "your documents"
     name = (corpus or "").strip() if isinstance(corpus, str) else ""
+    if name == YOUR_DOCUMENTS:
+        raise user_error("“Your documents” is selected but none are pasted: paste some, or choose a corpus.")
     if not name:
         raise user_error("No corpus: choose one or paste documents (one passage per line, or a JSON list).")
     if name not in CORPORA and name != DEMO:
@@ -575,31 +620,42 @@ def run_brag(
     hf_token: str,
     provider: str,
     calibration: str,
-    progress: gr.Progress = gr.Progress(),  # noqa: B008 (Gradio's own idiom)
-) -> tuple[str, dict[str, Any]]:
-    """Answer a question over a corpus; returns the answer and the full BRAG report."""
+) -> Iterator[tuple[str, dict[str, Any]]]:
+    """Answer a question over a corpus, step by step.
+
+    Yields ``(best answer so far, report so far)`` as each step starts (the report's
+    ``finished`` is False), then the final ``(answer, report)``.
+    """
     question = check_question(question)
     lam = check_lam(lam)
+    started = time.monotonic()
+    end = started + LIMITS.request_timeout
     try:
-        with llms.deadline(LIMITS.request_timeout):
-            progress(0.0, desc="Loading the corpus")
+        with llms.deadline_at(end):
             chosen, label = pick_corpus(corpus, documents)
-            cal = read_calibration(calibration, label)
-            controller = brag.BRAG(LLMS.get(model, hf_token, provider), calibration=cal, lam=lam)
-
-            def on_step(step: dict[str, Any]) -> None:
-                if step["action"]:
-                    desc = f"Step {step['step']} · {ACTION_TEXT[step['action']]}"
-                    progress(min(0.9, 0.25 * step["step"]), desc=desc)
-
-            answer, report = controller.run(question, chosen, on_step=on_step)
+            backend = LLMS.get(model, hf_token, provider)
+            cal = read_calibration(calibration, label, getattr(backend, "name", ""))
+            controller = brag.BRAG(backend, calibration=cal, lam=lam, hops=HOPS)
+        steps = controller.stream(question, chosen)
+        while True:
+            # Gradio may run each step of a generator in another thread, so the deadline is set
+            # around every step rather than once around the loop.
+            with llms.deadline_at(end):
+                item = next(steps, None)
+            if item is None:
+                break
+            answer, report = item
+            report.update(
+                corpus=label,
+                calibration=report["config"]["calibration"],
+                model=llms.redact_url((model or "").strip() or llms.default_model()),
+                elapsed_s=round(time.monotonic() - started, 3),  # the whole request, corpus included
+            )
+            yield answer, report
     except gr.Error:
         raise
     except Exception as err:
         raise _failure(err) from None
-    report["corpus"] = label
-    report["calibration"] = {k: cal.meta.get(k) for k in ("source", "model", "corpus", "date")}
-    report["model"] = llms.redact_url((model or "").strip() or llms.default_model())
     totals = report["totals"]
     log.info(
         "answered: corpus=%s model=%s calls=%d tokens=%d %.2fs",
@@ -609,7 +665,6 @@ def run_brag(
         totals["prompt_tokens"] + totals["completion_tokens"],
         totals["wall_time_s"],
     )
-    return answer, report
 
 
 def run_calibrate(
@@ -621,10 +676,10 @@ def run_calibrate(
     provider: str,
     progress: gr.Progress = gr.Progress(),  # noqa: B008 (Gradio's own idiom)
 ) -> str:
-    """Fit a calibration for a model and corpus from labelled questions (JSON out)."""
+    """Fit a calibration for a model and corpus from labelled questions (JSON out; kept by name)."""
     items = read_labelled(labelled_json)
     try:
-        with llms.deadline(LIMITS.calibrate_timeout):
+        with llms.deadline(LIMITS.calibrate_timeout):  # calibrate() is one call: no yields inside
             chosen, label = pick_corpus(corpus, documents)
             spec = llms.redact_url((model or "").strip() or llms.default_model())
             backend = LLMS.get(model, hf_token, provider)
@@ -635,7 +690,7 @@ def run_calibrate(
                 backend,
                 on_progress=lambda done, total: progress(done / total, desc=f"Question {done} of {total}"),
                 meta={
-                    "model": spec,
+                    "model_spec": spec,
                     "corpus": label,
                     "note": f"fitted in the app on {len(items)} labelled questions",
                 },
@@ -644,7 +699,8 @@ def run_calibrate(
         raise
     except Exception as err:
         raise _failure(err) from None
-    return json.dumps(result, indent=1)
+    name = KEPT.keep(result)
+    return json.dumps({**result, "name": name}, indent=1)
 
 
 # ------------------------------------------------------------------------------------------
@@ -707,42 +763,46 @@ def posterior_svg(report: dict[str, Any], width: int = 560, height: int = 230) -
     return f'<div id="posterior-chart">{"".join(parts)}<div style="font-size:12px">{legend}</div></div>'
 
 
-def _saw(step: dict[str, Any]) -> str:
-    seen = step.get("observation") or {}
-    if not seen:
-        return ""
-    if "samples" in seen:
-        return f"mode {seen['answer'] or 'NONE'!r} ({seen['agreement']}/{len(seen['samples'])} agree)"
-    if seen.get("skipped"):
-        return seen["skipped"]
+def read_labels(seen: dict[str, Any], new_only: bool = True) -> list[str]:
+    """What a read looked at: passage titles, or their first words when untitled."""
     passages = seen.get("passages", [])
-    if "new_passages" in seen:  # R2: what the second hop added
+    if new_only and "new_passages" in seen:  # a second hop: what it added
         passages = passages[len(passages) - len(seen["new_passages"]) :]
-    titles = ", ".join(p["title"] or f"#{p['id']}" for p in passages)
-    text = f"{seen.get('answer') or 'NONE'!r} · read {titles}"
-    if seen.get("follow_up_query"):
-        text += f" · next query: {seen['follow_up_query']}"
-    return text
+    return [p.get("label") or p.get("title") or f"passage {p['id']}" for p in passages]
+
+
+STEP_COLUMNS = ["Step", "P(error)", "R1", "R2", "CB", "Action", "What it read", "Answer", "Follow-up query"]
 
 
 def steps_frame(report: dict[str, Any]) -> pd.DataFrame:
-    """The steps table: action, information rates, what it saw, policy time."""
+    """Each decision and why: P(error), each action's P_err · D / c against λ, and what it saw.
+
+    A score that beats λ is marked ✓; "—" means the action was not available at that step.
+    """
+    lam = report.get("config", {}).get("lam", 0.0)
     rows = []
     for step in report.get("steps", []):
-        rates = step["rates"]
+        scores = step.get("scores", {})
+        cells = {
+            a: (f"{scores[a]:.3f} ✓" if scores[a] > lam else f"{scores[a]:.3f}") if a in scores else "—"
+            for a in ACTIONS
+        }
+        seen = step.get("observation") or {}
+        action = step["action"] or "stop"
+        if "samples" in seen:
+            read, answer = f"{len(seen['samples'])} closed-book samples", seen["answer"] or "NONE"
+            answer += f" ({seen['agreement']}/{len(seen['samples'])} agree)" if seen["answer"] else ""
+        elif seen:
+            read, answer = "; ".join(read_labels(seen)), seen.get("answer") or "NONE"
+        else:
+            read = answer = "running…" if step["action"] and not report.get("finished", True) else ""
+        if action == "stop":
+            read = report.get("stop_reason", "")
+        p_err = f"{step['posterior']['p_err']:.3f}"
         rows.append(
-            {
-                "step": step["step"],
-                "action": step["action"] or "stop",
-                "P_err": round(step["posterior"]["p_err"], 3),
-                "D(R1)": round(rates["R1"], 3),
-                "D(R2)": round(rates["R2"], 3),
-                "D(CB)": round(rates["CB"], 3),
-                "saw": _saw(step),
-                "policy µs": step["policy_us"],
-            }
+            [step["step"], p_err, *cells.values(), action, read, answer, seen.get("follow_up_query", "")]
         )
-    return pd.DataFrame(rows)
+    return pd.DataFrame(rows, columns=STEP_COLUMNS)
 
 
 def totals_markdown(report: dict[str, Any]) -> str:
@@ -757,17 +817,106 @@ def totals_markdown(report: dict[str, Any]) -> str:
     )
 
 
-def render(answer: str, report: dict[str, Any] | None) -> tuple[str, str, pd.DataFrame, str]:
-    """What the UI shows for a finished run."""
+def progress_markdown(report: dict[str, Any]) -> str:
+    """Where a run is: the step and action now running, the calls so far, the time so far."""
+    steps, totals = report.get("steps", []), report.get("totals", {})
+    calls, elapsed = totals.get("llm_calls", 0), report.get("elapsed_s", totals.get("wall_time_s", 0.0))
+    if report.get("finished", True):
+        return f"✔ Done: {calls} LLM call(s) in {elapsed:.1f} s."
+    step = steps[-1]
+    doing = f"**Running · step {step['step']} · {ACTION_TEXT[step['action']]}…**"
+    return f"{doing} · {calls} LLM call(s) so far · {elapsed:.1f} s"
+
+
+def render(answer: str, report: dict[str, Any] | None) -> tuple[Any, ...]:
+    """What the page shows for a report, while the run goes on and when it is done."""
     if not report:
-        return "", posterior_svg({}), pd.DataFrame(), ""
-    p_right = 1 - report["p_err"]
-    headline = (
-        f"## {answer}\n\nP(correct) ≈ {p_right:.0%} · corpus: {report.get('corpus', '')}"
-        if answer
-        else "## No answer found\n\nNo action returned an answer the controller could vote for."
+        return "", "", posterior_svg({}), gr.update(visible=False), ""
+    finished = report.get("finished", True)
+    read = list(
+        dict.fromkeys(x for s in report["steps"] for x in read_labels(s.get("observation") or {}, False))
     )
-    return headline, posterior_svg(report), steps_frame(report), totals_markdown(report)
+    status = (report.get("calibration") or {}).get("status", "")
+    if not finished:
+        headline = f"### Best so far: {answer}" if answer else "### Working…"
+    elif answer:
+        headline = (
+            f"## {answer}\n\nP(correct) ≈ {1 - report['p_err']:.0%} · corpus: {report.get('corpus', '')}"
+        )
+    else:
+        headline = "## No answer found\n\nNo action returned an answer the controller could vote for."
+    if finished:
+        headline += f"\n\nRead: {', '.join(read) if read else 'no passage'}"
+        headline += f"\n\nCalibration: {status}" if status else ""
+    totals = totals_markdown(report) if finished else ""
+    table = gr.update(value=steps_frame(report), visible=True)
+    return progress_markdown(report), headline, posterior_svg(report), table, totals
+
+
+def starting() -> tuple[Any, ...]:
+    """Clear the last run's outputs the moment a new one starts, so nothing stale stays up."""
+    return (
+        "**Starting** · loading the corpus and the model…",
+        "",
+        posterior_svg({}),
+        gr.update(visible=False),
+        "",
+    )
+
+
+def failed() -> str:
+    """The progress line after a failed run (the error itself shows as a message)."""
+    return "✖ The run failed (the message says why); the last run's results were cleared."
+
+
+def calibration_frame(text: str) -> pd.DataFrame:
+    """A fitted calibration per action and agreement level: q, ρ with its 95 % interval, and D."""
+    from scipy.stats import beta
+
+    cal = brag.load_calibration(json.loads(text))
+    rates = cal.rates()
+    rows = []
+
+    def row(name: str, level: str, q: float, a: float, b: float, rate: float, share: str = "") -> None:
+        low, high = beta.ppf([0.025, 0.975], a, b)
+        rows.append(
+            [name, level, f"{q:.2f}", share, f"{a / (a + b):.2f}", f"{low:.2f} – {high:.2f}", f"{rate:.3f}"]
+        )
+
+    for name in ("R1", "R2"):
+        prior = cal.actions[name]
+        case = "any window" if prior.weak is None else "strong window"
+        row(name, case, prior.q, prior.a, prior.b, rates[name])
+        if prior.weak is not None:
+            weak = prior.on_weak_window()
+            row(name, "weak window", weak.q, weak.a, weak.b, rates[f"{name}_weak"])
+    same, new = cal.branches()
+    q_r2, q_cb = cal.actions["R2"].q, cal.actions["CB"].q
+    for case, branch in (("repeats an earlier answer", same), ("new answer", new)):
+        row(
+            "R2",
+            case,
+            q_r2,
+            branch.a,
+            branch.b,
+            brag.vote_information(branch.mean, cal.eta),
+            f"{branch.pi:.2f}",
+        )
+    for level in cal.actions["CB"].levels:
+        rate = brag.vote_information(level.mean, cal.eta)
+        row("CB", f"{level.g} of {cal.m} agree", q_cb, level.a, level.b, rate, f"{level.pi:.2f}")
+    columns = ["Action", "Case", "q (answers)", "share", "ρ (right)", "ρ 95 % interval", "information rate D"]
+    return pd.DataFrame(rows, columns=columns)
+
+
+def show_calibration(text: str) -> tuple[Any, Any]:
+    """The calibration tab's table and a file to download, from /calibrate's JSON."""
+    if not text:
+        return gr.update(visible=False), None
+    data = json.loads(text)
+    path = Path(tempfile.mkdtemp(prefix="brag-calibration-")) / f"{data.get('name', 'calibration')}.json"
+    path.write_text(text, encoding="utf-8")
+    return gr.update(value=calibration_frame(text), visible=True), str(path)
 
 
 # ------------------------------------------------------------------------------------------
@@ -776,12 +925,23 @@ def render(answer: str, report: dict[str, Any] | None) -> tuple[str, str, pd.Dat
 
 CSS = """
 #answer h2 { font-size: 2rem; margin: 0.2rem 0; }
-#answer { min-height: 5rem; }
+#answer { min-height: 4rem; }
+#progress { min-height: 1.6rem; }
+#steps th, #steps td { white-space: normal; word-break: normal; overflow-wrap: anywhere; }
+#steps th { min-width: 4.5rem; }
 """
+
+
+def use_documents(documents: str, corpus: str) -> Any:
+    """Pasted documents select "Your documents"; clearing them goes back to Demo."""
+    if documents and documents.strip():
+        return gr.update(value=YOUR_DOCUMENTS)
+    return gr.update(value=DEMO if corpus == YOUR_DOCUMENTS else corpus)
 
 
 def build() -> gr.Blocks:
     """The Gradio Blocks app."""
+    choices = [DEMO, *CORPORA, YOUR_DOCUMENTS]
     with Blocks(title="BRAG · cost-aware question answering") as demo:
         gr.Markdown(
             "# BRAG · cost-aware question answering\n"
@@ -796,11 +956,14 @@ def build() -> gr.Blocks:
                         label="Question", placeholder="Ask a question about the corpus", lines=2
                     )
                     with gr.Row():
+                        # Custom values pass through to pick_corpus, which names the valid ones; the
+                        # API also takes "" with documents, as SPEC's signature has it.
                         corpus = gr.Dropdown(
-                            [DEMO, *CORPORA, ""],
+                            choices,
                             value=DEMO,
                             label="Corpus",
-                            info="or leave empty and paste your own documents",
+                            info="pasting documents below selects “Your documents”",
+                            allow_custom_value=True,
                         )
                         lam = gr.Slider(0.0, 0.5, value=0.05, step=0.005, label="λ (price of one LLM call)")
                     documents = gr.Textbox(
@@ -815,34 +978,61 @@ def build() -> gr.Blocks:
                         hf_token = gr.Textbox(label="HF token", type="password", placeholder="optional")
                         provider = gr.Textbox(label="Provider", value="auto")
                     with gr.Accordion("Advanced: calibration", open=False):
-                        calibration = gr.Textbox(label="Calibration JSON (empty: the shipped one)", lines=4)
+                        calibration = gr.Textbox(
+                            label="Calibration: empty (the one for this model), a name, or JSON", lines=4
+                        )
                     ask = gr.Button("Ask", variant="primary")
                     gr.Examples(EXAMPLES, inputs=[question, corpus])
                 with gr.Column(scale=3):
+                    progress = gr.Markdown(elem_id="progress")
                     answer_md = gr.Markdown(elem_id="answer")
                     totals = gr.Markdown()
                     gr.Markdown("**How the belief moved** (posterior after each step)")
                     chart = gr.HTML(posterior_svg({}))
-                    steps = gr.Dataframe(label="Steps", wrap=True)
-                    with gr.Accordion("Raw report", open=False):
-                        report = gr.JSON(label="Report")
-            answer = gr.Textbox(visible=False)
-            inputs = [question, corpus, documents, lam, model, hf_token, provider, calibration]
-            event = ask.click(run_brag, inputs, [answer, report], api_name="brag")
-            question.submit(run_brag, inputs, [answer, report], api_visibility="private").then(
-                render, [answer, report], [answer_md, chart, steps, totals], api_visibility="private"
+            steps = gr.Dataframe(
+                headers=STEP_COLUMNS,
+                label="Steps: each action's score P_err · D / c, ✓ when it beats λ; the best one runs",
+                wrap=True,
+                visible=False,
+                elem_id="steps",
+                column_widths=["5%", "7%", "7%", "7%", "7%", "6%", "25%", "15%", "21%"],
             )
-            event.then(render, [answer, report], [answer_md, chart, steps, totals], api_visibility="private")
+            with gr.Accordion("Raw report", open=False):
+                report = gr.JSON(label="report")
+            answer = gr.Textbox(label="answer", visible=False)
+            inputs = [question, corpus, documents, lam, model, hf_token, provider, calibration]
+            shown = [progress, answer_md, chart, steps, totals]
+            documents.change(use_documents, [documents, corpus], corpus, api_visibility="private")
+            for trigger, name in ((ask.click, "brag"), (question.submit, None)):
+                started = trigger(starting, None, shown, api_visibility="private", show_progress="hidden")
+                ran = started.then(
+                    run_brag,
+                    inputs,
+                    [answer, report],
+                    api_name=name,
+                    api_visibility="public" if name else "private",
+                    show_progress="hidden",
+                )
+                ran.failure(failed, None, progress, api_visibility="private")
+            report.change(
+                render,
+                [answer, report],
+                shown,
+                api_visibility="private",
+                show_progress="hidden",
+                trigger_mode="always_last",
+            )
         with gr.Tab("Calibrate"):
             gr.Markdown(
-                "Fit the controller's reliabilities for your model and corpus from at least 30 labelled "
-                "questions, then paste the result into *Advanced: calibration*."
+                "Fit the controller's reliabilities for your model and corpus from labelled questions "
+                f"({LIMITS.labelled_min} to {LIMITS.labelled_max}). The fit is kept under the name it "
+                "returns: give that name (or paste the JSON) as the calibration on the Ask tab."
             )
             labelled = gr.Textbox(
                 label='Labelled questions: [{"question": ..., "gold": [...]}, ...]', lines=6
             )
             with gr.Row():
-                cal_corpus = gr.Dropdown([DEMO, *CORPORA, ""], value=DEMO, label="Corpus")
+                cal_corpus = gr.Dropdown(choices, value=DEMO, label="Corpus", allow_custom_value=True)
                 cal_documents = gr.Textbox(label="Your documents (optional)", lines=2)
             with gr.Row():
                 cal_model = gr.Textbox(
@@ -851,13 +1041,21 @@ def build() -> gr.Blocks:
                 cal_token = gr.Textbox(label="HF token", type="password")
                 cal_provider = gr.Textbox(label="Provider", value="auto")
             fit = gr.Button("Calibrate", variant="primary")
-            cal_out = gr.Code(label="Calibration JSON", language="json")
+            cal_table = gr.Dataframe(
+                label="Fitted, per action and case", wrap=True, visible=False, elem_id="calibration-table"
+            )
+            cal_file = gr.File(label="Download the calibration (JSON)")
+            with gr.Accordion("Calibration JSON", open=False):
+                cal_out = gr.Code(label="calibration", language="json")
+            cal_documents.change(
+                use_documents, [cal_documents, cal_corpus], cal_corpus, api_visibility="private"
+            )
             fit.click(
                 run_calibrate,
                 [labelled, cal_corpus, cal_documents, cal_model, cal_token, cal_provider],
                 cal_out,
                 api_name="calibrate",
-            )
+            ).success(show_calibration, cal_out, [cal_table, cal_file], api_visibility="private")
     demo.queue(default_concurrency_limit=concurrency())
     llms.bound_hub_calls()  # deadlines hold for Inference Providers calls too
     return demo

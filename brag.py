@@ -27,7 +27,7 @@ import time
 import unicodedata
 import zlib
 from collections import Counter
-from collections.abc import Callable, Iterable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any, NamedTuple, Protocol, runtime_checkable
@@ -59,7 +59,10 @@ __all__ = [
 
 ACTIONS = ("R1", "R2", "CB")
 HERE = Path(__file__).resolve().parent
-DEFAULT_CALIBRATION_PATH = HERE / "data" / "calibration.json"
+# A hand-set prior for a capable reader: every model without a calibration of its own gets it.
+PRIOR_CALIBRATION_PATH = HERE / "data" / "calibration_prior.json"
+# Calibrations fitted for particular models, one file per (model, corpus).
+CALIBRATIONS_DIR = HERE / "data" / "calibrations"
 
 
 # ------------------------------------------------------------------------------------------
@@ -246,21 +249,47 @@ def _lnbeta(x: float, y: float) -> float:
     return math.lgamma(x) + math.lgamma(y) - math.lgamma(x + y)
 
 
-class VoteModel:
-    """The posterior of SPEC section 1, with its Beta-function terms tabulated once.
+# How votes turn into a posterior: "floored" is the default (README, method section); "spec" is
+# SPEC section 1 as written, kept so the two can be compared on the same data.
+RULES = ("floored", "spec")
 
-    ``log w_i = sum_t [lnB(a_t + n_ti, b_t + N_t - n_ti) - lnB(a_t, b_t + N_t)] - n_i ln eta``
-    and ``log w_0 = -ln eta``, per-query reliabilities integrated out. ``table[t][N][n]`` is the
-    bracket for N votes of type t of which n went to the candidate, ``-n ln eta`` included; a
-    candidate with no vote of type t gets ``table[t][N][0] = 0``.
+
+def uninformative_reliability(eta: float) -> float:
+    """rho_0 = eta / (1 + eta): the reliability at which a vote is as likely right as a repeated wrong."""
+    return eta / (1.0 + eta)
+
+
+class VoteModel:
+    """How each vote moves the posterior; ``w_0 = 1 / eta`` is the residual's weight.
+
+    ``floored`` (default): a vote of type t multiplies its candidate's weight by the likelihood
+    ratio ``max(1, rho_t / ((1 - rho_t) eta))``, rho_t the calibrated mean reliability. A
+    source no better than the uninformative ``rho_0`` leaves its candidate's odds as they were,
+    so an extra vote never lowers the candidate it names.
+
+    ``spec``: SPEC's ``log w_i = sum_t [lnB(a_t + n_ti, b_t + N_t - n_ti) - lnB(a_t, b_t + N_t)]
+    - n_i ln eta``, per-query reliabilities integrated out; ``table[t][N][n]`` is the bracket for
+    N votes of type t of which n went to the candidate (``-n ln eta`` included).
     """
 
-    def __init__(self, priors: Mapping[str, tuple[float, float]], eta: float, max_votes: int = 8) -> None:
+    def __init__(
+        self,
+        priors: Mapping[str, tuple[float, float]],
+        eta: float,
+        max_votes: int = 8,
+        rule: str = "floored",
+    ) -> None:
         if not 0 < eta < 1:
             raise ValueError(f"eta must lie in (0, 1), got {eta!r}")
-        self.priors = dict(priors)
+        if rule not in RULES:
+            raise ValueError(f"rule must be one of {RULES}, got {rule!r}")
+        self.priors, self.rule = dict(priors), rule
         self.ln_eta = math.log(eta)
-        self.table = {t: [self._row(t, big_n) for big_n in range(max_votes + 1)] for t in self.priors}
+        # floored: the log likelihood ratio of one vote of each type, never below 0.
+        self.gain = {t: max(0.0, math.log(a / b) - self.ln_eta) for t, (a, b) in self.priors.items()}
+        self.table = {}
+        if rule == "spec":
+            self.table = {t: [self._row(t, big_n) for big_n in range(max_votes + 1)] for t in self.priors}
 
     def _row(self, source: str, big_n: int) -> list[float]:
         a, b = self.priors[source]
@@ -268,8 +297,8 @@ class VoteModel:
         return [_lnbeta(a + n, b + big_n - n) - base - n * self.ln_eta for n in range(big_n + 1)]
 
     def row(self, source: str, big_n: int) -> list[float]:
-        """The tabulated terms for N = ``big_n`` votes of type ``source``."""
-        rows = self.table[source]
+        """SPEC's tabulated terms for N = ``big_n`` votes of type ``source``."""
+        rows = self.table.get(source, [])
         return rows[big_n] if big_n < len(rows) else self._row(source, big_n)
 
     def beliefs(self) -> Beliefs:
@@ -280,9 +309,9 @@ class VoteModel:
 class Beliefs:
     """Posterior state of one question, updated in place as votes arrive.
 
-    Adding a vote of type t changes N_t, so it moves the weight of every candidate holding a
-    vote of type t; keeping the log weights up to date makes each update and each read a few
-    list operations instead of a pass over all votes.
+    Keeping the log weights up to date makes each update and each read a few list operations
+    instead of a pass over all votes. (Under ``spec`` a vote of type t changes N_t, so it moves
+    the weight of every candidate holding a vote of type t.)
     """
 
     def __init__(self, model: VoteModel) -> None:
@@ -297,12 +326,15 @@ class Beliefs:
         while len(log_w) <= cand:
             log_w.append(0.0)
         counts = self.counts.setdefault(source, {})
-        big_n = sum(counts.values())
-        old, new = self.model.row(source, big_n), self.model.row(source, big_n + 1)
-        for i, n in counts.items():
-            log_w[i] += new[n] - old[n]
         n = counts.get(cand, 0)
-        log_w[cand] += new[n + 1] - new[n]
+        if self.model.rule == "floored":
+            log_w[cand] += self.model.gain[source]
+        else:
+            big_n = sum(counts.values())
+            old, new = self.model.row(source, big_n), self.model.row(source, big_n + 1)
+            for i, m in counts.items():
+                log_w[i] += new[m] - old[m]
+            log_w[cand] += new[n + 1] - new[n]
         counts[cand] = n + 1
 
     def probabilities(self, n_candidates: int | None = None) -> tuple[list[float], float]:
@@ -333,9 +365,10 @@ def posterior(
     n_candidates: int,
     priors: Mapping[str, tuple[float, float]],
     eta: float,
+    rule: str = "floored",
 ) -> tuple[list[float], float]:
     """Posterior of each candidate and of the residual (none of them); see :class:`VoteModel`."""
-    beliefs = VoteModel(priors, eta, max_votes=0).beliefs()
+    beliefs = VoteModel(priors, eta, max_votes=0, rule=rule).beliefs()
     for vote in votes:
         beliefs.add(vote)
     return beliefs.probabilities(n_candidates)
@@ -351,18 +384,24 @@ def error_probability(probs: Sequence[float]) -> float:
 # ------------------------------------------------------------------------------------------
 
 
-def vote_information(rho: float, eta: float) -> float:
-    """d(rho) = (rho - (1 - rho) eta) ln(rho / ((1 - rho) eta)), the KL rate of one vote."""
+def vote_information(rho: float, eta: float, rule: str = "floored") -> float:
+    """d(rho) = (rho - (1 - rho) eta) ln(rho / ((1 - rho) eta)), the KL rate of one vote.
+
+    ``floored``: 0 at and below rho_0 = eta / (1 + eta), where a vote cannot raise its answer's
+    odds (SPEC's d grows again below rho_0, so a useless source looked informative).
+    """
     rho = min(max(rho, 1e-9), 1 - 1e-9)
+    if rule == "floored" and rho <= uninformative_reliability(eta):
+        return 0.0
     wrong = (1.0 - rho) * eta
     return (rho - wrong) * math.log(rho / wrong)
 
 
-def information_rate(action: ActionPrior, eta: float) -> float:
+def information_rate(action: ActionPrior, eta: float, rule: str = "floored") -> float:
     """D_a = q_a d(rho_a); for CB the expectation over agreement levels, q sum_g pi_g d(kappa_g)."""
     if action.levels:
-        return action.q * sum(level.pi * vote_information(level.mean, eta) for level in action.levels)
-    return action.q * vote_information(action.mean, eta)
+        return action.q * sum(level.pi * vote_information(level.mean, eta, rule) for level in action.levels)
+    return action.q * vote_information(action.mean, eta, rule)
 
 
 class Decision(NamedTuple):
@@ -392,6 +431,8 @@ def choose_action(
     if best is None:
         return Decision(None, 0.0, "no action left")
     score = p_err * best_ratio
+    if score <= 0:
+        return Decision(None, 0.0, "no action left has any expected gain")
     if score <= lam:
         return Decision(None, score, f"expected gain {score:.4g} <= lambda {lam:g}")
     return Decision(best, score, None)
@@ -435,6 +476,13 @@ class Passage:
     def render(self) -> str:
         """The passage as shown to the LLM."""
         return f"{self.title}\n{self.text}" if self.title else self.text
+
+    def label(self, words: int = 6) -> str:
+        """How a person can tell it apart: its title, else its first few words."""
+        if self.title:
+            return self.title
+        head = self.text.split()
+        return " ".join(head[:words]) + ("…" if len(head) > words else "")
 
     def document(self, position: int) -> str:
         """Its document: the given id, else the title; an untitled passage is a document alone."""
@@ -1205,6 +1253,26 @@ class Level:
 
 
 @dataclass(frozen=True)
+class Branch:
+    """One outcome of a second-hop read, relative to the answers read before it.
+
+    ``same``: it repeats an earlier read's answer; ``new``: it names another. Its share ``pi``
+    (among answers given after an earlier answer) and its reliability Beta(a, b), whose mean is
+    set so a vote's likelihood ratio is the calibrated one (for ``same``: how much more often a
+    repeat follows a right earlier answer than a wrong one).
+    """
+
+    pi: float
+    a: float
+    b: float
+
+    @property
+    def mean(self) -> float:
+        """Mean reliability a / (a + b)."""
+        return self.a / (self.a + self.b)
+
+
+@dataclass(frozen=True)
 class ActionPrior:
     """Answerability q and reliability Beta(a, b) of one action; CB adds agreement levels."""
 
@@ -1213,11 +1281,19 @@ class ActionPrior:
     b: float
     levels: tuple[Level, ...] = ()
     weak: ActionPrior | None = None  # (q, rho) when the gate calls the window weak
+    same: Branch | None = None  # R2 only: the second hop repeats an earlier read's answer
+    new: Branch | None = None  # R2 only: the second hop names an answer no earlier read gave
 
     @property
     def mean(self) -> float:
         """Mean reliability a / (a + b)."""
         return self.a / (self.a + self.b)
+
+    def on_weak_window(self) -> ActionPrior:
+        """(q, rho) on a window the gate calls weak, never above the strong window's."""
+        weak = self.weak or self
+        a, b = (weak.a, weak.b) if weak.mean <= self.mean else (self.a, self.b)
+        return ActionPrior(min(weak.q, self.q), a, b)
 
 
 @dataclass(frozen=True)
@@ -1231,13 +1307,24 @@ class Calibration:
     gate: Gate | None = None
     gate_details: dict[str, Any] = field(default_factory=dict)  # AUCs, n, logistic fit
 
+    def branches(self) -> tuple[Branch, Branch]:
+        """R2's (same, new) outcomes; without them, both are R2's own reliability."""
+        r2 = self.actions["R2"]
+        fallback = Branch(0.5, r2.a, r2.b)
+        return r2.same or fallback, r2.new or fallback
+
     def source_priors(self, m: int) -> dict[str, tuple[float, float]]:
-        """Beta(a, b) per vote type: R1, R2, their weak-window variants, and CB_g for g = 1..m."""
+        """Beta(a, b) per vote type.
+
+        R1, R2 and their weak-window variants; R2_same and R2_new (the second hop read against
+        the answers before it); and CB_g for g = 1..m.
+        """
         priors = {}
         for t in ("R1", "R2"):
-            strong = self.actions[t]
-            weak = strong.weak or strong
+            strong, weak = self.actions[t], self.actions[t].on_weak_window()
             priors[t], priors[f"{t}_weak"] = (strong.a, strong.b), (weak.a, weak.b)
+        same, new = self.branches()
+        priors["R2_same"], priors["R2_new"] = (same.a, same.b), (new.a, new.b)
         for g in range(1, m + 1):
             level = self.level(g, m)
             priors[f"CB_{g}"] = (level.a, level.b)
@@ -1249,11 +1336,21 @@ class Calibration:
         g_cal = min(max(round(g * self.m / m), 1), self.m)
         return next(level for level in levels if level.g == g_cal)
 
-    def rates(self) -> dict[str, float]:
-        """Information rate D_a of each action, and of R1 / R2 on a weak window."""
-        rates = {a: information_rate(self.actions[a], self.eta) for a in ACTIONS}
+    def rates(self, rule: str = "floored") -> dict[str, float]:
+        """Information rate D of each action in each state it can be read in.
+
+        R1 and R2 on a strong or a weak window (``R1_weak``, ``R2_weak``); the second hop read
+        against what came before (``R2_after_answer``: an earlier read answered, so it may
+        repeat it; ``R2_after_none``: no earlier answer); and CB.
+        """
+        rates = {a: information_rate(self.actions[a], self.eta, rule) for a in ACTIONS}
         for t in ("R1", "R2"):
-            rates[f"{t}_weak"] = information_rate(self.actions[t].weak or self.actions[t], self.eta)
+            rates[f"{t}_weak"] = information_rate(self.actions[t].on_weak_window(), self.eta, rule)
+        same, new = self.branches()
+        q = self.actions["R2"].q
+        d_same, d_new = (vote_information(b.mean, self.eta, rule) for b in (same, new))
+        rates["R2_after_answer"] = q * (same.pi * d_same + (1 - same.pi) * d_new)
+        rates["R2_after_none"] = q * d_new
         return rates
 
     def to_dict(self) -> dict[str, Any]:
@@ -1263,6 +1360,9 @@ class Calibration:
             entry: dict[str, Any] = {"q": prior.q, "rho": {"a": prior.a, "b": prior.b}}
             if prior.weak is not None:
                 entry["weak"] = {"q": prior.weak.q, "rho": {"a": prior.weak.a, "b": prior.weak.b}}
+            if prior.same is not None and prior.new is not None:
+                entry["same"] = {"pi": prior.same.pi, "rho": {"a": prior.same.a, "b": prior.same.b}}
+                entry["new"] = {"rho": {"a": prior.new.a, "b": prior.new.b}}
             if prior.levels:
                 del entry["rho"]
                 entry["levels"] = {
@@ -1336,7 +1436,16 @@ def calibration_from_dict(data: Any) -> Calibration:
                     raise ValueError(f"calibration: actions.{name}.weak must be an object with q and rho")
                 weak_q = _number(raw_weak.get("q"), f"actions.{name}.weak.q", 0.0, 1.0)
                 weak = ActionPrior(weak_q, *_beta(raw_weak.get("rho"), f"actions.{name}.weak.rho"))
-            actions[name] = ActionPrior(q, *_beta(entry.get("rho"), f"actions.{name}.rho"), weak=weak)
+            same = new = None
+            if name == "R2" and (entry.get("same") is not None or entry.get("new") is not None):
+                raw_same, raw_new = entry.get("same"), entry.get("new")
+                if not isinstance(raw_same, Mapping) or not isinstance(raw_new, Mapping):
+                    raise ValueError("calibration: actions.R2 needs both 'same' {pi, rho} and 'new' {rho}")
+                pi = _number(raw_same.get("pi"), "actions.R2.same.pi", 0.0, 1.0)
+                same = Branch(pi, *_beta(raw_same.get("rho"), "actions.R2.same.rho"))
+                new = Branch(1.0 - pi, *_beta(raw_new.get("rho"), "actions.R2.new.rho"))
+            rho = _beta(entry.get("rho"), f"actions.{name}.rho")
+            actions[name] = ActionPrior(q, *rho, weak=weak, same=same, new=new)
             continue
         levels_raw = entry.get("levels")
         if not isinstance(levels_raw, Mapping) or not levels_raw:
@@ -1392,13 +1501,47 @@ def _gate_from_dict(raw: Any) -> tuple[Gate | None, dict[str, Any]]:
 def load_calibration(
     source: Calibration | Mapping[str, Any] | str | os.PathLike[str] | None = None,
 ) -> Calibration:
-    """A calibration from an object, a JSON string, a file path, or None for the shipped one."""
+    """A calibration from an object, a JSON string, a file path, or None for the hand-set prior."""
     if isinstance(source, Calibration):
         return source
     if source is None or (isinstance(source, str) and not source.strip()):
-        source = DEFAULT_CALIBRATION_PATH
+        source = PRIOR_CALIBRATION_PATH
     source = read_json(source, "calibration")
     return calibration_from_dict(source)
+
+
+def shipped_calibrations() -> dict[str, Calibration]:
+    """Every shipped calibration by name: ``prior``, and each fitted file in ``data/calibrations``."""
+    found = {"prior": load_calibration(PRIOR_CALIBRATION_PATH)}
+    for path in sorted(CALIBRATIONS_DIR.glob("*.json")):
+        found[path.stem] = load_calibration(path)
+    return found
+
+
+def shipped_calibration(
+    model: str, corpus: str | None = None, shipped: Mapping[str, Calibration] | None = None
+) -> Calibration:
+    """The shipped calibration fitted for ``model``, else the hand-set prior.
+
+    Its own on ``corpus``, else on HotpotQA, else on any corpus; never one fitted for another model.
+    """
+    shipped = shipped if shipped is not None else shipped_calibrations()
+    fitted = [c for c in shipped.values() if c.meta.get("fitted") and c.meta.get("model") == model]
+    for wanted in (corpus, "HotpotQA"):
+        match = [c for c in fitted if c.meta.get("corpus") == wanted]
+        if match:
+            return match[0]
+    return fitted[0] if fitted else shipped["prior"]
+
+
+def calibration_status(calibration: Calibration, model: str) -> str:
+    """In words: whether ``calibration`` was fitted for ``model``."""
+    fitted_for = calibration.meta.get("model")
+    if not calibration.meta.get("fitted"):
+        return "uncalibrated: a hand-set prior for a capable reader (run /calibrate for this model)"
+    if fitted_for != model:
+        return f"fitted for another model ({fitted_for}), not for this one (run /calibrate for this model)"
+    return f"fitted for this model on {calibration.meta.get('corpus') or 'its corpus'}"
 
 
 # ------------------------------------------------------------------------------------------
@@ -1519,10 +1662,15 @@ class _Candidates:
 
     texts: list[str] = field(default_factory=list)
 
+    def find(self, answer: str) -> int | None:
+        """The index of the candidate ``answer`` names, if any."""
+        return next((i for i, text in enumerate(self.texts) if same_answer(answer, text)), None)
+
     def index(self, answer: str) -> int:
-        for i, text in enumerate(self.texts):
-            if same_answer(answer, text):
-                return i
+        """The index of the candidate ``answer`` names, added when new."""
+        found = self.find(answer)
+        if found is not None:
+            return found
         self.texts.append(answer)
         return len(self.texts) - 1
 
@@ -1543,12 +1691,19 @@ def closed_book_mode(samples: Sequence[str]) -> tuple[str, int]:
     return groups.texts[best], counts[best]
 
 
+SECOND_HOP_MODELS = ("conditional", "independent")
+
+
 @dataclass
 class BRAG:
     """The orchestrator: ``run(question, corpus) -> (answer, report)``.
 
     ``lam`` is the price of one LLM call in units of answer error; ``k`` passages per hop;
-    ``m`` closed-book samples per CB call; ``max_uses`` runs of each action per question.
+    ``m`` closed-book samples per CB call; ``hops`` second-hop reads (R2) allowed per question,
+    each retrieving with the latest follow-up query; ``max_uses`` runs of R1 and of CB.
+    ``rule`` and ``second_hop`` choose how votes are weighed (README, method section): the
+    defaults keep every vote from counting against itself and read R2 against the answers
+    before it; ``rule="spec", second_hop="independent", hops=1`` is SPEC as first written.
     """
 
     llm: LLM
@@ -1558,31 +1713,40 @@ class BRAG:
     m: int = 5
     temperature: float = 0.7
     max_uses: int = 1
+    hops: int = 1
     costs: Mapping[str, float] = field(default_factory=lambda: {"R1": 1.0, "R2": 1.0, "CB": 1.0})
     seed: int = 0
     max_tokens: int = 48
+    rule: str = "floored"
+    second_hop: str = "conditional"
 
     def __post_init__(self) -> None:
+        if self.calibration is None:
+            self.calibration = shipped_calibration(getattr(self.llm, "name", ""))
         self.calibration = load_calibration(self.calibration)
         if not (isinstance(self.lam, (int, float)) and self.lam >= 0):
             raise ValueError(f"lam must be a number >= 0, got {self.lam!r}")
-        for name, value in (("k", self.k), ("m", self.m), ("max_uses", self.max_uses)):
-            if not isinstance(value, int) or value < 1:
+        for name, value in (("k", self.k), ("m", self.m), ("max_uses", self.max_uses), ("hops", self.hops)):
+            if not isinstance(value, int) or value < (0 if name == "hops" else 1):
                 raise ValueError(f"{name} must be a positive integer, got {value!r}")
         if set(self.costs) != set(ACTIONS) or min(self.costs.values()) <= 0:
             raise ValueError("costs must give a positive cost for each of R1, R2 and CB")
-        self._vote_model = VoteModel(self.calibration.source_priors(self.m), self.calibration.eta)
-        self._rates = self.calibration.rates()
-        self._rate_per_cost = {a: rate / self.costs[a[:2]] for a, rate in self._rates.items()}
-        # Rates as the policy sees them, per (R1 window weak, R2 window weak): D and D / c.
-        self._tables = {
-            (w1, w2): tuple(
-                {"R1": t["R1_weak" if w1 else "R1"], "R2": t["R2_weak" if w2 else "R2"], "CB": t["CB"]}
-                for t in (self._rates, self._rate_per_cost)
-            )
-            for w1 in (False, True)
-            for w2 in (False, True)
-        }
+        if self.rule not in RULES or self.second_hop not in SECOND_HOP_MODELS:
+            raise ValueError(f"rule must be one of {RULES} and second_hop one of {SECOND_HOP_MODELS}")
+        cal = self.calibration
+        self._vote_model = VoteModel(cal.source_priors(self.m), cal.eta, rule=self.rule)
+        rates = cal.rates(self.rule)
+        # The rates the policy sees in each state: (R1's window weak, R2's window weak, some read
+        # answered already). D per action, and D / c.
+        self._tables = {}
+        for w1, w2, answered in itertools.product((False, True), repeat=3):
+            if self.second_hop == "conditional":
+                r2 = rates["R2_after_answer" if answered else "R2_after_none"]
+            else:
+                r2 = rates["R2_weak" if w2 else "R2"]
+            state = {"R1": rates["R1_weak" if w1 else "R1"], "R2": r2, "CB": rates["CB"]}
+            per_cost = {a: rate / self.costs[a] for a, rate in state.items()}
+            self._tables[w1, w2, answered] = (state, per_cost)
 
     def run(
         self,
@@ -1598,6 +1762,20 @@ class BRAG:
         keeps the same shape. Raises ValueError on bad input, and RunAborted carrying the
         partial report when an LLM call fails.
         """
+        *_, last = self.stream(question, corpus, on_step, actions)
+        return last
+
+    def stream(
+        self,
+        question: str,
+        corpus: Corpus,
+        on_step: Callable[[dict[str, Any]], None] | None = None,
+        actions: Sequence[str] | None = None,
+    ) -> Iterator[tuple[str, dict[str, Any]]]:
+        """``run``, step by step: ``(best answer so far, report so far)``, then the final pair.
+
+        One pair after each decision, before its action runs (``report["finished"]`` is False).
+        """
         if actions is not None and not set(actions) <= set(ACTIONS):
             raise ValueError(f"actions must be drawn from {ACTIONS}, got {list(actions)!r}")
         if not isinstance(question, str) or not question.strip():
@@ -1607,11 +1785,13 @@ class BRAG:
         question = " ".join(question.split())
         run = _Run(self, question, corpus, on_step, list(actions) if actions is not None else None)
         try:
-            run.loop()
+            for step in run.loop():
+                if step["action"] is not None:
+                    yield run.answer(), run.report("", finished=False)
         except Exception as err:  # a backend may raise anything; the work done is kept
             report = run.report(f"error: {err}")
             raise RunAborted(f"{run.current or 'the run'} failed: {err}", report) from err
-        return run.answer(), run.report(run.stop_reason)
+        yield run.answer(), run.report(run.stop_reason)
 
 
 class _Run:
@@ -1633,9 +1813,10 @@ class _Run:
         self.candidates = _Candidates()
         self.uses: Counter[str] = Counter()
         self.read_ids: list[int] = []
+        self.read_answers: set[int] = set()  # candidates that some read (R1 or R2) voted for
         self.follow_up = ""
         self.weak = {"R1": False, "R2": False}  # the gate's verdict on each action's window
-        self.second_hop: tuple[Retrieval, list[int], list[int]] | None = None
+        self.next_hop: tuple[Retrieval, list[int], list[int]] | None = None
         self.first_hop = corpus.retrieve(question, brag.k)
         window = [i for i, _ in self.first_hop.hits]
         self.gate_view = {"R1": self.judge("R1", question, window, self.first_hop)}
@@ -1654,21 +1835,24 @@ class _Run:
         self.residual = 1.0
 
     def available(self) -> list[str]:
-        limit = self.brag.max_uses
+        brag, uses = self.brag, self.uses
+        hop_ready = uses["R1"] > 0 and self.next_hop is not None and bool(self.next_hop[2])
         return [
             a
             for a in ACTIONS
-            if self.uses[a] < limit and (a != "R2" or (self.uses["R1"] > 0 and self.follow_up))
+            if (uses[a] < brag.hops and hop_ready if a == "R2" else uses[a] < brag.max_uses)
         ]
 
-    def loop(self) -> None:
+    def loop(self) -> Iterator[dict[str, Any]]:
+        """Decide, yield the step, act; until the policy (or the schedule) stops."""
         brag = self.brag
         while True:
             t0 = time.perf_counter()
             self.probs, self.residual = self.beliefs.probabilities(len(self.candidates.texts))
             available = self.available()
-            rates, rate_per_cost = brag._tables[self.weak["R1"], self.weak["R2"]]
-            decision = choose_action(error_probability(self.probs), rate_per_cost, available, brag.lam)
+            rates, rate_per_cost = brag._tables[self.weak["R1"], self.weak["R2"], bool(self.read_answers)]
+            p_err = error_probability(self.probs)
+            decision = choose_action(p_err, rate_per_cost, available, brag.lam)
             if self.schedule is not None:
                 while self.schedule and self.schedule[0] not in available:
                     self.schedule.pop(0)
@@ -1682,6 +1866,8 @@ class _Run:
                 "posterior": self.posterior_view(),
                 "rates": dict(rates),
                 "available": available,
+                # What the stop rule compares with lambda, for each action it could take.
+                "scores": {a: round(p_err * rate_per_cost[a], 6) for a in available},
                 "score": decision.score,
                 "action": decision.action,
                 "policy_us": round(us, 2),
@@ -1691,7 +1877,9 @@ class _Run:
                 self.on_step(step)
             if decision.action is None:
                 self.stop_reason = decision.stop_reason or ""
+                yield step
                 return
+            yield step
             self.current = decision.action
             before = (self.calls, self.prompt_tokens, self.completion_tokens, self.llm_seconds)
             step["observation"] = getattr(self, f"do_{decision.action}")()
@@ -1735,7 +1923,8 @@ class _Run:
         self.votes.append(vote)
         return index
 
-    def read(self, source: str, passage_ids: list[int]) -> dict[str, Any]:
+    def read(self, passage_ids: list[int]) -> dict[str, Any]:
+        """One R1/R2 read of ``passage_ids``: the answer and the follow-up query (no vote yet)."""
         passages = [self.corpus[i] for i in passage_ids]
         reply = self.ask(
             read_messages(self.question, passages),
@@ -1754,10 +1943,11 @@ class _Run:
         return {
             "raw": raw,
             "answer": answer,
-            "candidate": self.vote(source, answer),
             "follow_up_query": query,
             "follow_up_fallback": fallback,
-            "passages": [{"id": i, "title": self.corpus[i].title} for i in passage_ids],
+            "passages": [
+                {"id": i, "title": self.corpus[i].title, "label": self.corpus[i].label()} for i in passage_ids
+            ],
         }
 
     def judge(self, action: str, query: str, window: list[int], found: Retrieval) -> dict[str, Any] | None:
@@ -1770,40 +1960,54 @@ class _Run:
         self.weak[action] = bool(verdict)
         return {"signals": {k: round(v, 6) for k, v in signals.items()}, "weak": verdict}
 
+    def after_read(self, seen: dict[str, Any], passage_ids: list[int]) -> None:
+        """Remember what was read and find the next hop's window with the new follow-up query."""
+        self.read_ids = passage_ids
+        self.follow_up = seen["follow_up_query"]
+        # Only passages not read yet, and none that repeats one read: a hop must bring new
+        # evidence. Its window is known now, so the gate can judge it before R2 is scored.
+        found = self.corpus.retrieve(self.follow_up, self.brag.k + len(self.read_ids))
+        fresh = [i for i, _ in found.hits if i not in self.read_ids]
+        novel = self.corpus.novel(fresh, self.read_ids)
+        self.next_hop = (found, fresh, novel)
+        self.gate_view["R2"] = self.judge("R2", self.follow_up, self.read_ids + novel[: self.brag.k], found)
+
     def do_R1(self) -> dict[str, Any]:
         found = self.first_hop
-        self.read_ids = [i for i, _ in found.hits]
-        seen = self.read(source="R1_weak" if self.weak["R1"] else "R1", passage_ids=self.read_ids)
+        window = [i for i, _ in found.hits]
+        seen = self.read(window)
+        seen["candidate"] = self.vote("R1_weak" if self.weak["R1"] else "R1", seen["answer"])
         seen["scores"] = [round(s, 4) for _, s in found.hits]
         seen["dedup_removed"] = found.removed
         seen["gate"] = self.gate_view["R1"]
-        self.follow_up = seen["follow_up_query"]
-        # The second hop's window is known now, so the gate can judge it before R2 is scored.
-        found2 = self.corpus.retrieve(self.follow_up, self.brag.k + len(self.read_ids))
-        fresh = [i for i, _ in found2.hits if i not in self.read_ids]
-        novel = self.corpus.novel(fresh, self.read_ids)
-        self.second_hop = (found2, fresh, novel)
-        self.gate_view["R2"] = self.judge("R2", self.follow_up, self.read_ids + novel[: self.brag.k], found2)
+        self.note_answer(seen["candidate"])
+        self.after_read(seen, window)
         return seen
 
     def do_R2(self) -> dict[str, Any]:
-        assert self.second_hop is not None  # R2 is only available after R1
-        found, fresh, novel = self.second_hop
+        assert self.next_hop is not None  # R2 is only available after a read found new passages
+        found, fresh, novel = self.next_hop
         new = novel[: self.brag.k]
-        if not new:
-            # Re-reading the same window would repeat R1's answer as if it were independent.
-            return {
-                "query": self.follow_up,
-                "new_passages": [],
-                "skipped": "the follow-up query found no new passage",
-            }
-        seen = self.read(source="R2_weak" if self.weak["R2"] else "R2", passage_ids=self.read_ids + new)
+        # Old passages first, in the order read, so each hop's prompt extends the last one.
+        seen = self.read(self.read_ids + new)
+        if self.brag.second_hop == "conditional":
+            repeats = seen["answer"] and self.candidates.find(seen["answer"]) in self.read_answers
+            source = "R2_same" if repeats else "R2_new"
+        else:
+            source = "R2_weak" if self.weak["R2"] else "R2"
+        seen["vote_type"] = source
+        seen["candidate"] = self.vote(source, seen["answer"])
         seen["gate"] = self.gate_view["R2"]
         seen["query"] = self.follow_up
         seen["new_passages"] = new
         seen["dedup_removed"] = found.removed + [i for i in fresh if i not in novel]
-        del seen["follow_up_query"], seen["follow_up_fallback"]
+        self.note_answer(seen["candidate"])
+        self.after_read(seen, self.read_ids + new)
         return seen
+
+    def note_answer(self, candidate: int | None) -> None:
+        if candidate is not None:
+            self.read_answers.add(candidate)
 
     def do_CB(self) -> dict[str, Any]:
         m = self.brag.m
@@ -1840,16 +2044,17 @@ class _Run:
         best = max(range(len(self.probs)), key=lambda i: (self.probs[i], -i))
         return self.candidates.texts[best]
 
-    def report(self, stop_reason: str) -> dict[str, Any]:
+    def report(self, stop_reason: str, finished: bool = True) -> dict[str, Any]:
         answer = self.answer()
         brag = self.brag
         return {
             "question": self.question,
             "answer": answer,
             "answered": bool(answer),
-            "note": "" if answer else "no candidate answer: every action returned NONE or was skipped",
+            "finished": finished,
+            "note": "" if answer or not finished else "no candidate answer: every action returned NONE",
             "p_err": round(error_probability(self.probs), 6),
-            "steps": self.steps,
+            "steps": [dict(step) for step in self.steps],  # a snapshot: later steps do not change it
             "stop_reason": stop_reason,
             "gate": self.gate_view,
             "corpus": self.corpus.stats(),
@@ -1871,9 +2076,15 @@ class _Run:
                 "k": brag.k,
                 "m": brag.m,
                 "max_uses": brag.max_uses,
+                "hops": brag.hops,
+                "rule": brag.rule,
+                "second_hop": brag.second_hop,
                 "calibration": {
-                    key: brag.calibration.meta.get(key)
-                    for key in ("source", "model", "corpus", "fitted", "date")
+                    **{
+                        key: brag.calibration.meta.get(key)
+                        for key in ("name", "source", "model", "corpus", "fitted", "date")
+                    },
+                    "status": calibration_status(brag.calibration, getattr(brag.llm, "name", "")),
                 },
             },
         }

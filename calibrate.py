@@ -131,7 +131,12 @@ def is_correct(answer: str, gold: Iterable[str], f1_threshold: float = 0.8) -> b
 
 @dataclass
 class Outcome:
-    """What each action returned on one question ('' = no answer) and the CB agreement level."""
+    """What each action returned on one question ('' = no answer) and the CB agreement level.
+
+    ``answers["R2"]`` is the first second-hop read; ``hops`` lists every second-hop read in
+    order, each with its answer, whether it was right, whether it repeats an earlier read's
+    answer, and whether an earlier read had answered right.
+    """
 
     id: str
     answers: dict[str, str]
@@ -139,27 +144,52 @@ class Outcome:
     agreement: int
     calls: int = 0
     weak: dict[str, bool | None] = field(default_factory=dict)  # the gate's verdict per window
+    hops: list[dict[str, Any]] = field(default_factory=list)
 
 
 def observe_one(item: Labelled, corpus: brag.Corpus, controller: brag.BRAG, f1_threshold: float) -> Outcome:
-    """Run R1, R2 and CB once each on one question."""
-    _, report = controller.run(item.question, corpus, actions=["R1", "R2", "CB"])
+    """Run R1, every second hop the controller allows, and CB on one question."""
+    schedule = ["R1", *["R2"] * controller.hops, "CB"]
+    _, report = controller.run(item.question, corpus, actions=schedule)
     answers = {"R1": "", "R2": "", "CB": ""}
     agreement = 0
     weak: dict[str, bool | None] = {}
+    reads: list[tuple[str, bool]] = []  # (answer, right) of every read so far
+    hops: list[dict[str, Any]] = []
     for step in report["steps"]:
         seen = step.get("observation") or {}
-        if step["action"]:
-            answers[step["action"]] = seen.get("answer", "") or ""
-        if seen.get("gate"):
-            weak[step["action"]] = seen["gate"]["weak"]
-        if step["action"] == "CB":
+        action = step["action"]
+        if action is None:
+            continue
+        answer = seen.get("answer", "") or ""
+        right = is_correct(answer, item.gold, f1_threshold)
+        if action == "R2":
+            earlier = [a for a, _ in reads if a]
+            hops.append(
+                {
+                    "answer": answer,
+                    "correct": right,
+                    "repeats": bool(answer) and any(brag.same_answer(answer, a) for a in earlier),
+                    "after_answer": bool(earlier),
+                    "after_right": any(r for _, r in reads),
+                }
+            )
+        if action in ("R1", "R2"):
+            reads.append((answer, right))
+        if action not in weak and seen.get("gate"):  # the first window of each action
+            weak[action] = seen["gate"]["weak"]
+        if action == "CB":
             agreement = seen["agreement"]
+        if action != "R2":
+            answers[action] = answer
+    answers["R2"] = hops[0]["answer"] if hops else ""
     correct = {a: is_correct(answers[a], item.gold, f1_threshold) for a in answers}
-    return Outcome(item.id, answers, correct, agreement, report["totals"]["llm_calls"], weak)
+    return Outcome(item.id, answers, correct, agreement, report["totals"]["llm_calls"], weak, hops)
 
 
-def progress_key(llm: brag.LLM, corpus: brag.Corpus, k: int, m: int, seed: int, f1_threshold: float) -> str:
+def progress_key(
+    llm: brag.LLM, corpus: brag.Corpus, k: int, m: int, hops: int, seed: int, f1_threshold: float
+) -> str:
     """What observed outcomes depend on: the model, the corpus, the settings and the prompts."""
     prompts = [brag.read_messages("Q", []), brag.closed_book_messages("Q"), brag.READ_STOP]
     payload = [
@@ -167,6 +197,7 @@ def progress_key(llm: brag.LLM, corpus: brag.Corpus, k: int, m: int, seed: int, 
         corpus.fingerprint(),
         k,
         m,
+        hops,
         seed,
         f1_threshold,
         prompts,
@@ -266,8 +297,14 @@ def _beta(mean: float) -> dict[str, float]:
     return {"a": round(mean * CONCENTRATION, 6), "b": round((1 - mean) * CONCENTRATION, 6)}
 
 
-def fit(outcomes: Sequence[Outcome], m: int) -> dict[str, Any]:
-    """Fitted values, counts and diagnostics (the calibration JSON without its metadata)."""
+def fit(outcomes: Sequence[Outcome], m: int, hops: int = 1) -> dict[str, Any]:
+    """Fitted values, counts and diagnostics (the calibration JSON without its metadata).
+
+    R1, R2 (its first read) and CB as SPEC section 4 says; R2's ``same`` and ``new`` branches
+    from the first ``hops`` second-hop reads of each question (see :func:`fit_second_hop`); eta
+    from pairs of votes that do not read the same passages (R1 and CB), because a second hop
+    repeats its first hop's wrong answer far more often than independent sources do.
+    """
     n = len(outcomes)
     counts: dict[str, Any] = {}
     actions: dict[str, Any] = {}
@@ -317,15 +354,61 @@ def fit(outcomes: Sequence[Outcome], m: int) -> dict[str, Any]:
     for v in levels.values():  # rounding may leave the sum a hair off 1
         v["pi"] = round(v["pi"] / total, 6)
     actions["CB"] = {"q": round(shrunk(cb_answered, n, PRIOR["q"]["CB"]), 6), "levels": levels}
-    trials = repeats = 0
-    for o in outcomes:
-        wrong = [o.answers[a] for a in ("R1", "R2", "CB") if o.answers[a] and not o.correct[a]]
-        for j in range(1, len(wrong)):
-            trials += 1
-            repeats += any(brag.same_answer(wrong[j], earlier) for earlier in wrong[:j])
-    eta = (repeats + ETA_PRIOR[0]) / (trials + sum(ETA_PRIOR))
-    counts["eta"] = {"wrong_vote_trials": trials, "repeats": repeats}
+    repeats = wrong_repeats(outcomes)
+    trials, hits = repeats["CB repeats R1"]
+    eta = (hits + ETA_PRIOR[0]) / (trials + sum(ETA_PRIOR))
+    counts["eta"] = {"wrong_vote_trials": trials, "repeats": hits}
+    diagnostics["wrong_answer_repeats"] = {
+        pair: {"both_wrong": t, "same": h, "rate": round(h / t, 4) if t else None}
+        for pair, (t, h) in repeats.items()
+    }
+    same, new, second = fit_second_hop(outcomes, hops, eta)
+    actions["R2"].update({"same": same, "new": new})
+    counts["R2"]["hops"] = second
     return {"eta": round(eta, 6), "actions": actions, "counts": counts, "diagnostics": diagnostics}
+
+
+def wrong_repeats(outcomes: Sequence[Outcome]) -> dict[str, tuple[int, int]]:
+    """(questions where both answered wrong, of them the same wrong answer) per pair of sources."""
+    pairs = {"R2 repeats R1": ("R1", "R2"), "CB repeats R1": ("R1", "CB"), "CB repeats R2": ("R2", "CB")}
+    found = {}
+    for name, (first, second) in pairs.items():
+        both = [o for o in outcomes if all(o.answers[a] and not o.correct[a] for a in (first, second))]
+        found[name] = (len(both), sum(brag.same_answer(o.answers[first], o.answers[second]) for o in both))
+    return found
+
+
+def fit_second_hop(
+    outcomes: Sequence[Outcome], hops: int, eta: float
+) -> tuple[dict[str, Any], dict[str, Any], dict[str, Any]]:
+    """R2 read against the answers before it: the ``same`` and ``new`` branches, and their counts.
+
+    ``same``: its likelihood ratio is how much more often a second hop repeats an earlier answer
+    after a right one than after a wrong one (add-one smoothed), stored as the reliability
+    rho = L eta / (1 + L eta) that gives a vote that ratio. ``new``: how often a second hop that
+    names an answer no earlier read gave is right, shrunk like rho. ``pi``: the share of
+    repeats among answers given after an earlier answer.
+    """
+    reads = [h for o in outcomes for h in o.hops[:hops]]
+    after = [h for h in reads if h["after_answer"]]
+    after_right = [h for h in after if h["after_right"]]
+    after_wrong = [h for h in after if not h["after_right"]]
+    answered_after = [h for h in after if h["answer"]]
+    news = [h for h in reads if h["answer"] and not h["repeats"]]
+    repeat_right = (sum(h["repeats"] for h in after_right) + 1) / (len(after_right) + 2)
+    repeat_wrong = (sum(h["repeats"] for h in after_wrong) + 1) / (len(after_wrong) + 2)
+    ratio = repeat_right / repeat_wrong
+    pi = shrunk(sum(h["repeats"] for h in answered_after), len(answered_after), 0.5)
+    rho_new = shrunk(sum(h["correct"] for h in news), len(news), PRIOR["rho"]["R2"])
+    counts = {
+        "reads": len(reads),
+        "after_right": [len(after_right), sum(h["repeats"] for h in after_right)],
+        "after_wrong": [len(after_wrong), sum(h["repeats"] for h in after_wrong)],
+        "new": [len(news), sum(h["correct"] for h in news)],
+        "same_likelihood_ratio": round(ratio, 4),
+    }
+    same = {"pi": round(pi, 6), "rho": _beta(ratio * eta / (1 + ratio * eta))}
+    return same, {"rho": _beta(rho_new)}, counts
 
 
 # ------------------------------------------------------------------------------------------
@@ -528,6 +611,7 @@ def calibrate(
     *,
     k: int = 5,
     m: int = 5,
+    hops: int = 1,
     seed: int = 0,
     f1_threshold: float = 0.8,
     progress_path: str | os.PathLike[str] | None = None,
@@ -546,24 +630,27 @@ def calibrate(
     # The prior calibration plus this gate: the schedule decides what runs, and the gate's
     # verdict on each window is recorded so R1 and R2 get strong- and weak-window reliabilities.
     prior = brag.load_calibration().to_dict()
-    controller = brag.BRAG(llm, calibration={**prior, "gate": gate}, lam=0.0, k=k, m=m, seed=seed)
+    controller = brag.BRAG(llm, calibration={**prior, "gate": gate}, lam=0.0, k=k, m=m, seed=seed, hops=hops)
     outcomes = observe(
         items,
         corpus,
         controller,
         progress_path=progress_path,
-        progress=progress_key(llm, corpus, k, m, seed, f1_threshold),
+        progress=progress_key(llm, corpus, k, m, hops, seed, f1_threshold),
         f1_threshold=f1_threshold,
         on_progress=on_progress,
     )
-    fitted = fit(outcomes, m)
+    fitted = fit(outcomes, m, hops)
     result = {
         "version": brag.CALIBRATION_VERSION,
         "source": "fitted",
         "fitted": True,
+        # The name the backend goes by is what a calibration is matched to (brag.shipped_calibration).
+        "model": getattr(llm, "name", type(llm).__name__),
         **(meta or {}),
         "k": k,
         "m": m,
+        "hops": hops,
         "n_questions": len(items),
         "split_ids": [i.id for i in items],
         "f1_threshold": f1_threshold,
@@ -626,6 +713,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--provider", default="auto")
     parser.add_argument("--k", type=int, default=5)
     parser.add_argument("--m", type=int, default=5)
+    parser.add_argument("--hops", type=int, default=1, help="second-hop reads (R2) run per question")
     parser.add_argument("--f1", type=float, default=0.8, help="token F1 that counts as correct")
     parser.add_argument("--cache", default="bench/cache/llm.sqlite", help="SQLite response cache")
     parser.add_argument("--cache-mode", default="read-write", choices=llms.CACHE_MODES)
@@ -648,11 +736,13 @@ def main(argv: Sequence[str] | None = None) -> int:
             llm,
             k=args.k,
             m=args.m,
+            hops=args.hops,
             f1_threshold=args.f1,
             progress_path=f"{args.out}.progress.jsonl",
             on_progress=lambda done, total: bar.update(done - bar.n),
             meta={
-                "model": args.model,
+                "name": Path(args.out).stem,
+                "model_spec": args.model,
                 "corpus": args.name or Path(args.corpus).name,
                 "questions_file": Path(args.questions).name,
                 "split": args.split,
@@ -667,7 +757,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     Path(f"{args.out}.progress.jsonl").unlink(missing_ok=True)
     print(
         f"wrote {args.out}: eta {result['eta']}, "
-        + ", ".join(f"{a} acc {d['accuracy']:.2f}" for a, d in result["diagnostics"].items())
+        + ", ".join(f"{a} acc {result['diagnostics'][a]['accuracy']:.2f}" for a in brag.ACTIONS)
     )
     return 0
 

@@ -197,6 +197,13 @@ def deadline(seconds: float | None) -> Iterator[None]:
         _DEADLINE.reset(token)
 
 
+@contextmanager
+def deadline_at(end: float) -> Iterator[None]:
+    """:func:`deadline` with the end given as a ``time.monotonic()`` reading."""
+    with deadline(end - time.monotonic()):
+        yield
+
+
 def time_left(limit: float | None = None) -> float | None:
     """Seconds until the current deadline (capped at ``limit``); LLMTimeout once it has passed."""
     end = _DEADLINE.get()
@@ -383,8 +390,16 @@ class _RemoteBackend:
     def _send(self, messages, n, temperature, max_tokens, stop, seed) -> Completion:
         def attempt() -> Completion:
             time_left()  # a call that would start after the deadline fails at once
-            with deadline(self.timeout):  # the whole HTTP exchange, not each read
-                return self._request(messages, n, temperature, max_tokens, stop, seed)
+            outer = _DEADLINE.get()
+            try:
+                with deadline(self.timeout):  # the whole HTTP exchange, not each read
+                    return self._request(messages, n, temperature, max_tokens, stop, seed)
+            except LLMTimeout:
+                if outer is not None and time.monotonic() >= outer - 0.05:
+                    raise LLMTimeout(
+                        f"the time limit for this request ran out waiting for {self._where}"
+                    ) from None
+                raise
 
         return self.retry.run(attempt)
 
@@ -915,7 +930,7 @@ _RUNNERS: dict[tuple[str, int, int | None], LocalRunner] = {}
 _RUNNERS_LOCK = threading.Lock()
 
 
-def local_runner(path: str, n_ctx: int = 4096, n_threads: int | None = None) -> LocalRunner:
+def local_runner(path: str, n_ctx: int = 8192, n_threads: int | None = None) -> LocalRunner:
     """The one runner of this process for a model file (started on its first request)."""
     key = (os.path.realpath(path), n_ctx, n_threads)
     with _RUNNERS_LOCK:
@@ -996,6 +1011,7 @@ def _load_llama(config: dict[str, Any]) -> Any:
         n_ctx=config["n_ctx"],
         n_threads=threads,
         n_threads_batch=threads,
+        flash_attn=True,  # about 25 % faster on 2,000-token reads here
         verbose=False,
     )
 
@@ -1035,7 +1051,7 @@ class LocalModel:
     weights: LocalWeights | None = None
     path: str | None = None
     prompt_format: str | None = None
-    n_ctx: int = 4096
+    n_ctx: int = 8192  # room for four hops of five passages
     n_threads: int | None = None
     timeout: float = 300.0
     name: str = ""
@@ -1285,7 +1301,7 @@ def make_llm(
     if spec.startswith(("http://", "https://")):
         url, _, served = spec.partition("#")
         return OpenAICompatible(
-            name=spec,
+            name=redact_url(spec),  # names the model in reports, calibrations and cache keys
             base_url=url.rstrip("/"),
             model=served or None,
             api_key=hf_token or None,

@@ -1,16 +1,18 @@
 #!/usr/bin/env bash
-# Fit the shipped calibrations with the embedded local model on each dataset's calibration split
-# (the first questions of each file; bench/run.py tests only on the questions after them).
+# Fit the shipped calibrations of the embedded local model on each dataset's calibration split:
+# the first 60 questions of each file (bench/run.py tests only on the questions after them).
+# Every action runs on every question, R2 up to HOPS times, through bench/cache/llm.sqlite, so
+# bench/controller.py can replay any policy on these questions and a refit needs no LLM.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 DATA="${BRAG_DATA_DIR:-../shared/data}"
 PY="${PYTHON:-python}"
-"$PY" calibrate.py --model local --split 0:60 --name HotpotQA \
-  --questions "$DATA/hotpotqa/hotpotqa_ircot500.json" --corpus "$DATA/hotpotqa/hotpotqa_ircot500_corpus.json" \
-  --out data/calibration.json
-"$PY" calibrate.py --model local --split 0:40 --name 2WikiMultihopQA \
-  --questions "$DATA/2wikimultihopqa/2wikimultihopqa.json" --corpus "$DATA/2wikimultihopqa/2wikimultihopqa_corpus.json" \
-  --out data/calibration_2wikimultihopqa.json
-"$PY" calibrate.py --model local --split 0:40 --name MuSiQue \
-  --questions "$DATA/musique/musique_migres200.json" --corpus "$DATA/musique/musique_migres200_corpus.json" \
-  --out data/calibration_musique.json
+HOPS="${HOPS:-3}"
+OUT=data/calibrations
+fit() {  # corpus-name questions corpus file-stem
+  "$PY" calibrate.py --model local --split 0:60 --hops "$HOPS" --name "$1" \
+    --questions "$DATA/$2" --corpus "$DATA/$3" --out "$OUT/qwen2.5-coder-0.5b-$4.json"
+}
+fit HotpotQA hotpotqa/hotpotqa_ircot500.json hotpotqa/hotpotqa_ircot500_corpus.json hotpotqa
+fit 2WikiMultihopQA 2wikimultihopqa/2wikimultihopqa.json 2wikimultihopqa/2wikimultihopqa_corpus.json 2wikimultihopqa
+fit MuSiQue musique/musique_migres200.json musique/musique_migres200_corpus.json musique

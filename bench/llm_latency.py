@@ -7,7 +7,8 @@
 2. Prompt format, on the first ``--questions`` calibration questions of each dataset: the
    model's own chat template against the same worked examples flattened into one plain
    completion prompt. R1 and CB run exactly as ``BRAG.run`` issues them, through the response
-   cache, so a later calibration reuses the winner's responses.
+   cache, so a later calibration reuses the winner's responses. The format that reads better
+   is the one whose R1 reads are right more often.
 
     python bench/llm_latency.py --repeats 5 --questions 40
 """

@@ -76,12 +76,13 @@ class AppProcess:
         self._log.close()
 
 
-def rest_call(
+def rest_events(
     url: str, api_name: str, data: list, timeout: float = 120, session_hash: str | None = None
-) -> list:
+) -> list[tuple[str, str]]:
     """Call an endpoint over Gradio's REST protocol: POST for an event id, then read its SSE stream.
 
-    Without ``session_hash`` every call opens a new Gradio session, as a one-off REST caller does.
+    Returns every ``(event, data)`` pair until ``complete`` or ``error``. Without
+    ``session_hash`` every call opens a new Gradio session, as a one-off REST caller does.
     """
     body: dict = {"data": data}
     if session_hash:
@@ -93,15 +94,25 @@ def rest_call(
     )
     with urllib.request.urlopen(request, timeout=timeout) as response:
         event_id = json.loads(response.read())["event_id"]
+    events: list[tuple[str, str]] = []
     with urllib.request.urlopen(f"{url}gradio_api/call/{api_name}/{event_id}", timeout=timeout) as stream:
         event = None
         for raw in stream:
             line = raw.decode().strip()
             if line.startswith("event:"):
                 event = line.split(":", 1)[1].strip()
-            elif line.startswith("data:") and event in ("complete", "error"):
-                payload = line.split(":", 1)[1].strip()
-                if event == "error":
-                    raise RuntimeError(f"{api_name} failed: {payload}")
-                return json.loads(payload)
+            elif line.startswith("data:") and event:
+                events.append((event, line.split(":", 1)[1].strip()))
+                if event in ("complete", "error"):
+                    return events
     raise RuntimeError(f"{api_name}: the stream ended without a result")
+
+
+def rest_call(
+    url: str, api_name: str, data: list, timeout: float = 120, session_hash: str | None = None
+) -> list:
+    """The final result of a REST call (see :func:`rest_events`); an error event raises."""
+    event, payload = rest_events(url, api_name, data, timeout, session_hash)[-1]
+    if event == "error":
+        raise RuntimeError(f"{api_name} failed: {payload}")
+    return json.loads(payload)

@@ -248,7 +248,7 @@ def distinct_documents(lab: Lab) -> str:
 
 LABELLED_301 = json.dumps([{"question": f"Q{i}?", "gold": ["a"]} for i in range(301)])
 DEMO_JSON = str(ROOT / "data" / "demo_corpus.json")
-SHIPPED_FILE = str(ROOT / "data" / "calibration_musique.json")
+SHIPPED_FILE = str(ROOT / "data" / "calibration_prior.json")
 
 
 def probes() -> list[Probe]:
@@ -404,7 +404,7 @@ def probes() -> list[Probe]:
             "question of 10,000,000 characters",
             "public",
             lambda lab: call(lab, "public", brag_args(question="why " * 2_500_000)),
-            error_matching(r"limit is 4,000 \(BRAG_MAX_QUESTION_CHARS\)"),
+            error_matching(r"over the limit of 4,000 \(BRAG_MAX_QUESTION_CHARS\)"),
         ),
         Probe(
             "size: 8 MB of documents",

@@ -16,7 +16,7 @@ from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import pytest
-from app_server import AppProcess, rest_call
+from app_server import AppProcess, rest_call, rest_events
 from conftest import PRIORS, ROOT
 from gradio_client import Client
 from gradio_client.exceptions import AppError
@@ -117,12 +117,60 @@ def test_rest_call_returns_the_same_answer(app, client):
     assert report["totals"]["llm_calls"] >= 1
 
 
+def test_every_step_streams_to_rest_and_gradio_client_as_it_happens(app, client):
+    events = rest_events(app.url, "brag", args())
+    generating = [json.loads(data) for event, data in events if event == "generating"]
+    final_answer, final = json.loads(events[-1][1])
+    assert events[-1][0] == "complete" and final_answer == "Bergen" and final["finished"] is True
+    acted = [s for s in final["steps"] if s["action"]]
+    # One event as each action starts, then the final pair (Gradio sends it twice: generating, complete).
+    assert len(generating) == len(acted) + 1 and len(acted) >= 1
+    assert generating[-1] == [final_answer, final]
+    for number, (_, partial) in enumerate(generating[:-1], 1):
+        assert partial["finished"] is False and len(partial["steps"]) == number
+        assert partial["steps"][-1]["action"] == acted[number - 1]["action"]
+    job = client.submit(*args(), api_name="/brag")
+    seen = list(job)  # gradio_client users iterate over the steps
+    assert len(seen) == len(acted) + 1 and seen[-1][0] == "Bergen" and seen[-1][1]["finished"]
+    assert all(not report["finished"] for _, report in seen[:-1])
+
+
+def test_the_api_names_its_outputs(client):
+    endpoints = client.view_api(print_info=False, return_format="dict")["named_endpoints"]
+    assert [r["label"] for r in endpoints["/brag"]["returns"]] == ["answer", "report"]
+    assert [p["parameter_name"] for p in endpoints["/brag"]["parameters"]] == [
+        "question",
+        "corpus",
+        "documents",
+        "lam",
+        "model",
+        "hf_token",
+        "provider",
+        "calibration",
+    ]
+    assert [r["label"] for r in endpoints["/calibrate"]["returns"]] == ["calibration"]
+
+
+def test_pasted_documents_select_your_documents_and_the_result_names_what_was_read(client):
+    import app as brag_app
+
+    assert brag_app.use_documents("a passage", "Demo")["value"] == brag_app.YOUR_DOCUMENTS
+    assert brag_app.use_documents("", brag_app.YOUR_DOCUMENTS)["value"] == brag_app.DEMO
+    assert brag_app.use_documents("  ", "MuSiQue")["value"] == "MuSiQue"
+    answer, report = client.predict(*args(corpus="Your documents"), api_name="/brag")
+    assert answer == "Bergen" and report["corpus"] == "your documents"
+    _, headline, *_ = brag_app.render(answer, report)
+    # Untitled passages are named by their first words, not by an index.
+    assert "Read: The Glass Tower in Oslo was…" in headline and "#0" not in headline
+
+
 @pytest.mark.parametrize(
     ("overrides", "message"),
     [
         ({"question": "   "}, "question is empty"),
         ({"documents": '["unclosed", '}, "malformed JSON"),
-        ({"documents": "", "corpus": "Wikipedia"}, "Wikipedia is not in the list of choices"),
+        ({"documents": "", "corpus": "Wikipedia"}, "Unknown corpus: use one of Demo, HotpotQA"),
+        ({"documents": "", "corpus": "Your documents"}, "none are pasted"),
         ({"documents": "", "corpus": ""}, "No corpus"),
         ({"cal": '{"version": 1, "eta": 2}'}, "calibration"),
         ({"cal": "{not json"}, "malformed JSON"),
@@ -186,6 +234,12 @@ def test_calibrate_round_trips_into_brag(client, llm_server):
     assert cal["diagnostics"]["R2"]["accuracy"] == 1.0  # the scripted reader is right after hop 2
     answer, report = client.predict(*args(cal=fitted), api_name="/brag")
     assert answer == "Bergen" and report["config"]["calibration"]["source"] == "fitted"
+    assert report["calibration"]["status"] == "fitted for this model on Demo"
+    # The fit is kept: a later request reuses it by the name /calibrate gave it.
+    assert cal["name"].startswith("fit-")
+    answer, by_name = client.predict(*args(cal=cal["name"]), api_name="/brag")
+    assert answer == "Bergen" and by_name["calibration"]["name"] == cal["name"]
+    assert by_name["calibration"]["status"] == report["calibration"]["status"]
 
 
 @pytest.mark.parametrize(
@@ -202,9 +256,15 @@ def test_calibrate_bad_input_is_a_clear_error(client, labelled, message):
         client.predict(labelled, "Demo", "", "", "", "auto", api_name="/calibrate")
 
 
-def test_brag_picks_the_calibration_of_the_chosen_corpus(client):
+def test_an_uncalibrated_model_gets_the_prior_and_is_told_so(client):
     _, demo = client.predict(*args(corpus="Demo", documents="", cal=""), api_name="/brag")
-    assert demo["config"]["calibration"]["corpus"] == "HotpotQA"
+    assert demo["calibration"]["source"] == "prior" and demo["calibration"]["fitted"] is False
+    assert "uncalibrated" in demo["calibration"]["status"]
+    assert "run /calibrate for this model" in demo["calibration"]["status"]
+    _, named = client.predict(*args(cal="prior"), api_name="/brag")
+    assert named["calibration"]["name"] == "prior"
+    with pytest.raises(AppError, match="the name it gave, or one of the shipped names: prior"):
+        client.predict(*args(cal="fit-000000000000"), api_name="/brag")
 
 
 def test_pasted_corpora_stay_within_the_memory_budget():
@@ -257,6 +317,95 @@ def test_a_bad_limit_in_the_environment_stops_the_app_with_a_clear_message(env, 
     )
     assert result.returncode != 0 and f"{env} must be a positive number" in result.stderr
     assert "Traceback" not in result.stderr
+
+
+def fake_report(finished: bool = True) -> dict:
+    """A report as BRAG writes it: an R1 read of one untitled passage, then a stop."""
+    steps = [
+        {
+            "step": 1,
+            "action": "R1",
+            "posterior": {"candidates": [], "residual": 1.0, "p_err": 1.0},
+            "scores": {"R1": 0.9, "CB": 0.02},
+            "observation": {
+                "answer": "Bergen",
+                "follow_up_query": "Lina Berg birthplace",
+                "passages": [{"id": 0, "title": "", "label": "The Glass Tower in Oslo…"}],
+            },
+        },
+        {
+            "step": 2,
+            "action": None if finished else "CB",
+            "posterior": {"candidates": [{"answer": "Bergen", "p": 0.8}], "residual": 0.2, "p_err": 0.2},
+            "scores": {"CB": 0.004},
+        },
+    ]
+    totals = {
+        "llm_calls": 1,
+        "prompt_tokens": 90,
+        "completion_tokens": 5,
+        "tokens_estimated": False,
+        "cached_calls": 0,
+        "wall_time_s": 1.5,
+        "policy_us": 12.0,
+    }
+    return {
+        "steps": steps,
+        "finished": finished,
+        "p_err": 0.2,
+        "stop_reason": "expected gain 0.004 <= lambda 0.05",
+        "config": {"lam": 0.05},
+        "totals": totals,
+        "corpus": "your documents",
+        "calibration": {"status": "uncalibrated: a hand-set prior"},
+        "elapsed_s": 2.0,
+    }
+
+
+def test_the_steps_table_shows_why_each_action_was_chosen():
+    import app as brag_app
+
+    frame = brag_app.steps_frame(fake_report())
+    assert list(frame.columns) == brag_app.STEP_COLUMNS
+    first, last = frame.iloc[0], frame.iloc[1]
+    assert (first["R1"], first["R2"], first["CB"]) == ("0.900 ✓", "—", "0.020")  # λ = 0.05
+    assert first["What it read"] == "The Glass Tower in Oslo…" and first["Answer"] == "Bergen"
+    assert first["Follow-up query"] == "Lina Berg birthplace"
+    assert last["Action"] == "stop" and last["What it read"].startswith("expected gain")
+    running = brag_app.steps_frame(fake_report(finished=False)).iloc[1]
+    assert running["Action"] == "CB" and running["Answer"] == "running…"
+
+
+def test_progress_and_headline_while_running_and_when_done():
+    import app as brag_app
+
+    progress, headline, _, table, totals = brag_app.render("Bergen", fake_report(finished=False))
+    assert progress.startswith("**Running · step 2 · CB: closed-book samples…**")
+    assert "1 LLM call(s) so far · 2.0 s" in progress
+    assert headline == "### Best so far: Bergen" and totals == "" and table["visible"] is True
+    progress, headline, *_ = brag_app.render("Bergen", fake_report())
+    assert progress == "✔ Done: 1 LLM call(s) in 2.0 s."
+    assert "## Bergen" in headline and "Read: The Glass Tower in Oslo…" in headline
+    assert "Calibration: uncalibrated" in headline
+    assert brag_app.render("", None)[3] == {"__type__": "update", "visible": False}  # no empty table
+
+
+def test_the_calibration_table_has_a_row_per_action_and_case():
+    import app as brag_app
+
+    frame = brag_app.calibration_frame(json.dumps(brag_app.SHIPPED["prior"].to_dict()))
+    assert list(frame["Case"]) == [
+        "strong window",
+        "weak window",
+        "any window",
+        "repeats an earlier answer",
+        "new answer",
+        *[f"{g} of 5 agree" for g in range(1, 6)],
+    ]
+    low, high = frame.iloc[0]["ρ 95 % interval"].split(" – ")
+    assert float(low) < float(frame.iloc[0]["ρ (right)"]) < float(high)
+    table, path = brag_app.show_calibration(json.dumps(brag_app.SHIPPED["prior"].to_dict()))
+    assert table["visible"] is True and json.loads(Path(path).read_text())["source"] == "prior"
 
 
 def test_posterior_chart_draws_one_line_per_candidate_plus_the_residual():
@@ -412,13 +561,31 @@ def test_named_corpus_downloads_once_from_the_hub(tmp_path, llm_server):
 CHROMIUM = shutil.which("chromium") or "/usr/bin/chromium"
 
 
+def slow_reads(request: dict) -> Reply:
+    """The scripted reader, taking its time over questions about the Glass Tower (so a browser can
+    see a run in progress); everything else at once."""
+    reply = scripted(request)
+    if "Glass Tower" in request["messages"][-1]["content"]:
+        reply.delay = 1.2
+    return reply
+
+
 @pytest.mark.skipif(
     shutil.which("chromium") is None, reason="Debian chromium not installed (.ci/run installs it)"
 )
-def test_a_real_browser_asks_and_sees_the_answer(app, tmp_path):
+def test_a_real_browser_sees_progress_then_the_answer_an_error_and_a_calibration(tmp_path):
+    """Drives the page in Chromium at 1280 px and keeps a screenshot of each state.
+
+    ``BRAG_UPDATE_SCREENSHOTS=1`` copies them to docs/ (the README shows them).
+    """
     from playwright.sync_api import sync_playwright
 
-    with sync_playwright() as p:
+    shots: dict[str, Path] = {}
+    with (
+        FakeOpenAI(handler=slow_reads) as server,
+        AppProcess({"BRAG_MODEL": server.url + "#scripted", "HF_TOKEN": ""}) as slow_app,
+        sync_playwright() as p,
+    ):
         browser = p.chromium.launch(
             executable_path=CHROMIUM,
             args=[
@@ -431,16 +598,87 @@ def test_a_real_browser_asks_and_sees_the_answer(app, tmp_path):
                 "--disable-quic",
             ],
         )
-        page = browser.new_page(viewport={"width": 1400, "height": 1100})
-        page.goto(app.url, wait_until="domcontentloaded")
+        page = browser.new_page(viewport={"width": 1280, "height": 900})
+
+        def shoot(name: str) -> None:
+            shots[name] = tmp_path / f"{name}.png"
+            page.screenshot(path=str(shots[name]), full_page=True)
+
+        page.goto(slow_app.url, wait_until="domcontentloaded")
+        page.get_by_role("button", name="Ask").wait_for(timeout=30_000)
+        assert not page.locator("#steps").is_visible()  # no empty table, no "1 2 3" headers
+        shoot("home")
+
         page.get_by_label("Question").first.fill(QUESTION)
         page.get_by_role("button", name="Ask").click()
-        page.locator("#answer h2").filter(has_text="Bergen").wait_for(timeout=45_000)
+        # Progress shows in the main column while the run goes on, before the answer exists.
+        page.locator("#progress").filter(has_text="Running · step").wait_for(timeout=30_000)
+        assert page.locator("#answer h2").count() == 0
+        assert page.locator("#progress").filter(has_text="LLM call(s) so far").count() == 1
+        shoot("running")
+        page.locator("#answer h2").filter(has_text="Bergen").wait_for(timeout=60_000)
+        page.locator("#progress").filter(has_text="Done").wait_for(timeout=15_000)
         page.get_by_text("LLM calls").first.wait_for(timeout=15_000)
         assert page.locator("#posterior-chart polyline.series").count() >= 2
-        shot = tmp_path / "brag.png"
-        page.screenshot(path=str(shot), full_page=True)
+        headers = page.locator("#steps th").all_inner_texts()
+        assert any("What it read" in h for h in headers) and any("Follow-up" in h for h in headers)
+        assert "✓" in page.locator("#steps").inner_text()
+        # Nothing clipped at 1280 px: the table fits its box.
+        clipped = page.evaluate(
+            "() => [...document.querySelectorAll('#steps .table-wrap, #steps table')]"
+            ".some(e => e.scrollWidth > e.clientWidth + 2)"
+        )
+        assert not clipped
+        shoot("answered")
+
+        page.get_by_label("Question").first.fill("   ")
+        page.get_by_role("button", name="Ask").click()
+        page.get_by_text("The question is empty.").first.wait_for(timeout=30_000)
+        page.locator("#progress").filter(has_text="failed").wait_for(timeout=15_000)
+        assert page.locator("#answer h2").count() == 0  # the last answer is not left beside the error
+        assert not page.locator("#steps").is_visible()
+        shoot("error")
+
+        page.get_by_role("tab", name="Calibrate").click()
+        labelled = json.dumps([{"question": f"Q{i}: which city?", "gold": ["Bergen"]} for i in range(30)])
+        page.get_by_label("Labelled questions", exact=False).fill(labelled)
+        page.get_by_role("button", name="Calibrate").click()
+        table = page.locator("#calibration-table")
+        table.wait_for(state="visible", timeout=120_000)
+        assert "repeats an earlier answer" in table.inner_text() and "5 of 5 agree" in table.inner_text()
+        assert page.get_by_text("Download the calibration").count() >= 1
+        shoot("calibration")
         browser.close()
-    assert shot.stat().st_size > 10_000
-    (ROOT / ".pytest_cache").mkdir(exist_ok=True)
-    shutil.copy(shot, ROOT / ".pytest_cache" / "brag-browser.png")
+    for name, shot in shots.items():
+        assert shot.stat().st_size > 10_000, name
+    if os.environ.get("BRAG_UPDATE_SCREENSHOTS"):
+        (ROOT / "docs").mkdir(exist_ok=True)
+        for name, shot in shots.items():
+            shutil.copy(shot, ROOT / "docs" / f"{name}.png")
+
+
+def test_a_perfect_reader_answers_at_least_80_percent_over_the_app(shared_data):
+    """The acceptance check over HTTP.
+
+    An uncalibrated endpoint, the prior it gets, and a reader that is right whenever the
+    supporting passages are in its prompt.
+    """
+    from perfect_reader import PerfectReader
+
+    import brag
+    import calibrate
+
+    items = calibrate.read_labelled(shared_data / "hotpotqa" / "hotpotqa_ircot500.json")[300:340]
+    with (
+        PerfectReader(items) as reader,
+        AppProcess({"BRAG_MODEL": reader.url + "#perfect", "BRAG_DATA_DIR": str(shared_data)}) as app,
+    ):
+        client = Client(app.url, verbose=False)
+        right = 0
+        for item in items:
+            answer, report = client.predict(
+                item.question, "HotpotQA", "", 0.05, "", "", "auto", "", api_name="/brag"
+            )
+            right += brag.exact_match(answer, item.gold)
+    assert "uncalibrated" in report["calibration"]["status"]
+    assert right >= 0.8 * len(items), right

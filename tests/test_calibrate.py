@@ -85,7 +85,8 @@ def test_fit_recovers_known_rates_from_2000_simulated_questions():
         level = actions["CB"]["levels"][str(g)]
         assert level["pi"] == pytest.approx(TRUTH["pi"][g], abs=0.03), g
         assert mean(level["kappa"]) == pytest.approx(TRUTH["kappa"][g], abs=0.08), g
-    assert result["eta"] == pytest.approx(TRUTH["eta"], abs=0.04)
+    # eta comes from R1-CB pairs only (about 360 of them here, so a standard error near 0.025).
+    assert result["eta"] == pytest.approx(TRUTH["eta"], abs=0.05)
     cal = brag.load_calibration(result)
     assert cal.meta["fitted"] is True and cal.m == 5
 
@@ -255,22 +256,16 @@ def test_correctness_rule():
     assert not calibrate.is_correct("", ["x"])
 
 
-SHIPPED = {
-    "calibration.json": "hotpotqa_ircot500.json",
-    "calibration_2wikimultihopqa.json": "2wikimultihopqa.json",
-    "calibration_musique.json": "musique_migres200.json",
-}
+SHIPPED = sorted(brag.CALIBRATIONS_DIR.glob("*.json"))
 
 
-@pytest.mark.parametrize("name", sorted(SHIPPED))
-def test_shipped_calibrations_load_and_state_their_origin(name):
-    path = ROOT / "data" / name
+@pytest.mark.parametrize("path", SHIPPED, ids=[p.stem for p in SHIPPED])
+def test_shipped_calibrations_state_their_model_data_and_split(path):
     raw = json.loads(path.read_text())
     cal = brag.load_calibration(path)
-    assert raw["fitted"] is True and raw["model"] == "local" and raw["date"]
-    assert (
-        raw["questions_file"] == SHIPPED[name]
-        and raw["split"]
-        and len(raw["split_ids"]) == raw["n_questions"] >= 30
-    )
-    assert cal.m == raw["m"] and 0 < cal.eta < 1
+    assert raw["fitted"] is True and raw["date"] and raw["name"] == path.stem
+    assert raw["model"] == "local:qwen2.5-coder-0.5b-instruct-q4_k_m:chat" == llms.LocalModel().name
+    assert raw["questions_file"] and raw["split"] == "0:60"
+    assert len(raw["split_ids"]) == raw["n_questions"] >= 60
+    assert cal.m == raw["m"] and 0 < cal.eta < 1 and raw["hops"] >= 1
+    assert brag.shipped_calibration(raw["model"], raw["corpus"]) == cal

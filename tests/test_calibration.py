@@ -5,20 +5,23 @@ import json
 
 import pytest
 
-from brag import DEFAULT_CALIBRATION_PATH, Calibration, load_calibration
+import brag
+from brag import PRIOR_CALIBRATION_PATH, Calibration, load_calibration
 
 
 def shipped() -> dict:
-    return json.loads(DEFAULT_CALIBRATION_PATH.read_text())
+    return json.loads(PRIOR_CALIBRATION_PATH.read_text())
 
 
-def test_shipped_calibration_loads_and_says_where_it_came_from():
+def test_the_default_is_the_hand_set_prior_and_says_so():
     cal = load_calibration()
     assert isinstance(cal, Calibration)
     raw = shipped()
-    assert raw["version"] == 1 and raw["note"]
+    assert raw["version"] == 1 and raw["note"] and raw["fitted"] is False
     assert cal.m == raw["m"] and 0 < cal.eta < 1
-    assert set(cal.rates()) == {"R1", "R2", "CB", "R1_weak", "R2_weak"}
+    assert set(cal.rates()) == {"R1", "R2", "CB", "R1_weak", "R2_weak", "R2_after_answer", "R2_after_none"}
+    assert "uncalibrated" in brag.calibration_status(cal, "any-model")
+    assert "run /calibrate for this model" in brag.calibration_status(cal, "any-model")
 
 
 def test_round_trip_through_dict_and_json_string():
@@ -26,7 +29,34 @@ def test_round_trip_through_dict_and_json_string():
     again = load_calibration(json.dumps(cal.to_dict()))
     assert again == cal
     assert load_calibration(cal) is cal
-    assert load_calibration(str(DEFAULT_CALIBRATION_PATH)) == cal
+    assert load_calibration(str(PRIOR_CALIBRATION_PATH)) == cal
+
+
+def fitted_for(model: str, corpus: str) -> Calibration:
+    return load_calibration({**shipped(), "fitted": True, "model": model, "corpus": corpus})
+
+
+def test_a_calibration_is_picked_only_for_the_model_it_was_fitted_on():
+    shipped_set = {
+        "prior": load_calibration(),
+        "a-hotpot": fitted_for("model-a", "HotpotQA"),
+        "a-musique": fitted_for("model-a", "MuSiQue"),
+        "b-musique": fitted_for("model-b", "MuSiQue"),
+    }
+    pick = lambda model, corpus: brag.shipped_calibration(model, corpus, shipped_set)  # noqa: E731
+    assert pick("model-a", "MuSiQue") is shipped_set["a-musique"]
+    assert pick("model-a", "Demo") is shipped_set["a-hotpot"]  # its own, on the general corpus
+    assert pick("model-b", "HotpotQA") is shipped_set["b-musique"]  # its own, on another corpus
+    assert pick("model-c", "MuSiQue") is shipped_set["prior"]  # never another model's
+    assert "fitted for this model on MuSiQue" in brag.calibration_status(pick("model-b", "x"), "model-b")
+    assert "fitted for another model (model-b)" in brag.calibration_status(shipped_set["b-musique"], "c")
+
+
+def test_shipped_calibrations_load():
+    found = brag.shipped_calibrations()
+    assert "prior" in found
+    for name, cal in found.items():
+        assert name == "prior" or (cal.meta["fitted"] and cal.meta["model"] and cal.meta["corpus"]), name
 
 
 def broken(path: list, value) -> dict:
@@ -68,6 +98,6 @@ def test_malformed_calibration_is_a_clear_value_error(data, message):
 def test_rescales_agreement_levels_for_another_m():
     cal = load_calibration()
     priors = cal.source_priors(3)
-    assert set(priors) == {"R1", "R2", "R1_weak", "R2_weak", "CB_1", "CB_2", "CB_3"}
+    assert set(priors) == {"R1", "R2", "R1_weak", "R2_weak", "R2_same", "R2_new", "CB_1", "CB_2", "CB_3"}
     full = cal.source_priors(5)
     assert priors["CB_3"] == full["CB_5"] and priors["CB_1"] == full["CB_2"]

@@ -1,9 +1,12 @@
-"""Policy (SPEC section 1): information rates, argmax D/c, stop rule, monotone in lambda."""
+"""Policy (SPEC section 1): information rates, argmax D/c, stop rule, monotone in lambda; and
+the controller's invariants as property tests over random calibrations."""
 
 import math
 
 import pytest
 from conftest import PRIORS, ScriptedLLM, last_block
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from brag import BRAG, ActionPrior, Corpus, Level, choose_action, information_rate, load_calibration
 
@@ -59,8 +62,8 @@ def test_r2_is_unavailable_before_r1():
     cal = load_calibration(PRIORS).to_dict()
     cal["actions"]["R2"] = {"q": 1.0, "rho": {"a": 99.0, "b": 1.0}}
     llm = ScriptedLLM(read=lambda prompt: "Answer: NONE\nFollow-up query: Mars moon")
-    corpus = Corpus(["Phobos is a moon of Mars.", "Deimos is a moon of Mars."])
-    _, report = BRAG(llm, calibration=cal, lam=0.0).run("Which moon?", corpus)
+    corpus = Corpus(["Phobos is a moon of Mars.", "Deimos is a moon of Mars.", "Mars is red.", "Io."])
+    _, report = BRAG(llm, calibration=cal, lam=0.0, k=1).run("Which moon?", corpus)
     actions = [s["action"] for s in report["steps"] if s["action"]]
     assert actions[0] != "R2"
     assert report["steps"][0]["available"] == ["R1", "CB"]
@@ -92,3 +95,101 @@ def test_larger_lambda_never_makes_more_calls(cb_answers):
         calls.append(report["totals"]["llm_calls"])
     assert calls == sorted(calls, reverse=True)
     assert calls[0] == 3 and calls[-1] == 0
+
+
+# ------------------------------------------------------------------ invariants, as property tests
+
+reliability = st.floats(0.001, 0.999)
+
+
+@st.composite
+def calibrations(draw):
+    def beta():
+        rho = draw(reliability)
+        return {"a": 10 * rho, "b": 10 * (1 - rho)}
+
+    pis = [draw(st.floats(0.01, 1.0)) for _ in range(5)]
+    levels = {str(g): {"pi": pi / sum(pis), "kappa": beta()} for g, pi in zip(range(1, 6), pis, strict=True)}
+    levels["5"]["pi"] = 1 - sum(levels[str(g)]["pi"] for g in range(1, 5))
+    q = st.floats(0.0, 1.0)
+    return load_calibration(
+        {
+            "version": 1,
+            "eta": draw(st.floats(0.01, 0.95)),
+            "actions": {
+                "R1": {"q": draw(q), "rho": beta(), "weak": {"q": draw(q), "rho": beta()}},
+                "R2": {
+                    "q": draw(q),
+                    "rho": beta(),
+                    "weak": {"q": draw(q), "rho": beta()},
+                    "same": {"pi": draw(q), "rho": beta()},
+                    "new": {"rho": beta()},
+                },
+                "CB": {"q": draw(q), "levels": levels},
+            },
+        }
+    )
+
+
+@settings(max_examples=300, deadline=None)
+@given(cal=calibrations())
+def test_every_rate_is_nonnegative_and_a_weak_window_never_rates_higher(cal):
+    rates = cal.rates()
+    assert all(rate >= 0 for rate in rates.values()), rates
+    assert rates["R1_weak"] <= rates["R1"] + 1e-12 and rates["R2_weak"] <= rates["R2"] + 1e-12
+    priors = cal.source_priors(5)
+    for t in ("R1", "R2"):  # nor does a weak window's vote weigh more
+        (a_w, b_w), (a_s, b_s) = priors[f"{t}_weak"], priors[t]
+        assert a_w / (a_w + b_w) <= a_s / (a_s + b_s) + 1e-12
+
+
+@settings(max_examples=300, deadline=None)
+@given(rho=reliability, eta=st.floats(0.01, 0.95), q=st.floats(0.0, 1.0))
+def test_a_source_that_cannot_raise_its_answers_odds_has_rate_zero(rho, eta, q):
+    rate = information_rate(ActionPrior(q, rho, 1 - rho), eta)
+    if rho / ((1 - rho) * eta) <= 1:
+        assert rate == 0.0
+    else:
+        assert rate >= 0.0
+    assert information_rate(ActionPrior(q, rho, 1 - rho), eta, "spec") >= 0.0  # SPEC's d is >= 0 too
+
+
+@settings(max_examples=300, deadline=None)
+@given(
+    p_err=st.floats(0.0, 1.0),
+    rates=st.fixed_dictionaries({a: st.sampled_from([0.0, 0.0, 0.01, 0.5, 2.0]) for a in ("R1", "R2", "CB")}),
+    lam=st.sampled_from([0.0, 0.01, 0.05, 0.2]),
+    available=st.lists(st.sampled_from(["R1", "R2", "CB"]), unique=True),
+)
+def test_no_action_with_zero_expected_gain_is_chosen(p_err, rates, lam, available):
+    decision = choose_action(p_err, rates, available, lam)
+    if decision.action is not None:
+        assert p_err * rates[decision.action] > lam >= 0 and rates[decision.action] > 0
+
+
+@settings(max_examples=200, deadline=None)
+@given(cal=calibrations(), lam=st.sampled_from([0.0, 0.01, 0.05]))
+def test_a_run_never_takes_an_action_whose_rate_is_zero(cal, lam):
+    llm = ScriptedLLM(read=tower_llm, closed_book=lambda p, n: ["Oslo"] * n)
+    _, report = BRAG(llm, calibration=cal, lam=lam, k=1, hops=2).run(
+        "Where was the architect of the Glass Tower born?", Corpus(TOWER)
+    )
+    for step in report["steps"]:
+        if step["action"]:
+            assert step["rates"][step["action"]] > 0 and step["score"] > lam
+
+
+words = st.text(alphabet=st.characters(categories=["Lu", "Ll", "Nd"]), min_size=1, max_size=8)
+
+
+@settings(max_examples=200, deadline=None)
+@given(answer=st.lists(words, min_size=1, max_size=4).map(" ".join))
+def test_answers_are_normalised_the_same_way_for_every_action(answer):
+    from brag import closed_book_mode, parse_reading, same_answer
+
+    read = parse_reading(f"Answer: {answer}\nFollow-up query: more")[0]
+    chat_cb = closed_book_mode([f"Answer: {answer}"] * 5)[0]
+    plain_cb = closed_book_mode([answer] * 5)[0]
+    bare_read = parse_reading(answer)[0]
+    assert same_answer(read, chat_cb) or not read
+    assert (same_answer(chat_cb, plain_cb) and same_answer(read, bare_read)) or not read

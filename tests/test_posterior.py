@@ -1,4 +1,5 @@
-"""Posterior (SPEC section 1): sanity checks and a slow scipy reference on random inputs."""
+"""Posterior (SPEC section 1 and the floored rule): sanity checks, a scipy reference for SPEC's
+formula, and the invariants as property tests over random calibrations and vote sequences."""
 
 import math
 
@@ -7,10 +8,11 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from scipy.special import betaln
 
-from brag import Vote, error_probability, posterior
+from brag import Vote, VoteModel, error_probability, posterior, uninformative_reliability
 
 PRIORS = {"R1": (6.0, 4.0), "R2": (3.0, 2.0), "CB_1": (1.0, 9.0), "CB_5": (8.0, 2.0)}
 ETA = 0.1
+RULES = pytest.mark.parametrize("rule", ["floored", "spec"])
 
 
 def reference(votes, n_candidates, priors, eta):
@@ -30,27 +32,41 @@ def reference(votes, n_candidates, priors, eta):
     return [math.exp(x) / z for x in log_w], math.exp(log_w0) / z
 
 
+@RULES
 @pytest.mark.parametrize("source", list(PRIORS))
-def test_single_vote_gives_mean_reliability(source):
+def test_single_vote_gives_mean_reliability(source, rule):
     a, b = PRIORS[source]
-    probs, residual = posterior([Vote(source, 0)], 1, PRIORS, ETA)
-    assert probs[0] == pytest.approx(a / (a + b), rel=1e-12)
-    assert residual == pytest.approx(b / (a + b), rel=1e-12)
+    probs, residual = posterior([Vote(source, 0)], 1, PRIORS, ETA, rule)
+    # SPEC's sanity check; floored, a source below rho_0 counts as exactly uninformative.
+    expected = a / (a + b) if rule == "spec" else max(a / (a + b), uninformative_reliability(ETA))
+    assert probs[0] == pytest.approx(expected, rel=1e-12)
+    assert residual == pytest.approx(1 - expected, rel=1e-12)
 
 
-def test_two_agreeing_votes_beat_one():
-    one, _ = posterior([Vote("R1", 0)], 1, PRIORS, ETA)
-    two, _ = posterior([Vote("R1", 0), Vote("R2", 0)], 1, PRIORS, ETA)
-    same_type, _ = posterior([Vote("R1", 0), Vote("R1", 0)], 1, PRIORS, ETA)
+@RULES
+def test_two_agreeing_votes_beat_one(rule):
+    one, _ = posterior([Vote("R1", 0)], 1, PRIORS, ETA, rule)
+    two, _ = posterior([Vote("R1", 0), Vote("R2", 0)], 1, PRIORS, ETA, rule)
+    same_type, _ = posterior([Vote("R1", 0), Vote("R1", 0)], 1, PRIORS, ETA, rule)
     assert two[0] > one[0] + 0.2
     assert same_type[0] > one[0]
 
 
-def test_vote_for_another_candidate_lowers_p():
-    alone, _ = posterior([Vote("R1", 0)], 1, PRIORS, ETA)
-    contested, _ = posterior([Vote("R1", 0), Vote("R2", 1)], 2, PRIORS, ETA)
+@RULES
+def test_vote_for_another_candidate_lowers_p(rule):
+    alone, _ = posterior([Vote("R1", 0)], 1, PRIORS, ETA, rule)
+    contested, _ = posterior([Vote("R1", 0), Vote("R2", 1)], 2, PRIORS, ETA, rule)
     assert contested[0] < alone[0]
     assert sum(contested) < 1.0
+
+
+def test_spec_lets_an_unreliable_vote_count_against_its_own_answer_and_floored_does_not():
+    # rho 0.1 with eta 0.25: ratio 0.1 / (0.9 * 0.25) = 0.44 < 1. The issue's finding.
+    priors = {"R1": (6.0, 4.0), "R2": (1.0, 9.0)}
+    before = {r: posterior([Vote("R1", 0)], 1, priors, 0.25, r)[0][0] for r in ("spec", "floored")}
+    after = {r: posterior([Vote("R1", 0), Vote("R2", 0)], 1, priors, 0.25, r)[0][0] for r in before}
+    assert after["spec"] < before["spec"]
+    assert after["floored"] == pytest.approx(before["floored"])
 
 
 def test_no_candidates_gives_certain_error():
@@ -61,10 +77,10 @@ def test_no_candidates_gives_certain_error():
 
 def test_weights_invariant_to_candidate_order():
     votes = [Vote("R1", 0), Vote("R2", 1), Vote("CB_5", 1), Vote("CB_1", 2)]
-    probs, residual = posterior(votes, 3, PRIORS, ETA)
+    probs, residual = posterior(votes, 3, PRIORS, ETA, "spec")
     relabel = {0: 2, 1: 0, 2: 1}
     shuffled = [Vote(v.source, relabel[v.candidate]) for v in reversed(votes)]
-    probs2, residual2 = posterior(shuffled, 3, PRIORS, ETA)
+    probs2, residual2 = posterior(shuffled, 3, PRIORS, ETA, "spec")
     assert residual2 == pytest.approx(residual, rel=1e-12)
     for old, new in relabel.items():
         assert probs2[new] == pytest.approx(probs[old], rel=1e-12)
@@ -82,12 +98,46 @@ votes_strategy = st.lists(
     a=st.floats(0.2, 30),
     b=st.floats(0.2, 30),
 )
-def test_matches_scipy_reference(raw, eta, a, b):
+def test_spec_matches_scipy_reference(raw, eta, a, b):
     priors = dict(PRIORS, R1=(a, b))
     votes = [Vote(t, c) for t, c in raw]
     n = max((c for _, c in raw), default=-1) + 1
-    probs, residual = posterior(votes, n, priors, eta)
+    probs, residual = posterior(votes, n, priors, eta, "spec")
     ref_probs, ref_residual = reference(votes, n, priors, eta)
     assert residual == pytest.approx(ref_residual, rel=1e-9, abs=1e-12)
     assert probs == pytest.approx(ref_probs, rel=1e-9, abs=1e-12)
     assert sum(probs) + residual == pytest.approx(1.0)
+
+
+# ------------------------------------------------------------------ invariants, as property tests
+
+beta_params = st.tuples(st.floats(0.05, 50), st.floats(0.05, 50))
+calibrations = st.fixed_dictionaries({t: beta_params for t in ("R1", "R2", "CB_1", "CB_5")})
+
+
+@settings(max_examples=400, deadline=None)
+@given(
+    priors=calibrations, eta=st.floats(0.01, 0.95), raw=votes_strategy, extra=st.sampled_from(sorted(PRIORS))
+)
+def test_an_extra_vote_never_lowers_its_candidates_posterior(priors, eta, raw, extra):
+    votes = [Vote(t, c) for t, c in raw]
+    n = max((c for _, c in raw), default=-1) + 1
+    for cand in range(n + 1):
+        before, _ = posterior(votes, n + 1, priors, eta)
+        after, _ = posterior([*votes, Vote(extra, cand)], n + 1, priors, eta)
+        assert after[cand] >= before[cand] - 1e-12, (cand, before, after)
+
+
+@settings(max_examples=300, deadline=None)
+@given(priors=calibrations, eta=st.floats(0.01, 0.95), raw=votes_strategy)
+def test_floored_weights_do_not_depend_on_vote_order(priors, eta, raw):
+    votes = [Vote(t, c) for t, c in raw]
+    n = max((c for _, c in raw), default=-1) + 1
+    forward = posterior(votes, n, priors, eta)
+    backward = posterior(list(reversed(votes)), n, priors, eta)
+    assert backward[1] == pytest.approx(forward[1]) and backward[0] == pytest.approx(forward[0])
+
+
+def test_vote_model_rejects_unknown_rules():
+    with pytest.raises(ValueError, match="rule must be one of"):
+        VoteModel(PRIORS, ETA, rule="bayes")

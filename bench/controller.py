@@ -1,0 +1,211 @@
+"""Choose the controller by cross-validated replay on the calibration questions only.
+
+Calibration runs every action on every labelled question (R1, three second hops, CB) through the
+response cache, so any policy can be replayed on those questions with no LLM. For each dataset
+the calibration questions are split into folds; for each fold a calibration is fitted on the
+other folds (``calibrate.calibrate`` in replay mode) and every controller variant runs at every
+λ on the held-out fold. The fixed strategies (CB, R1, R1 then R2, and reading up to four times
+until an answer) are scored on the same questions. The test splits of ``bench/run.py`` are
+never touched.
+
+    python bench/controller.py --model local --folds 5
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path[:0] = [str(ROOT), str(ROOT / "bench")]
+
+from run import DATASETS, LAMBDAS, bootstrap_ci  # noqa: E402
+
+import brag  # noqa: E402
+import calibrate  # noqa: E402
+import llms  # noqa: E402
+
+
+@dataclass(frozen=True)
+class Variant:
+    """One way of weighing votes and hopping (README, method section)."""
+
+    name: str
+    rule: str
+    second_hop: str
+    hops: int
+
+
+VARIANTS = (
+    Variant("SPEC as written", "spec", "independent", 1),
+    Variant("floored", "floored", "independent", 1),
+    Variant("floored + conditional R2", "floored", "conditional", 1),
+    Variant("floored + conditional R2, 2 hops", "floored", "conditional", 2),
+    Variant("floored + conditional R2, 3 hops", "floored", "conditional", 3),
+)
+FIXED = ("CB", "R1", "R1 → R2", "reads until an answer (≤ 4)")
+
+
+@dataclass
+class Row:
+    """One method on one question: right (EM), calls, and whether one of its own reads was right."""
+
+    right: bool
+    calls: int
+    overruled: bool = False
+
+
+def folds(n: int, k: int) -> list[list[int]]:
+    """``k`` contiguous folds of ``range(n)``, so rows appended fold by fold stay in file order."""
+    edges = np.linspace(0, n, k + 1).astype(int)
+    return [list(range(edges[i], edges[i + 1])) for i in range(k)]
+
+
+def fixed_rows(item: calibrate.Labelled, report: dict[str, Any]) -> dict[str, Row]:
+    """The fixed strategies, read off one run of R1, the hops and CB (each call made once)."""
+    steps = [s for s in report["steps"] if s["action"]]
+    reads = [s["observation"]["answer"] for s in steps if s["action"] in ("R1", "R2")]
+    cb = next(s["observation"]["answer"] for s in steps if s["action"] == "CB")
+    first = next((i for i, a in enumerate(reads) if a), len(reads) - 1)
+    two = reads[1] if len(reads) > 1 else reads[0]
+
+    def em(answer: str) -> bool:
+        return brag.exact_match(answer, item.gold)
+
+    return {
+        "CB": Row(em(cb), 1),
+        "R1": Row(em(reads[0]), 1),
+        "R1 → R2": Row(em(two), min(2, len(reads))),
+        "reads until an answer (≤ 4)": Row(em(reads[first]), first + 1),
+    }
+
+
+def brag_row(item: calibrate.Labelled, answer: str, report: dict[str, Any]) -> Row:
+    reads = [s["observation"].get("answer") for s in report["steps"] if s["action"] in ("R1", "R2")]
+    right = brag.exact_match(answer, item.gold)
+    own = any(a and brag.exact_match(a, item.gold) for a in reads)
+    return Row(right, report["totals"]["llm_calls"], own and not right)
+
+
+def run_dataset(key: str, root: Path, llm: brag.LLM, n: int, k_folds: int) -> dict[str, Any]:
+    ds = DATASETS[key]
+    items = calibrate.read_labelled(root / ds.questions)[:n]
+    corpus = brag.Corpus((root / ds.corpus).read_text(encoding="utf-8"))
+    rows: dict[str, list[Row]] = {}
+    schedule = brag.BRAG(llm, hops=3, lam=0.0)  # the calibration's own schedule, replayed
+    for item in items:
+        _, report = schedule.run(item.question, corpus, actions=["R1", "R2", "R2", "R2", "CB"])
+        for method, row in fixed_rows(item, report).items():
+            rows.setdefault(method, []).append(row)
+    for fold in folds(len(items), k_folds):
+        train = [items[i] for i in range(len(items)) if i not in fold]
+        fits = {
+            hops: calibrate.calibrate(train, corpus, llm, hops=hops) for hops in {v.hops for v in VARIANTS}
+        }
+        for variant in VARIANTS:
+            for lam in LAMBDAS:
+                controller = brag.BRAG(
+                    llm,
+                    calibration=fits[variant.hops],
+                    lam=lam,
+                    rule=variant.rule,
+                    second_hop=variant.second_hop,
+                    hops=variant.hops,
+                )
+                for i in fold:
+                    answer, report = controller.run(items[i].question, corpus)
+                    rows.setdefault(f"{variant.name} λ={lam}", []).append(brag_row(items[i], answer, report))
+    return {"name": ds.name, "n": len(items), "rows": rows}
+
+
+def summary(rows: list[Row]) -> tuple[float, float, int]:
+    return (
+        float(np.mean([r.right for r in rows])),
+        float(np.mean([r.calls for r in rows])),
+        sum(r.overruled for r in rows),
+    )
+
+
+def table(result: dict[str, Any]) -> list[str]:
+    rows = result["rows"]
+    lines = [
+        f"## {result['name']} ({result['n']} calibration questions, cross-validated)",
+        "",
+        "| method | λ | Acc (EM) | LLM calls | wrong though one of its reads was right |",
+        "|---|---|---|---|---|",
+    ]
+    for method in FIXED:
+        acc, calls, _ = summary(rows[method])
+        lines.append(f"| {method} | | {acc:.3f} | {calls:.2f} | |")
+    for variant in VARIANTS:
+        for lam in LAMBDAS:
+            acc, calls, overruled = summary(rows[f"{variant.name} λ={lam}"])
+            lines.append(f"| {variant.name} | {lam} | {acc:.3f} | {calls:.2f} | {overruled} |")
+    return [*lines, ""]
+
+
+def verdict(result: dict[str, Any], variant: Variant) -> list[str]:
+    """Where ``variant`` stands against the best fixed strategy of CB, R1 and R1 → R2."""
+    rows = result["rows"]
+    fixed = {m: summary(rows[m]) for m in ("CB", "R1", "R1 → R2")}
+    best = max(fixed, key=lambda m: (fixed[m][0], -fixed[m][1]))
+    acc, calls, _ = fixed[best]
+    points = {lam: summary(rows[f"{variant.name} λ={lam}"]) for lam in LAMBDAS}
+    met = [lam for lam, (a, c, _) in points.items() if a >= acc and c <= calls + 1e-9]
+    lam = met[0] if met else max(points, key=lambda x: (points[x][1] <= calls + 1e-9, points[x][0]))
+    a = np.array([r.right for r in rows[f"{variant.name} λ={lam}"]], dtype=float)
+    b = np.array([r.right for r in rows[best]], dtype=float)
+    low, high = bootstrap_ci(a, b)
+    head = "met" if met else "not met"
+    return [
+        f"**{result['name']}, {variant.name}: target {head}.** Best fixed strategy: {best} "
+        f"({acc:.3f} at {calls:.2f} calls). BRAG at λ={lam}: {points[lam][0]:.3f} at {points[lam][1]:.2f} "
+        f"calls; Δ Acc {points[lam][0] - acc:+.3f} (paired bootstrap 95 % CI {low:+.3f}, {high:+.3f}).",
+        "",
+    ]
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--model", default="local", help="the make_llm spec the calibration ran with")
+    parser.add_argument("--datasets", nargs="+", default=list(DATASETS), choices=list(DATASETS))
+    parser.add_argument("--n", type=int, default=60, help="calibration questions per dataset")
+    parser.add_argument("--folds", type=int, default=5)
+    parser.add_argument("--choose", default=VARIANTS[-1].name, help="the variant the verdicts are for")
+    parser.add_argument("--cache", default=str(ROOT / "bench" / "cache" / "llm.sqlite"))
+    parser.add_argument("--out", type=Path, default=ROOT / "bench" / "results" / "controller.md")
+    args = parser.parse_args(argv)
+    root = brag.data_dir()
+    if root is None:
+        print("controller: set BRAG_DATA_DIR to the shared evaluation data", file=sys.stderr)
+        return 2
+    llm = llms.CachedLLM(llms.make_llm(args.model), args.cache, mode="replay")
+    chosen = next(v for v in VARIANTS if v.name == args.choose)
+    lines = [
+        "# Controller variants by cross-validated replay on the calibration questions",
+        "",
+        f"Command: `python bench/controller.py --model {args.model} --n {args.n} --folds {args.folds}` "
+        "(every response replayed from the cache; no LLM, no test question).",
+        f"Model: `{llm.name}`. Each fold's calibration is fitted on the other folds.",
+        "",
+    ]
+    results = []
+    for key in args.datasets:
+        result = run_dataset(key, root, llm, args.n, args.folds)
+        results.append(result)
+        lines += table(result)
+    lines += ["## Verdicts", ""]
+    for result in results:
+        lines += verdict(result, chosen)
+    args.out.write_text("\n".join(lines) + "\n", encoding="utf-8")
+    print("\n".join(lines))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
