@@ -44,7 +44,6 @@ DEMO_CORPUS_PATH = HERE / "data" / "demo_corpus.json"
 HIPPORAG_REPO = "osunlp/HippoRAG_2"
 YOUR_DOCUMENTS = "Your documents"
 ACTIONS = brag.ACTIONS
-HOPS = 1  # second-hop reads per question (chosen by bench/controller.py)
 # Display name -> (folder under BRAG_DATA_DIR, local file names to try in order, Hub file name).
 # The shared data holds HippoRAG's own 2Wiki corpus and faithful subsets for the other two.
 CORPORA: dict[str, tuple[str, tuple[str, ...], str]] = {
@@ -461,28 +460,53 @@ def corpus_file(name: str) -> Path:
         raise user_error(f"cannot download the {name} corpus ({hub_name} from {repo}): {err}") from None
 
 
+def own_index() -> tuple[str, Path] | None:
+    """``BRAG_CORPUS_DIR``: the owner's collection, indexed by ``python -m brag index``; its name."""
+    configured = os.environ.get("BRAG_CORPUS_DIR", "").strip()
+    if not configured:
+        return None
+    folder = Path(configured)
+    try:
+        meta = json.loads((folder / "brag_corpus.json").read_text(encoding="utf-8"))
+    except (OSError, json.JSONDecodeError):
+        raise SystemExit(
+            f"BRAG_CORPUS_DIR: {folder} is not a folder written by `python -m brag index`"
+        ) from None
+    return meta.get("name") or folder.resolve().name, folder
+
+
+OWN_INDEX = own_index()
+# Every corpus a request may name: the demo, the owner's own, and the HippoRAG ones.
+NAMED = [DEMO, *([OWN_INDEX[0]] if OWN_INDEX else []), *CORPORA]
+
+
 class CorpusStore:
     """Named corpora, indexed once and shared; pasted document sets, kept to a memory budget."""
 
     def __init__(self, documents_budget: int) -> None:
         self._corpora: dict[str, brag.Corpus] = {}
-        self._locks: dict[str, threading.Lock] = {name: threading.Lock() for name in [DEMO, *CORPORA]}
+        self._locks: dict[str, threading.Lock] = {name: threading.Lock() for name in NAMED}
         self._documents: OrderedDict[str, brag.Corpus] = OrderedDict()
         self._documents_lock = threading.Lock()
         self.documents_budget = documents_budget
 
     def named(self, name: str) -> brag.Corpus:
-        """A named corpus; the first request for it pays for reading and indexing."""
+        """A named corpus, opened once and shared.
+
+        The owner's own index (``BRAG_CORPUS_DIR``) is memory-mapped; a HippoRAG corpus is
+        indexed the first time its file is seen and kept under ``BRAG_CACHE_DIR``, so a restart
+        memory-maps it instead of indexing it again.
+        """
         with self._locks[name]:
             if name not in self._corpora:
-                path = corpus_file(name)
                 started = time.perf_counter()
-                self._corpora[name] = brag.Corpus(path.read_text(encoding="utf-8"))
+                if OWN_INDEX is not None and name == OWN_INDEX[0]:
+                    corpus = brag.Corpus.load(OWN_INDEX[1])
+                else:
+                    corpus = brag.cached_corpus(corpus_file(name), name)
+                self._corpora[name] = corpus
                 log.info(
-                    "indexed %s (%d passages) in %.1f s",
-                    name,
-                    len(self._corpora[name]),
-                    time.perf_counter() - started,
+                    "opened %s (%d passages) in %.2f s", name, len(corpus), time.perf_counter() - started
                 )
             return self._corpora[name]
 
@@ -517,8 +541,8 @@ def pick_corpus(corpus: str | None, documents: str | None) -> tuple[brag.Corpus,
         raise user_error("“Your documents” is selected but none are pasted: paste some, or choose a corpus.")
     if not name:
         raise user_error("No corpus: choose one or paste documents (one passage per line, or a JSON list).")
-    if name not in CORPORA and name != DEMO:
-        raise user_error(f"Unknown corpus: use one of {', '.join([DEMO, *CORPORA])}, or paste documents.")
+    if name not in NAMED:
+        raise user_error(f"Unknown corpus: use one of {', '.join(NAMED)}, or paste documents.")
     return STORE.named(name), name
 
 
@@ -635,7 +659,7 @@ def run_brag(
             chosen, label = pick_corpus(corpus, documents)
             backend = LLMS.get(model, hf_token, provider)
             cal = read_calibration(calibration, label, getattr(backend, "name", ""))
-            controller = brag.BRAG(backend, calibration=cal, lam=lam, hops=HOPS)
+            controller = brag.BRAG(backend, calibration=cal, lam=lam)
         steps = controller.stream(question, chosen)
         while True:
             # Gradio may run each step of a generator in another thread, so the deadline is set
@@ -775,7 +799,7 @@ STEP_COLUMNS = ["Step", "P(error)", "R1", "R2", "CB", "Action", "What it read", 
 
 
 def steps_frame(report: dict[str, Any]) -> pd.DataFrame:
-    """Each decision and why: P(error), each action's P_err · D / c against λ, and what it saw.
+    """Each decision and why: P(error), each action's expected gain per call against λ, and what it saw.
 
     A score that beats λ is marked ✓; "—" means the action was not available at that step.
     """
@@ -941,7 +965,7 @@ def use_documents(documents: str, corpus: str) -> Any:
 
 def build() -> gr.Blocks:
     """The Gradio Blocks app."""
-    choices = [DEMO, *CORPORA, YOUR_DOCUMENTS]
+    choices = [*NAMED, YOUR_DOCUMENTS]
     with Blocks(title="BRAG · cost-aware question answering") as demo:
         gr.Markdown(
             "# BRAG · cost-aware question answering\n"
@@ -991,7 +1015,7 @@ def build() -> gr.Blocks:
                     chart = gr.HTML(posterior_svg({}))
             steps = gr.Dataframe(
                 headers=STEP_COLUMNS,
-                label="Steps: each action's score P_err · D / c, ✓ when it beats λ; the best one runs",
+                label="Steps: each action's expected drop in P(error) per call, ✓ above λ; the best one runs",
                 wrap=True,
                 visible=False,
                 elem_id="steps",

@@ -21,16 +21,20 @@ import logging
 import math
 import os
 import re
+import shutil
 import string
+import sys
 import tempfile
 import time
 import unicodedata
 import zlib
+from array import array
 from collections import Counter
-from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
+from collections.abc import Callable, Collection, Iterable, Iterator, Mapping, Sequence
+from contextlib import contextmanager
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
-from typing import Any, NamedTuple, Protocol, runtime_checkable
+from typing import Any, BinaryIO, NamedTuple, Protocol, runtime_checkable
 
 import bm25s
 import numpy as np
@@ -45,6 +49,7 @@ __all__ = [
     "Completion",
     "Corpus",
     "Passage",
+    "Retriever",
     "RunAborted",
     "Vote",
     "VoteModel",
@@ -262,10 +267,10 @@ def uninformative_reliability(eta: float) -> float:
 class VoteModel:
     """How each vote moves the posterior; ``w_0 = 1 / eta`` is the residual's weight.
 
-    ``floored`` (default): a vote of type t multiplies its candidate's weight by the likelihood
-    ratio ``max(1, rho_t / ((1 - rho_t) eta))``, rho_t the calibrated mean reliability. A
-    source no better than the uninformative ``rho_0`` leaves its candidate's odds as they were,
-    so an extra vote never lowers the candidate it names.
+    ``floored`` (default): with L_t = rho_t / ((1 - rho_t) eta) the likelihood ratio of a vote
+    of type t (rho_t its calibrated mean reliability), a candidate's weight is the product of
+    the L_t of its votes that favour it (L_t >= 1), or, while none does, the largest L_t among
+    its votes. One vote gives P = rho_t, as in SPEC, and no further vote ever lowers it.
 
     ``spec``: SPEC's ``log w_i = sum_t [lnB(a_t + n_ti, b_t + N_t - n_ti) - lnB(a_t, b_t + N_t)]
     - n_i ln eta``, per-query reliabilities integrated out; ``table[t][N][n]`` is the bracket for
@@ -285,8 +290,8 @@ class VoteModel:
             raise ValueError(f"rule must be one of {RULES}, got {rule!r}")
         self.priors, self.rule = dict(priors), rule
         self.ln_eta = math.log(eta)
-        # floored: the log likelihood ratio of one vote of each type, never below 0.
-        self.gain = {t: max(0.0, math.log(a / b) - self.ln_eta) for t, (a, b) in self.priors.items()}
+        # floored: the log likelihood ratio of one vote of each type.
+        self.log_ratio = {t: math.log(a / b) - self.ln_eta for t, (a, b) in self.priors.items()}
         self.table = {}
         if rule == "spec":
             self.table = {t: [self._row(t, big_n) for big_n in range(max_votes + 1)] for t in self.priors}
@@ -318,6 +323,19 @@ class Beliefs:
         self.model = model
         self.log_w: list[float] = []
         self.counts: dict[str, dict[int, int]] = {}  # type -> candidate -> votes
+        # floored: per candidate, the summed log ratio of its favouring votes (None while it has
+        # none) and the largest log ratio among the others.
+        self.favour: list[float | None] = []
+        self.weakest_best: list[float] = []
+
+    def weight_after(self, cand: int, log_ratio: float) -> float:
+        """The log weight ``cand`` would have after one more vote with ``log_ratio`` (floored)."""
+        if cand >= len(self.favour):  # a new candidate: the vote's own ratio
+            return log_ratio
+        favour = self.favour[cand]
+        if log_ratio >= 0:
+            return (favour or 0.0) + log_ratio
+        return favour if favour is not None else max(self.weakest_best[cand], log_ratio)
 
     def add(self, vote: Vote) -> None:
         """Record one vote."""
@@ -328,7 +346,15 @@ class Beliefs:
         counts = self.counts.setdefault(source, {})
         n = counts.get(cand, 0)
         if self.model.rule == "floored":
-            log_w[cand] += self.model.gain[source]
+            ratio = self.model.log_ratio[source]
+            log_w[cand] = self.weight_after(cand, ratio)
+            while len(self.favour) <= cand:
+                self.favour.append(None)
+                self.weakest_best.append(-math.inf)
+            if ratio >= 0:
+                self.favour[cand] = (self.favour[cand] or 0.0) + ratio
+            else:
+                self.weakest_best[cand] = max(self.weakest_best[cand], ratio)
         else:
             big_n = sum(counts.values())
             old, new = self.model.row(source, big_n), self.model.row(source, big_n + 1)
@@ -404,33 +430,79 @@ def information_rate(action: ActionPrior, eta: float, rule: str = "floored") -> 
     return action.q * vote_information(action.mean, eta, rule)
 
 
+def likelihood_ratio(rho: float, eta: float, rule: str = "floored") -> float:
+    """How much a vote multiplies its candidate's odds: rho / ((1 - rho) eta), floored at 1."""
+    rho = min(max(rho, 1e-9), 1 - 1e-9)
+    ratio = rho / ((1 - rho) * eta)
+    return max(1.0, ratio) if rule == "floored" else ratio
+
+
+@dataclass(frozen=True)
+class VoteOutlook:
+    """What one action's vote can be, for the lookahead.
+
+    Whether it answers (q), and the likelihood ratio of each kind of vote with its share (CB:
+    one per agreement level; a read: one). For the conditional second hop, ``same_ratio`` is
+    the ratio of a vote repeating an earlier read's answer; the outcomes hold a new answer's.
+    """
+
+    q: float
+    outcomes: tuple[tuple[float, float], ...]
+    same_ratio: float | None = None
+
+
+def expected_gain(
+    beliefs: Beliefs, n_candidates: int, eta: float, outlook: VoteOutlook, repeatable: Collection[int] = ()
+) -> float:
+    """The expected drop in P_err from one more vote: a one-step lookahead.
+
+    Under the posterior's own model a vote names the true answer with probability rho and each
+    particular wrong one with (1 - rho) eta; every kind and target of vote is weighted by its
+    predictive probability, and the posterior after it is the one :class:`Beliefs` would reach.
+    It is what the stop rule prices: lambda is the price of one call in units of answer error.
+    """
+    probs, residual = beliefs.probabilities(n_candidates)
+    log_w = beliefs.log_w
+    best = max(probs, default=0.0)
+    order = sorted(range(len(probs)), key=lambda i: -probs[i])
+    runner_up = probs[order[1]] if len(order) > 1 else 0.0
+    expected = (1 - outlook.q) * best
+    for share, ratio in outlook.outcomes:
+        total, covered = 0.0, 0.0
+        for j, pj in enumerate(probs):
+            lr = outlook.same_ratio if outlook.same_ratio is not None and j in repeatable else ratio
+            rho = lr * eta / (1 + lr * eta)
+            chance = pj * rho + (1 - pj) * (1 - rho) * eta  # the vote names candidate j
+            grown = pj * math.exp(beliefs.weight_after(j, math.log(lr)) - log_w[j])
+            other = runner_up if j == order[0] else best
+            total += chance * max(grown, other) / (1 - pj + grown)
+            covered += chance
+        fresh = residual * ratio * eta  # a vote for an answer not seen yet: its weight
+        total += max(0.0, 1 - covered) * max(best, fresh) / (1 + fresh)
+        expected += outlook.q * share * total
+    return max(0.0, expected - best)
+
+
 class Decision(NamedTuple):
     """One controller decision: the chosen action (None = stop) and why."""
 
     action: str | None
-    score: float  # P_err * D_a* / c_a* of the best available action (0 when none is left)
+    score: float  # expected gain per cost of the best available action (0 when none is left)
     stop_reason: str | None
 
 
-def choose_action(
-    p_err: float,
-    rate_per_cost: Mapping[str, float],
-    available: Sequence[str],
-    lam: float,
-) -> Decision:
-    """Pick a* = argmax D_a / c_a over ``available``; stop when P_err * D_a* / c_a* <= lam.
+def choose_action(gain_per_cost: Mapping[str, float], available: Sequence[str], lam: float) -> Decision:
+    """Pick the available action with the highest expected gain per cost; stop at or below lam.
 
-    ``rate_per_cost`` holds D_a / c_a per action. Ties go to the earlier action in
-    ``available`` so the choice is deterministic.
+    Ties go to the earlier action in ``available`` so the choice is deterministic. An action
+    with no expected gain is never chosen, whatever lam.
     """
-    best, best_ratio = None, -math.inf
+    best, score = None, -math.inf
     for action in available:
-        ratio = rate_per_cost[action]
-        if ratio > best_ratio:
-            best, best_ratio = action, ratio
+        if gain_per_cost[action] > score:
+            best, score = action, gain_per_cost[action]
     if best is None:
         return Decision(None, 0.0, "no action left")
-    score = p_err * best_ratio
     if score <= 0:
         return Decision(None, 0.0, "no action left has any expected gain")
     if score <= lam:
@@ -525,6 +597,9 @@ def parse_passages(passages: Any) -> list[Passage | None]:
     parsed: list[Passage | None] = []
     for i, item in enumerate(passages):
         doc_id, salience = "", 1.0
+        if isinstance(item, Passage):
+            parsed.append(item if item.text or item.title else None)
+            continue
         if isinstance(item, str):
             title, text = "", item
         elif isinstance(item, Mapping):
@@ -708,10 +783,14 @@ def dedup_ingestion(
     """
     below = [i for i, p in enumerate(passages) if p.salience < config.salience_threshold]
     documents: dict[str, list[int]] = {}
-    for i, p in enumerate(passages):
-        if p.salience >= config.salience_threshold:
-            documents.setdefault(p.document(i), []).append(i)
     kept: list[int] = []
+    for i, p in enumerate(passages):
+        if p.salience < config.salience_threshold:
+            continue
+        if p.title or p.doc_id:
+            documents.setdefault(p.document(i), []).append(i)
+        else:
+            kept.append(i)  # an untitled passage is a document alone: nothing in it to dedup
     exact: dict[int, int] = {}
     near: dict[int, int] = {}
     absorbed: Counter[int] = Counter()
@@ -805,6 +884,81 @@ class Retrieval:
         return len(self.removed) / self.considered if self.considered else 0.0
 
 
+def _progress(items: Sequence[Any], show: bool, what: str) -> Iterable[Any]:
+    """``items``, with a progress bar on stderr when asked (tqdm comes with bm25s)."""
+    if not show:
+        return items
+    from tqdm import tqdm
+
+    return tqdm(items, desc=what, unit=" passages", mininterval=1.0)
+
+
+# bm25s's scoring, per variant, on whole arrays at once: inverse document frequency of each
+# token from its document frequency df among n documents, and the term-frequency component of
+# each (document, token) pair (tests/test_corpus.py checks both against bm25s's own index).
+_IDF: dict[str, Callable[[np.ndarray, int], np.ndarray]] = {
+    "robertson": lambda df, n: np.log(np.maximum((n - df + 0.5) / (df + 0.5), 1.0)),
+    "lucene": lambda df, n: np.log(1 + (n - df + 0.5) / (df + 0.5)),
+    "atire": lambda df, n: np.log(n / df),
+    "bm25l": lambda df, n: np.log((n + 1) / (df + 0.5)),
+    "bm25+": lambda df, n: np.log((n + 1) / df),
+}
+
+
+def _tfc(method: str, tf: Any, length: Any, average: float, k1: float, b: float, delta: float) -> Any:
+    norm = 1 - b + b * length / average
+    if method in ("robertson", "lucene"):
+        return tf / (k1 * norm + tf)
+    if method == "atire":
+        return tf * (k1 + 1) / (tf + k1 * norm)
+    if method == "bm25l":
+        c = tf / norm
+        return (k1 + 1) * (c + delta) / (k1 + c + delta)
+    return (k1 + 1) * tf / (k1 * norm + tf) + delta  # bm25+
+
+
+def bm25_index(
+    ids: np.ndarray, lengths: np.ndarray, vocab: dict[str, int], variant: str, k1: float, b: float
+) -> bm25s.BM25:
+    """A bm25s index built from token ids with numpy alone, for any number of passages.
+
+    ``ids`` holds every passage's token ids one passage after another, ``lengths`` how many each
+    has. It gives the same scores as ``bm25s.BM25.index``, which walks the passages in Python
+    and keeps every passage's tokens as Python lists (about 10 GB for a million passages).
+    """
+    method, idf_method = BM25_VARIANTS[variant]
+    bm25 = bm25s.BM25(k1=k1, b=b, method=method, idf_method=idf_method)
+    n_docs, n_vocab = len(lengths), len(vocab)
+    docs = np.repeat(np.arange(n_docs, dtype=np.int64), lengths)
+    pairs, tf = np.unique(docs * n_vocab + ids, return_counts=True)  # (passage, token), doc-major
+    del docs
+    pair_doc, pair_token = np.divmod(pairs, n_vocab)
+    del pairs
+    df = np.bincount(pair_token, minlength=n_vocab)
+    average = float(lengths.mean())
+    idf = _IDF[idf_method](df.astype(np.float64), n_docs)
+    tfc = _tfc(method, tf.astype(np.float64), lengths[pair_doc], average, k1, b, bm25.delta)
+    scores = (idf[pair_token] * tfc).astype(np.float32)
+    bm25.nonoccurrence_array = None
+    if method in bm25.methods_requiring_nonoccurrence:
+        # A token's score in a passage without it, as bm25s computes it (at the average length).
+        absent = (idf * _tfc(method, 0.0, average, average, k1, b, bm25.delta)).astype(np.float32)
+        scores -= absent[pair_token]
+        bm25.nonoccurrence_array = absent
+    order = np.argsort(pair_token, kind="stable")  # token-major, passages ascending within a token
+    indptr = np.zeros(n_vocab + 1, dtype=np.int64)
+    np.cumsum(df, out=indptr[1:])
+    bm25.scores = {
+        "data": scores[order],
+        "indices": pair_doc[order].astype(np.int32),
+        "indptr": indptr,
+        "num_docs": n_docs,
+    }
+    bm25.vocab_dict = vocab
+    bm25.unique_token_ids_set = set(vocab.values())
+    return bm25
+
+
 def _scoring_tokens(bm25: bm25s.BM25) -> np.ndarray:
     """Mark, per token id, whether the token adds to any passage's score.
 
@@ -817,6 +971,95 @@ def _scoring_tokens(bm25: bm25s.BM25) -> np.ndarray:
     if len(nonempty):
         has_score[nonempty] = np.maximum.reduceat(data, indptr[nonempty]) > 0
     return has_score
+
+
+@runtime_checkable
+class Retriever(Protocol):
+    """What BRAG needs from a passage index. :class:`Corpus` is one; a search service is another.
+
+    ``retrieve`` ranks passages for a query (``Retrieval.hits``: ids and scores, best first; a
+    retriever that cannot score every passage leaves ``Retrieval.bm25`` as None). The gate
+    reads the top scores, how rare a term is (``document_share``) and the passages' text.
+    """
+
+    def retrieve(self, query: str, k: int = 5) -> Retrieval:
+        """The top ``k`` passages for ``query``."""
+        ...
+
+    def __getitem__(self, passage_id: int) -> Passage:
+        """A passage by the id ``retrieve`` gave."""
+        ...
+
+    def __len__(self) -> int:
+        """How many passages there are."""
+        ...
+
+    def document_share(self, token: str) -> float:
+        """The share of passages that hold ``token``."""
+        ...
+
+    def novel(self, candidates: Sequence[int], read: Sequence[int]) -> list[int]:
+        """The candidates that repeat none of the passages already read."""
+        ...
+
+    def stats(self) -> dict[str, Any]:
+        """Figures for reports (passages, dedup ratios)."""
+        ...
+
+
+class _Passages:
+    """The kept passages by row: in memory, or read on demand from a memory-mapped file.
+
+    On disk: ``texts.npy`` holds every passage's title, text and document id as UTF-8 bytes, one
+    after another, and ``offsets.npy`` where each starts (row i: title, text, doc id, end).
+    """
+
+    def __init__(self, passages: Sequence[Passage], salience: np.ndarray) -> None:
+        self._list: Sequence[Passage] | None = passages
+        self._blob: np.ndarray | None = None
+        self._offsets: np.ndarray | None = None
+        self.salience = salience
+
+    @classmethod
+    def mapped(cls, directory: Path, salience: np.ndarray) -> _Passages:
+        store = cls([], salience)
+        store._list = None
+        store._blob = np.load(directory / "texts.npy", mmap_mode="r")
+        store._offsets = np.load(directory / "offsets.npy", mmap_mode="r")
+        return store
+
+    def __len__(self) -> int:
+        return len(self._list) if self._list is not None else len(self._offsets)
+
+    def __getitem__(self, row: int) -> Passage:
+        if self._list is not None:
+            return self._list[row]
+        title, text, doc, end = (int(x) for x in self._offsets[row])
+        raw = self._blob[title:end].tobytes()
+        text_at, doc_at = text - title, doc - title
+        return Passage(
+            raw[:text_at].decode(),
+            raw[text_at:doc_at].decode(),
+            raw[doc_at:].decode(),
+            float(self.salience[row]),
+        )
+
+    def save(self, directory: Path) -> None:
+        """Write ``texts.npy`` (the bytes) and ``offsets.npy``."""
+        offsets = np.zeros((len(self), 4), dtype=np.int64)
+        parts, at = [], 0
+        for row in range(len(self)):
+            p = self[row]
+            fields = [p.title.encode(), p.text.encode(), p.doc_id.encode()]
+            offsets[row, :3] = at, at + len(fields[0]), at + len(fields[0]) + len(fields[1])
+            at += sum(map(len, fields))
+            offsets[row, 3] = at
+            parts += fields
+        np.save(directory / "texts.npy", np.frombuffer(b"".join(parts), dtype=np.uint8))
+        np.save(directory / "offsets.npy", offsets)
+
+
+CORPUS_FORMAT = 3
 
 
 class Corpus:
@@ -840,6 +1083,7 @@ class Corpus:
         embedder: Embedder | None = None,
         dedup: DedupConfig | None = None,
         rrf_k: int = 60,
+        show_progress: bool = False,
     ) -> None:
         if variant not in BM25_VARIANTS:
             raise ValueError(f"variant: unknown BM25 variant {variant!r}; use one of {list(BM25_VARIANTS)}")
@@ -848,6 +1092,7 @@ class Corpus:
         if not present:
             raise ValueError("corpus is empty: no passage has any text")
         self.dropped = len(parsed) - len(present)
+        self.name = ""
         self.variant, self.k1, self.b, self.rrf_k = variant, k1, b, rrf_k
         self.dedup = dedup or DedupConfig()
         self.embedder = embedder
@@ -863,30 +1108,37 @@ class Corpus:
         kept = result.kept
         if not kept:
             raise ValueError("corpus is empty: every passage is below the salience threshold")
-        self.ids = [present[j] for j in kept]
-        self._passages = {present[j]: segments[j] for j in kept}
+        self.ids = np.array([present[j] for j in kept], dtype=np.int64)  # ascending: input order
         self.salience = np.array([result.salience[j] for j in kept], dtype=np.float32)
+        self._store = _Passages([segments[j] for j in kept], self.salience)
         self.embeddings = None if vectors is None else vectors[kept]
         if self.embeddings is not None:
             self.embeddings.setflags(write=False)  # embeddings are never modified after ingestion
-        method, idf_method = BM25_VARIANTS[variant]
-        tokens = [tokenize(self._passages[i].render()) for i in self.ids]
-        if not any(tokens):
+        vocab: dict[str, int] = {}
+        ids, lengths = array("i"), array("q")
+        for passage in _progress(self._store._list, show_progress, "tokenizing"):
+            words = tokenize(passage.render())
+            lengths.append(len(words))
+            ids.extend(vocab.setdefault(word, len(vocab)) for word in words)
+        if not vocab:
             raise ValueError("corpus has nothing to search: no passage holds a word (letters or digits)")
-        self._bm25 = bm25s.BM25(k1=k1, b=b, method=method, idf_method=idf_method)
-        self._bm25.index(tokens, show_progress=False)
-        self._finish()
-
-    def _finish(self) -> None:
-        self._vocab: dict[str, int] = self._bm25.vocab_dict
+        token_ids, counts = np.frombuffer(ids, dtype=np.int32), np.frombuffer(lengths, dtype=np.int64)
+        self._bm25 = bm25_index(token_ids, counts, vocab, variant, k1, b)
+        del token_ids, counts, ids, lengths
+        self._vocab = vocab
         self._scoring = _scoring_tokens(self._bm25)
-        self._row = {pid: row for row, pid in enumerate(self.ids)}
         self._df = np.diff(self._bm25.scores["indptr"])
 
     def document_share(self, token: str) -> float:
         """Share of the passages that contain ``token`` (0 when none does)."""
         token_id = self._vocab.get(token)
         return float(self._df[token_id]) / len(self.ids) if token_id is not None else 0.0
+
+    def _row_of(self, passage_id: int) -> int:
+        row = int(np.searchsorted(self.ids, passage_id))
+        if row >= len(self.ids) or self.ids[row] != passage_id:
+            raise KeyError(passage_id)
+        return row
 
     def _log_ingestion(self, before: int) -> None:
         ing = self.ingestion
@@ -919,8 +1171,8 @@ class Corpus:
         """SHA-256 of what retrieval depends on: the kept passages, their ids and the BM25 settings."""
         if getattr(self, "_fingerprint", None) is None:
             digest = hashlib.sha256(json.dumps([self.variant, self.k1, self.b, self.rrf_k]).encode())
-            for i in self.ids:
-                digest.update(f"\0{i}\0{self._passages[i].render()}".encode())
+            for row, i in enumerate(self.ids):
+                digest.update(f"\0{i}\0{self._store[row].render()}".encode())
             self._fingerprint = digest.hexdigest()
         return self._fingerprint
 
@@ -931,16 +1183,16 @@ class Corpus:
         if self.embeddings is not None:
             arrays += self.embeddings.nbytes
         # CPython: a str is about 50 bytes plus its characters; a Passage and its dict entries ~250.
-        text = sum(len(p.title) + len(p.text) + 350 for p in self._passages.values())
+        text = sum(len(self._store[row].title) + len(self._store[row].text) + 350 for row in range(len(self)))
         vocabulary = 120 * len(self._vocab)
-        return int(arrays + text + vocabulary + 80 * len(self.ids))
+        return int(arrays + text + vocabulary + self.ids.nbytes)
 
     def __len__(self) -> int:
         """Number of kept passages."""
         return len(self.ids)
 
     def __getitem__(self, passage_id: int) -> Passage:
-        return self._passages[passage_id]
+        return self._store[self._row_of(passage_id)]
 
     def scores(self, query: str) -> np.ndarray:
         """BM25 score of every kept passage (in the order of ``ids``) for ``query``."""
@@ -988,8 +1240,8 @@ class Corpus:
                     len(removed),
                 )
             result = Retrieval(
-                [(self.ids[j], float(s)) for j, s in hits],
-                [self.ids[j] for j in removed],
+                [(int(self.ids[j]), float(s)) for j, s in hits],
+                [int(self.ids[j]) for j in removed],
                 len(hits) + len(removed),
                 bm25,
                 dense,
@@ -1000,7 +1252,7 @@ class Corpus:
                     100 * result.dedup_ratio,
                 )
             return result
-        hits = [(self.ids[j], float(bm25[j])) for j in ranked]
+        hits = [(int(self.ids[j]), float(bm25[j])) for j in ranked]
         if self.dedup.min_relevance_score is not None:
             hits, _ = dedup_ranked(hits, None, self.dedup, k)
         return Retrieval(hits, [], len(hits), bm25)
@@ -1013,16 +1265,23 @@ class Corpus:
         """
         if self.embeddings is None or not self.dedup.retrieval_enabled or not read:
             return list(candidates)
-        seen = self.embeddings[[self._row[i] for i in read]]
+        seen = self.embeddings[[self._row_of(i) for i in read]]
         threshold = self.dedup.retrieval_similarity_threshold
-        return [i for i in candidates if float(np.max(seen @ self.embeddings[self._row[i]])) < threshold]
+        return [i for i in candidates if float(np.max(seen @ self.embeddings[self._row_of(i)])) < threshold]
 
-    def save(self, directory: str | os.PathLike[str]) -> None:
-        """Write passages, embeddings and the BM25 index to ``directory`` so ``load`` skips indexing."""
+    def save(self, directory: str | os.PathLike[str], name: str = "") -> None:
+        """Write the corpus and its index to ``directory``, so ``load`` needs no indexing.
+
+        Every array is a ``.npy`` file that ``load`` memory-maps: a saved corpus opens in about
+        the time it takes to read its vocabulary, whatever its size.
+        """
         path = Path(directory)
         path.mkdir(parents=True, exist_ok=True)
+        ing = self.ingestion
         meta = {
-            "format": 2,
+            "format": CORPUS_FORMAT,
+            "name": name,
+            "passages": len(self),
             "variant": self.variant,
             "k1": self.k1,
             "b": self.b,
@@ -1030,29 +1289,41 @@ class Corpus:
             "dropped": self.dropped,
             "embedder": self.embedder.name if self.embedder is not None else None,
             "dedup": asdict(self.dedup),
-            "ingestion": asdict(self.ingestion),
         }
-        (path / "brag_corpus.json").write_text(json.dumps(meta), encoding="utf-8")
-        with open(path / "passages.jsonl", "w", encoding="utf-8") as out:
-            for i in self.ids:
-                p = self._passages[i]
-                row = {"id": i, "title": p.title, "text": p.text, "doc_id": p.doc_id, "salience": p.salience}
-                out.write(json.dumps(row, ensure_ascii=False) + "\n")
+        np.save(path / "ids.npy", np.asarray(self.ids, dtype=np.int64))
         np.save(path / "salience.npy", self.salience)
+        np.save(path / "scoring.npy", self._scoring)
+        np.save(path / "df.npy", self._df)
+        self._store.save(path)
         if self.embeddings is not None:
             np.save(path / "embeddings.npy", self.embeddings)
+        np.savez(
+            path / "ingestion.npz",
+            kept=np.asarray(ing.kept, dtype=np.int64),
+            below=np.asarray(ing.below_salience, dtype=np.int64),
+            exact=np.asarray(list(ing.exact_duplicates.items()), dtype=np.int64).reshape(-1, 2),
+            near=np.asarray(list(ing.near_duplicates.items()), dtype=np.int64).reshape(-1, 2),
+            boosts=np.asarray(list(ing.boosts.items()), dtype=np.float64).reshape(-1, 2),
+        )
         self._bm25.save(path / "bm25", show_progress=False)
+        # Written last: a folder without it is not a saved corpus (an interrupted save).
+        (path / "brag_corpus.json").write_text(json.dumps(meta), encoding="utf-8")
 
     @classmethod
     def load(cls, directory: str | os.PathLike[str], embedder: Embedder | None = None) -> Corpus:
-        """Load a corpus written by ``save``; pass the same embedder it was built with, if any."""
+        """Open a corpus written by ``save``, its arrays memory-mapped; pass the same embedder."""
         path = Path(directory)
         try:
             meta = json.loads((path / "brag_corpus.json").read_text(encoding="utf-8"))
-            rows = [json.loads(line) for line in (path / "passages.jsonl").open(encoding="utf-8")]
-            bm25 = bm25s.BM25.load(path / "bm25", show_progress=False)
-            salience = np.load(path / "salience.npy")
-            embeddings = np.load(path / "embeddings.npy") if meta["embedder"] else None
+            if meta.get("format") != CORPUS_FORMAT:
+                raise ValueError(f"format {meta.get('format')!r}, expected {CORPUS_FORMAT}: index it again")
+            ids = np.load(path / "ids.npy", mmap_mode="r")
+            salience = np.load(path / "salience.npy", mmap_mode="r")
+            scoring = np.load(path / "scoring.npy", mmap_mode="r")
+            df = np.load(path / "df.npy", mmap_mode="r")
+            store = _Passages.mapped(path, salience)
+            bm25 = bm25s.BM25.load(path / "bm25", mmap=True)
+            embeddings = np.load(path / "embeddings.npy", mmap_mode="r") if meta["embedder"] else None
         except (OSError, json.JSONDecodeError, KeyError, ValueError) as err:
             raise ValueError(f"{path}: not a saved BRAG corpus ({err})") from None
         saved_with = meta["embedder"]
@@ -1060,28 +1331,67 @@ class Corpus:
             raise ValueError(f"{path}: saved with embedder {saved_with!r}; pass the same one to load it")
         self = cls.__new__(cls)
         self.variant, self.k1, self.b, self.rrf_k = meta["variant"], meta["k1"], meta["b"], meta["rrf_k"]
-        self.dropped, self.embedder = meta["dropped"], embedder
+        self.dropped, self.embedder, self.name = meta["dropped"], embedder, meta.get("name", "")
         self.dedup = DedupConfig(**meta["dedup"])
-        ing = meta["ingestion"]
-        self.ingestion = IngestionResult(
-            ing["kept"],
-            ing["below_salience"],
-            {int(a): b for a, b in ing["exact_duplicates"].items()},
-            {int(a): b for a, b in ing["near_duplicates"].items()},
-            {int(a): b for a, b in ing["boosts"].items()},
-            {int(a): b for a, b in ing["salience"].items()},
-        )
-        self.ids = [row["id"] for row in rows]
-        self._passages = {
-            row["id"]: Passage(row["title"], row["text"], row["doc_id"], row["salience"]) for row in rows
-        }
-        self.salience = salience
-        self.embeddings = embeddings
-        if embeddings is not None:
-            embeddings.setflags(write=False)
-        self._bm25 = bm25
-        self._finish()
+        self.ids, self.salience, self._store, self.embeddings = ids, salience, store, embeddings
+        self._bm25, self._scoring, self._df = bm25, scoring, df
+        self._vocab = bm25.vocab_dict
+        self._ingestion, self._ingestion_file = None, path / "ingestion.npz"
         return self
+
+    @property
+    def ingestion(self) -> IngestionResult:
+        """What ingestion dedup kept and removed (read from disk on first use after ``load``)."""
+        if self._ingestion is None:
+            with np.load(self._ingestion_file) as saved:
+                self._ingestion = IngestionResult(
+                    saved["kept"].tolist(),
+                    saved["below"].tolist(),
+                    {int(a): int(b) for a, b in saved["exact"]},
+                    {int(a): int(b) for a, b in saved["near"]},
+                    {int(a): float(b) for a, b in saved["boosts"]},
+                    {int(i): float(v) for i, v in zip(self.ids, self.salience, strict=True)},
+                )
+        return self._ingestion
+
+    @ingestion.setter
+    def ingestion(self, value: IngestionResult) -> None:
+        self._ingestion = value
+
+
+def cached_corpus(
+    path: str | os.PathLike[str], name: str = "", cache: Path | None = None, **settings: Any
+) -> Corpus:
+    """The corpus in a JSON file, indexed once and kept under ``cache`` (``BRAG_CACHE_DIR``).
+
+    The saved index is keyed by the file's SHA-256 and the BM25 settings, so a changed file or
+    setting is indexed again; every later call memory-maps it instead of indexing. Two processes
+    indexing at once each write a folder of their own, and the first renamed into place wins.
+    """
+    path = Path(path)
+    digest = hashlib.sha256()
+    with path.open("rb") as source:
+        while chunk := source.read(1 << 22):
+            digest.update(chunk)
+    key = json.dumps({"variant": "okapi", "k1": 1.5, "b": 0.75, **settings}, sort_keys=True)
+    slug = re.sub(r"[^a-z0-9]+", "-", (name or path.stem).lower()).strip("-") or "corpus"
+    folder = (cache or cache_dir()) / "corpora" / f"{slug}-{digest.hexdigest()[:16]}-{_digest(key)[:8]}"
+    try:
+        return Corpus.load(folder)
+    except ValueError:
+        pass  # not indexed yet, or a save that never finished
+    corpus = Corpus(read_json(path, str(path)), **settings)
+    scratch = folder.with_name(f"{folder.name}.{os.getpid()}.{time.time_ns()}.partial")
+    corpus.save(scratch, name=name)
+    try:
+        scratch.rename(folder)
+    except OSError:  # another process got there first: use its copy
+        shutil.rmtree(scratch, ignore_errors=True)
+    return Corpus.load(folder)
+
+
+def _digest(text: str) -> str:
+    return hashlib.sha256(text.encode()).hexdigest()
 
 
 def _top(scores: np.ndarray, k: int) -> list[int]:
@@ -1116,7 +1426,7 @@ def _remap(result: IngestionResult, ids: Sequence[int]) -> IngestionResult:
 _NUMBER = re.compile(r"\d")
 
 
-def salient_terms(question: str, corpus: Corpus, rare_share: float = 0.01) -> set[str]:
+def salient_terms(question: str, corpus: Retriever, rare_share: float = 0.01) -> set[str]:
     """Terms a window must mention to hold the evidence for ``question``.
 
     Named entities (capitalised words after the first), numbers, and rare terms: found in at
@@ -1137,14 +1447,20 @@ def topk_overlap(a: np.ndarray, b: np.ndarray, k: int) -> float:
 
 
 def window_signals(
-    question: str, corpus: Corpus, window: Sequence[int], k: int, found: Retrieval | None = None
+    question: str, corpus: Retriever, window: Sequence[int], k: int, found: Retrieval | None = None
 ) -> dict[str, float]:
     """The gate's signals for one window; a signal that cannot be computed is absent.
 
-    ``found``, the retrieval for ``question``, lends its scores so nothing is scored twice.
+    ``found``, the retrieval for ``question``, lends its scores so nothing is scored twice. A
+    retriever that scores only its top hits gives the height and spread signals from those.
     """
-    bm25 = found.bm25 if found is not None and found.bm25 is not None else corpus.scores(question)
-    top = bm25[_top(bm25, max(k, 2))]
+    bm25 = found.bm25 if found is not None else None
+    if bm25 is None and isinstance(corpus, Corpus):
+        bm25 = corpus.scores(question)
+    if bm25 is not None:
+        top = bm25[_top(bm25, max(k, 2))]
+    else:
+        top = np.array(sorted((score for _, score in (found.hits if found else [])), reverse=True) or [0.0])
     signals = {
         "max_score": float(top[0]),
         "top_gap": float(top[0] - top[1]) if len(top) > 1 else 0.0,
@@ -1157,10 +1473,11 @@ def window_signals(
         signals["evidence_coverage"] = len(terms & seen) / len(terms)
         top1 = set(tokenize(corpus[window[0]].render())) if window else set()
         signals["top1_coverage"] = len(terms & top1) / len(terms)
-    if corpus.embeddings is not None and corpus.embedder is not None:
+    embeddings, embedder = getattr(corpus, "embeddings", None), getattr(corpus, "embedder", None)
+    if embeddings is not None and embedder is not None and bm25 is not None:
         dense = found.dense if found is not None and found.dense is not None else None
         if dense is None:
-            dense = corpus.embeddings @ corpus.embedder.embed([question])[0]
+            dense = embeddings @ embedder.embed([question])[0]
         signals["dense_max_score"] = float(dense.max())
         signals["dense_score_variance"] = float(np.var(dense[_top(dense, k)]))
         signals["retriever_divergence"] = 1.0 - topk_overlap(bm25, dense, k)
@@ -1199,17 +1516,19 @@ def data_dir() -> Path | None:
     return fallback if fallback.is_dir() else None
 
 
-def write_atomic(path: str | os.PathLike[str], text: str) -> None:
-    """Write ``text`` to ``path`` so that readers see the old file or the new one, never a part.
+@contextmanager
+def atomic_file(path: str | os.PathLike[str]) -> Iterator[BinaryIO]:
+    """A file to write that replaces ``path`` only when the block ends without an error.
 
-    A temporary file in the same folder, flushed to disk, then renamed over the target.
+    It is a temporary file in the same folder, flushed to disk and then renamed over the target,
+    so readers see the old file or the new one, never a part; on an error it is removed.
     """
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
     fd, temporary = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
     try:
-        with os.fdopen(fd, "w", encoding="utf-8") as out:
-            out.write(text)
+        with os.fdopen(fd, "wb") as out:
+            yield out
             out.flush()
             os.fsync(out.fileno())
         os.replace(temporary, path)
@@ -1218,9 +1537,15 @@ def write_atomic(path: str | os.PathLike[str], text: str) -> None:
             os.unlink(temporary)
     directory = os.open(path.parent, os.O_RDONLY)
     try:
-        os.fsync(directory)
+        os.fsync(directory)  # the rename itself survives a power cut
     finally:
         os.close(directory)
+
+
+def write_atomic(path: str | os.PathLike[str], text: str) -> None:
+    """Write ``text`` to ``path`` so that readers see the old file or the new one, never a part."""
+    with atomic_file(path) as out:
+        out.write(text.encode("utf-8"))
 
 
 def cache_dir() -> Path:
@@ -1237,12 +1562,9 @@ def cache_dir() -> Path:
 # ------------------------------------------------------------------------------------------
 
 
-@dataclass(frozen=True)
-class Level:
-    """A CB agreement level g: how often it occurs (pi) and its reliability Beta(a, b)."""
+class _BetaMean:
+    """Anything with a reliability Beta(a, b)."""
 
-    g: int
-    pi: float
     a: float
     b: float
 
@@ -1253,7 +1575,17 @@ class Level:
 
 
 @dataclass(frozen=True)
-class Branch:
+class Level(_BetaMean):
+    """A CB agreement level g: how often it occurs (pi) and its reliability Beta(a, b)."""
+
+    g: int
+    pi: float
+    a: float
+    b: float
+
+
+@dataclass(frozen=True)
+class Branch(_BetaMean):
     """One outcome of a second-hop read, relative to the answers read before it.
 
     ``same``: it repeats an earlier read's answer; ``new``: it names another. Its share ``pi``
@@ -1266,14 +1598,9 @@ class Branch:
     a: float
     b: float
 
-    @property
-    def mean(self) -> float:
-        """Mean reliability a / (a + b)."""
-        return self.a / (self.a + self.b)
-
 
 @dataclass(frozen=True)
-class ActionPrior:
+class ActionPrior(_BetaMean):
     """Answerability q and reliability Beta(a, b) of one action; CB adds agreement levels."""
 
     q: float
@@ -1283,11 +1610,6 @@ class ActionPrior:
     weak: ActionPrior | None = None  # (q, rho) when the gate calls the window weak
     same: Branch | None = None  # R2 only: the second hop repeats an earlier read's answer
     new: Branch | None = None  # R2 only: the second hop names an answer no earlier read gave
-
-    @property
-    def mean(self) -> float:
-        """Mean reliability a / (a + b)."""
-        return self.a / (self.a + self.b)
 
     def on_weak_window(self) -> ActionPrior:
         """(q, rho) on a window the gate calls weak, never above the strong window's."""
@@ -1692,6 +2014,12 @@ def closed_book_mode(samples: Sequence[str]) -> tuple[str, int]:
 
 
 SECOND_HOP_MODELS = ("conditional", "independent")
+POLICIES = ("lookahead", "rate")
+# Second-hop reads (R2) a question may take at most; the stop rule decides how many it takes.
+# Two reach both passages of a two-hop question through a bridge the first read could not name
+# (the perfect-reader check: 47 of 60 HotpotQA questions with one, 55 with two), and cost
+# nothing where they do not pay (bench/results/controller.md). Calibration runs this many.
+DEFAULT_HOPS = 2
 
 
 @dataclass
@@ -1701,9 +2029,10 @@ class BRAG:
     ``lam`` is the price of one LLM call in units of answer error; ``k`` passages per hop;
     ``m`` closed-book samples per CB call; ``hops`` second-hop reads (R2) allowed per question,
     each retrieving with the latest follow-up query; ``max_uses`` runs of R1 and of CB.
-    ``rule`` and ``second_hop`` choose how votes are weighed (README, method section): the
-    defaults keep every vote from counting against itself and read R2 against the answers
-    before it; ``rule="spec", second_hop="independent", hops=1`` is SPEC as first written.
+    ``rule``, ``second_hop`` and ``policy`` choose how votes are weighed and actions scored
+    (README, method section): the defaults keep every vote from counting against itself, read
+    R2 against the answers before it, and price each action by its expected drop in P_err;
+    ``rule="spec", second_hop="independent", policy="rate", hops=1`` is SPEC as first written.
     """
 
     llm: LLM
@@ -1713,12 +2042,13 @@ class BRAG:
     m: int = 5
     temperature: float = 0.7
     max_uses: int = 1
-    hops: int = 1
+    hops: int = DEFAULT_HOPS
     costs: Mapping[str, float] = field(default_factory=lambda: {"R1": 1.0, "R2": 1.0, "CB": 1.0})
     seed: int = 0
     max_tokens: int = 48
     rule: str = "floored"
     second_hop: str = "conditional"
+    policy: str = "lookahead"
 
     def __post_init__(self) -> None:
         if self.calibration is None:
@@ -1731,27 +2061,47 @@ class BRAG:
                 raise ValueError(f"{name} must be a positive integer, got {value!r}")
         if set(self.costs) != set(ACTIONS) or min(self.costs.values()) <= 0:
             raise ValueError("costs must give a positive cost for each of R1, R2 and CB")
-        if self.rule not in RULES or self.second_hop not in SECOND_HOP_MODELS:
-            raise ValueError(f"rule must be one of {RULES} and second_hop one of {SECOND_HOP_MODELS}")
+        if self.rule not in RULES or self.second_hop not in SECOND_HOP_MODELS or self.policy not in POLICIES:
+            choices = f"rule in {RULES}, second_hop in {SECOND_HOP_MODELS}, policy in {POLICIES}"
+            raise ValueError(f"settings must be {choices}")
         cal = self.calibration
-        self._vote_model = VoteModel(cal.source_priors(self.m), cal.eta, rule=self.rule)
+        priors = cal.source_priors(self.m)
+        self._vote_model = VoteModel(priors, cal.eta, rule=self.rule)
         rates = cal.rates(self.rule)
-        # The rates the policy sees in each state: (R1's window weak, R2's window weak, some read
-        # answered already). D per action, and D / c.
+
+        def ratio(source: str) -> float:  # raw: Beliefs applies the floor
+            a, b = priors[source]
+            return likelihood_ratio(a / (a + b), cal.eta, "spec")
+
+        cb = cal.actions["CB"]
+        cb_outlook = VoteOutlook(
+            cb.q, tuple((lv.pi, likelihood_ratio(lv.mean, cal.eta, "spec")) for lv in cb.levels)
+        )
+        # What the policy sees in each state (R1's window weak, R2's window weak, some read
+        # answered already): the rates D, D / c, and each action's vote outlook.
         self._tables = {}
         for w1, w2, answered in itertools.product((False, True), repeat=3):
             if self.second_hop == "conditional":
                 r2 = rates["R2_after_answer" if answered else "R2_after_none"]
+                r2_outlook = VoteOutlook(cal.actions["R2"].q, ((1.0, ratio("R2_new")),), ratio("R2_same"))
             else:
                 r2 = rates["R2_weak" if w2 else "R2"]
+                r2_prior = cal.actions["R2"].on_weak_window() if w2 else cal.actions["R2"]
+                r2_outlook = VoteOutlook(r2_prior.q, ((1.0, ratio("R2_weak" if w2 else "R2")),))
+            r1_prior = cal.actions["R1"].on_weak_window() if w1 else cal.actions["R1"]
             state = {"R1": rates["R1_weak" if w1 else "R1"], "R2": r2, "CB": rates["CB"]}
             per_cost = {a: rate / self.costs[a] for a, rate in state.items()}
-            self._tables[w1, w2, answered] = (state, per_cost)
+            outlooks = {
+                "R1": VoteOutlook(r1_prior.q, ((1.0, ratio("R1_weak" if w1 else "R1")),)),
+                "R2": r2_outlook,
+                "CB": cb_outlook,
+            }
+            self._tables[w1, w2, answered] = (state, per_cost, outlooks)
 
     def run(
         self,
         question: str,
-        corpus: Corpus,
+        corpus: Retriever,
         on_step: Callable[[dict[str, Any]], None] | None = None,
         actions: Sequence[str] | None = None,
     ) -> tuple[str, dict[str, Any]]:
@@ -1768,7 +2118,7 @@ class BRAG:
     def stream(
         self,
         question: str,
-        corpus: Corpus,
+        corpus: Retriever,
         on_step: Callable[[dict[str, Any]], None] | None = None,
         actions: Sequence[str] | None = None,
     ) -> Iterator[tuple[str, dict[str, Any]]]:
@@ -1780,8 +2130,10 @@ class BRAG:
             raise ValueError(f"actions must be drawn from {ACTIONS}, got {list(actions)!r}")
         if not isinstance(question, str) or not question.strip():
             raise ValueError("question is empty")
-        if not isinstance(corpus, Corpus):
-            raise ValueError(f"corpus must be a brag.Corpus, got {type(corpus).__name__}")
+        if not isinstance(corpus, Retriever):
+            raise ValueError(
+                f"corpus must be a brag.Corpus or another Retriever, got {type(corpus).__name__}"
+            )
         question = " ".join(question.split())
         run = _Run(self, question, corpus, on_step, list(actions) if actions is not None else None)
         try:
@@ -1801,7 +2153,7 @@ class _Run:
         self,
         brag: BRAG,
         question: str,
-        corpus: Corpus,
+        corpus: Retriever,
         on_step: Callable[[dict[str, Any]], None] | None = None,
         schedule: list[str] | None = None,
     ) -> None:
@@ -1850,9 +2202,20 @@ class _Run:
             t0 = time.perf_counter()
             self.probs, self.residual = self.beliefs.probabilities(len(self.candidates.texts))
             available = self.available()
-            rates, rate_per_cost = brag._tables[self.weak["R1"], self.weak["R2"], bool(self.read_answers)]
+            rates, rate_per_cost, outlooks = brag._tables[
+                self.weak["R1"], self.weak["R2"], bool(self.read_answers)
+            ]
             p_err = error_probability(self.probs)
-            decision = choose_action(p_err, rate_per_cost, available, brag.lam)
+            if brag.policy == "rate":  # SPEC: P_err * D / c
+                gains = {a: p_err * rate_per_cost[a] for a in available}
+            else:
+                eta = brag.calibration.eta
+                n = len(self.candidates.texts)
+                gains = {
+                    a: expected_gain(self.beliefs, n, eta, outlooks[a], self.read_answers) / brag.costs[a]
+                    for a in available
+                }
+            decision = choose_action(gains, available, brag.lam)
             if self.schedule is not None:
                 while self.schedule and self.schedule[0] not in available:
                     self.schedule.pop(0)
@@ -1867,7 +2230,7 @@ class _Run:
                 "rates": dict(rates),
                 "available": available,
                 # What the stop rule compares with lambda, for each action it could take.
-                "scores": {a: round(p_err * rate_per_cost[a], 6) for a in available},
+                "scores": {a: round(gain, 6) for a, gain in gains.items()},
                 "score": decision.score,
                 "action": decision.action,
                 "policy_us": round(us, 2),
@@ -2079,6 +2442,7 @@ class _Run:
                 "hops": brag.hops,
                 "rule": brag.rule,
                 "second_hop": brag.second_hop,
+                "policy": brag.policy,
                 "calibration": {
                     **{
                         key: brag.calibration.meta.get(key)
@@ -2088,3 +2452,66 @@ class _Run:
                 },
             },
         }
+
+
+# ------------------------------------------------------------------------------------------
+# Command line: index a collection once, serve it memory-mapped
+# ------------------------------------------------------------------------------------------
+
+
+def read_collection(path: Path) -> list[Any]:
+    """Passages from a JSON list or a JSON Lines file (a string or a {title, text} per line).
+
+    JSON Lines become Passages line by line, so a large file never holds both forms at once.
+    """
+    if path.suffix != ".jsonl":
+        return read_json(path, str(path))
+    passages: list[Passage | None] = []
+    with path.open(encoding="utf-8") as lines:
+        for number, line in enumerate(lines, 1):
+            if line.strip():
+                item = parse_json(line, f"{path}, line {number}")
+                try:
+                    (passage,) = parse_passages([item])
+                except ValueError as err:
+                    raise ValueError(f"{path}, line {number}: {str(err).split(': ', 1)[-1]}") from None
+                passages.append(passage or Passage("", ""))  # kept, so ids stay line numbers
+    return passages
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """``python -m brag index DOCS OUT``: index a collection once, for ``Corpus.load``."""
+    import argparse
+
+    parser = argparse.ArgumentParser(prog="python -m brag", description="BRAG's command line.")
+    commands = parser.add_subparsers(dest="command", required=True)
+    index = commands.add_parser("index", help="index a JSON / JSONL collection into a folder")
+    index.add_argument("docs", type=Path, help="a JSON list, or JSON Lines: a string or {title, text} each")
+    index.add_argument("out", type=Path, help="the folder to write (the app serves it with BRAG_CORPUS_DIR)")
+    index.add_argument("--name", help="the corpus's name in the app (default: the folder's name)")
+    index.add_argument("--variant", default="okapi", choices=list(BM25_VARIANTS))
+    index.add_argument("--k1", type=float, default=1.5)
+    index.add_argument("--b", type=float, default=0.75)
+    args = parser.parse_args(argv)
+    started = time.perf_counter()
+    try:
+        print(f"reading {args.docs}", file=sys.stderr, flush=True)
+        passages = read_collection(args.docs)
+        print(f"indexing {len(passages):,} passages", file=sys.stderr, flush=True)
+        corpus = Corpus(passages, variant=args.variant, k1=args.k1, b=args.b, show_progress=True)
+        del passages
+        print(f"writing {args.out}", file=sys.stderr, flush=True)
+        corpus.save(args.out, name=args.name or args.out.resolve().name)
+    except (ValueError, OSError) as err:
+        print(f"brag index: {err}", file=sys.stderr)
+        return 2
+    size = sum(f.stat().st_size for f in args.out.rglob("*") if f.is_file())
+    print(
+        f"indexed {len(corpus):,} passages ({corpus.dropped} empty dropped) in "
+        f"{time.perf_counter() - started:.1f} s; {size / 1e6:.1f} MB in {args.out}"
+    )
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

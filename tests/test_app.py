@@ -12,6 +12,7 @@ import subprocess
 import sys
 import threading
 import time
+import urllib.request
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
@@ -230,7 +231,9 @@ def test_calibrate_round_trips_into_brag(client, llm_server):
     fitted = client.predict(LABELLED, "Demo", "", "", "", "auto", api_name="/calibrate")
     cal = json.loads(fitted)
     assert cal["n_questions"] == 30 and cal["fitted"] is True and cal["corpus"] == "Demo"
-    assert len(llm_server.chat_requests) - before == 30 * 3  # every action on every question
+    hop_reads = cal["counts"]["R2"]["hops"]["reads"]
+    assert hop_reads >= 30  # every question got at least one second hop
+    assert len(llm_server.chat_requests) - before == 30 + hop_reads + 30  # R1, the hops, CB: every action
     assert cal["diagnostics"]["R2"]["accuracy"] == 1.0  # the scripted reader is right after hop 2
     answer, report = client.predict(*args(cal=fitted), api_name="/brag")
     assert answer == "Bergen" and report["config"]["calibration"]["source"] == "fitted"
@@ -554,6 +557,26 @@ def test_named_corpus_downloads_once_from_the_hub(tmp_path, llm_server):
     assert answer == "Bergen" and report["corpus"] == "MuSiQue"
     assert len(downloads) == 1 and downloads[0][1].endswith("/musique_corpus.json")
     assert list((tmp_path / "hf").rglob("musique_corpus.json"))  # cached on disk by huggingface_hub
+
+
+def test_the_owners_own_index_is_served_from_brag_corpus_dir(tmp_path, llm_server):
+    import brag
+
+    brag.Corpus(json.loads(DOC_JSON)).save(tmp_path / "index", name="Our documents")
+    with AppProcess({"BRAG_MODEL": llm_server.url + "#m", "BRAG_CORPUS_DIR": str(tmp_path / "index")}) as app:
+        client = Client(app.url, verbose=False)
+        answer, report = client.predict(*args(corpus="Our documents", documents=""), api_name="/brag")
+        with urllib.request.urlopen(app.url + "config", timeout=10) as page:
+            assert "Our documents" in page.read().decode()  # offered in the corpus picker
+    assert answer == "Bergen" and report["corpus"] == "Our documents"
+    result = subprocess.run(
+        [sys.executable, str(ROOT / "app.py")],
+        env={**os.environ, "BRAG_CORPUS_DIR": str(tmp_path), "GRADIO_SERVER_PORT": "1"},
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert result.returncode != 0 and "is not a folder written by `python -m brag index`" in result.stderr
 
 
 # ---------------------------------------------------------------------------------- browser

@@ -79,11 +79,31 @@ def test_replay_reproduces_the_tables_exactly(tmp_path):
     assert bench_run.main(["--model", model, "--out", str(replay_out), "--replay", *common]) == 0
     live = json.loads((live_out / "benchmark.json").read_text())
     assert json.loads((replay_out / "benchmark.json").read_text()) == live
+    # Several questions at once, against the endpoint, into a cache of its own: the same results
+    # (but for the latencies measured), and its replay gives its tables byte for byte.
+    parallel_out, parallel_replay = tmp_path / "parallel", tmp_path / "parallel-replay"
+    parallel_out.mkdir()
+    parallel_replay.mkdir()
+    parallel = [*common[:-1], str(tmp_path / "p.sqlite"), "--workers", "4"]
+    with FakeOpenAI(handler=reply) as server:
+        other = server.url + "#m"
+        assert bench_run.main(["--model", other, "--out", str(parallel_out), *parallel]) == 0
+    assert bench_run.main(["--model", other, "--out", str(parallel_replay), "--replay", *parallel]) == 0
+    together = json.loads((parallel_out / "benchmark.json").read_text())
+
+    def without_latency(result: list) -> dict:
+        return {m: [row[:4] for row in rows] for m, rows in result[0]["rows"].items()}
+
+    assert without_latency(together) == without_latency(live)
+    for name in ("benchmark_hotpotqa.md", "benchmark.md"):
+        assert (parallel_replay / name).read_text() == (parallel_out / name).read_text(), name
     assert (live_out / "benchmark_hotpotqa.md").read_text() == (
         replay_out / "benchmark_hotpotqa.md"
     ).read_text()
     rows = live[0]["rows"]
-    assert set(rows) >= {"Closed-book", "Vanilla RAG", "IRCoT / self-ask", "Adaptive / CRAG", "BRAG λ=0.05"}
+    assert set(rows) >= {*bench_run.BASELINES, "BRAG λ=0.05"}
+    assert (live_out / "benchmark.md").read_text() == (replay_out / "benchmark.md").read_text()
+    assert live[0]["best_fixed"]["method"] in bench_run.FIXED
     assert rows["Closed-book"][0][2] == 1  # one call
     # LLM time is what each call took when made, so the replay reports the live run's time.
     assert all(r[4] >= DELAY for r in rows["Closed-book"])
@@ -93,12 +113,15 @@ def test_replay_reproduces_the_tables_exactly(tmp_path):
     assert (hops["questions"], hops["labelled"], hops["r1_missing"]) == (3, 3, 0)
     summary = (replay_out / "benchmark.md").read_text()
     assert "the R1 window missed one for 0" in summary
-    assert "LLM time (s)" in summary and "Controller time / LLM time" in summary
+    assert "LLM s / question" in summary and "Default λ=0.05" in summary
     assert "Target met" in summary or "Target not met" in summary
+    assert "Controller time / LLM time" in (replay_out / "benchmark_timing.md").read_text()
     assert (replay_out / "benchmark.png").stat().st_size > 1000
 
 
-def synthetic(brag_rows, baseline_acc=(0.2, 0.5, 0.6, 0.6), baseline_calls=(1, 1, 2, 1.5)):
+def synthetic(
+    brag_rows, baseline_acc=(0.2, 0.5, 0.6, 0.6, 0.55, 0.6), baseline_calls=(1, 1, 2, 1.5, 1.8, 1.5)
+):
     """Ten questions; each method's rows give (EM, F1, calls, tokens, seconds) per question."""
 
     def rows(acc, calls):
@@ -116,11 +139,17 @@ def synthetic(brag_rows, baseline_acc=(0.2, 0.5, 0.6, 0.6), baseline_calls=(1, 1
 def test_verdict_names_where_the_curve_is_above_the_best_baseline():
     # Best baseline: Adaptive (0.6 at 1.5 calls; IRCoT reaches 0.6 only with 2).
     fewer_calls = synthetic({0.05: (0.6, 1.2)})
-    assert bench_run.verdict(fewer_calls).startswith("Target met: BRAG at λ=0.05 is on or above Adaptive")
+    assert bench_run.verdict(fewer_calls).startswith("Target met: BRAG at λ=0.05 is at or above Adaptive")
     more_accurate = synthetic({0.02: (0.7, 1.5)})
     assert bench_run.verdict(more_accurate).startswith("Target met: BRAG at λ=0.02")
     equal_calls_equal_acc = synthetic({0.01: (0.6, 1.5), 0.02: (0.5, 1.0)})
-    text = bench_run.verdict(equal_calls_equal_acc)
-    assert text.startswith("Target not met") and "0.600 at 1.50 calls (λ=0.01)" in text
-    nobody = synthetic({}, baseline_acc=(0, 0, 0, 0))
+    assert bench_run.verdict(equal_calls_equal_acc).startswith("Target met: BRAG at λ=0.01 is at or above")
+    below = synthetic({0.01: (0.6, 1.6), 0.02: (0.5, 1.0)})
+    text = bench_run.verdict(below)
+    assert text.startswith("Target not met") and "0.600 at 1.60 calls (λ=0.01)" in text
+    # The default lambda far below the best baseline (0.1 against 0.6 on ten questions).
+    assert "Default λ=0.05 not met" in text
+    close = synthetic({0.05: (0.5, 1.0)})  # one question of ten behind: not significant
+    assert "Default λ=0.05 met" in bench_run.verdict(close)
+    nobody = synthetic({}, baseline_acc=(0, 0, 0, 0, 0, 0))
     assert bench_run.verdict(nobody).startswith("Not comparable")

@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import random
 import re
+import threading
 
 import pytest
 from conftest import ROOT
@@ -104,8 +105,13 @@ def test_thirty_questions_stay_inside_the_unit_interval_and_near_the_prior():
     values += [mean(lv["kappa"]) for lv in actions["CB"]["levels"].values()]
     assert all(0 < v < 1 for v in values), values
     assert mean(actions["R2"]["rho"]) == pytest.approx(calibrate.PRIOR["rho"]["R2"])  # no answers: the prior
-    for g in range(1, 5):
-        assert mean(actions["CB"]["levels"][str(g)]["kappa"]) == pytest.approx(calibrate.prior_kappa(g, 5))
+    # Levels 1-4 see no vote: each falls back on the model's own closed-book precision (every
+    # vote right here), shrunk toward the hand-set prior's mean, and never above level 5's.
+    unseen = [mean(actions["CB"]["levels"][str(g)]["kappa"]) for g in range(1, 5)]
+    hand_set = sum(calibrate.prior_kappa(g, 5) for g in range(1, 6)) / 5
+    assert max(unseen) == pytest.approx(min(unseen))
+    assert hand_set < unseen[0] < 1.0
+    assert unseen[0] <= mean(actions["CB"]["levels"]["5"]["kappa"])
     assert actions["R2"]["q"] == pytest.approx(4 * 0.7 / 34)  # 0 of 30 answered, shrunk toward 0.7
     assert mean(actions["R1"]["rho"]) < 1.0
 
@@ -118,11 +124,13 @@ class CountingLLM:
     def __init__(self, inner, kill_after: int | None = None) -> None:
         self.inner, self.kill_after, self.calls = inner, kill_after, 0
         self.name = "simulated"
+        self._lock = threading.Lock()  # parallel calibration calls from several threads
 
     def complete(self, messages, **kwargs):
-        if self.kill_after is not None and self.calls >= self.kill_after:
-            raise Killed
-        self.calls += 1
+        with self._lock:
+            if self.kill_after is not None and self.calls >= self.kill_after:
+                raise Killed
+            self.calls += 1
         return self.inner.complete(messages, **kwargs)
 
 
@@ -141,9 +149,40 @@ def test_resume_after_a_kill_repeats_no_llm_call(tmp_path):
     replayed = llms.CachedLLM(second, cache)
     resumed = calibrate.calibrate(items, CORPUS, replayed, k=2, progress_path=progress)
     assert first.calls + second.calls == fresh.calls  # nothing asked twice
-    assert replayed.hits == first.calls - 3 * done  # the half-done question's calls came from the cache
+    per_question = 2 + brag.DEFAULT_HOPS  # R1, each second hop, CB
+    # the half-done question's calls came from the cache
+    assert replayed.hits == first.calls - per_question * done
     for key in ("eta", "actions", "counts", "diagnostics", "split_ids"):
         assert resumed[key] == expected[key], key
+
+
+def test_parallel_calibration_equals_the_sequential_one_and_resumes_the_same_way(tmp_path):
+    items = labelled(60)
+    sequential = llms.CachedLLM(CountingLLM(SimulatedLLM(TRUTH, seed=7)), tmp_path / "s.sqlite")
+    expected = calibrate.calibrate(items, CORPUS, sequential, k=2)
+    first = CountingLLM(SimulatedLLM(TRUTH, seed=7), kill_after=70)
+    cache, progress = tmp_path / "p.sqlite", tmp_path / "p.progress.jsonl"
+    with pytest.raises(Killed):
+        calibrate.calibrate(
+            items, CORPUS, llms.CachedLLM(first, cache), k=2, progress_path=progress, workers=8
+        )
+    saved = len(progress.read_text().splitlines()) - 1
+    assert 0 < saved < 60
+    second = CountingLLM(SimulatedLLM(TRUTH, seed=7))
+    resumed = calibrate.calibrate(
+        items, CORPUS, llms.CachedLLM(second, cache), k=2, progress_path=progress, workers=8
+    )
+    assert first.calls + second.calls == sequential.llm.calls  # no request made twice
+    for key in ("eta", "actions", "counts", "diagnostics", "split_ids", "gate"):
+        assert resumed[key] == expected[key], key
+    # The same requests, so the same cache keys.
+    import sqlite3
+
+    keys = [
+        {row[0] for row in sqlite3.connect(path).execute("SELECT key FROM responses")}
+        for path in (tmp_path / "s.sqlite", cache)
+    ]
+    assert keys[0] == keys[1]
 
 
 def test_progress_is_keyed_by_model_and_damage_is_named(tmp_path):
@@ -163,7 +202,7 @@ def test_progress_is_keyed_by_model_and_damage_is_named(tmp_path):
     progress.write_text("\n".join(lines[:-1]) + "\n" + lines[-1][:25])
     again = CountingLLM(SimulatedLLM(TRUTH, seed=5))
     resumed = calibrate.calibrate(items, CORPUS, again, k=2, progress_path=progress)
-    assert again.calls == 3 and resumed["actions"] == expected["actions"]
+    assert again.calls == 2 + brag.DEFAULT_HOPS and resumed["actions"] == expected["actions"]
 
     progress.write_text("\n".join([*lines[:5], '{"id": "4", "answers": ', *lines[6:]]) + "\n")
     with pytest.raises(ValueError, match=r"cal\.progress\.jsonl, line 6, is damaged .* delete the file"):

@@ -5,10 +5,12 @@ import random
 
 import numpy as np
 import pytest
+from conftest import ROOT
 from hypothesis import given, settings
 from hypothesis import strategies as st
 from rank_bm25 import BM25Okapi
 
+import brag
 from brag import BM25_VARIANTS, Corpus, Passage, tokenize
 
 
@@ -86,7 +88,7 @@ def test_accepts_strings_dicts_and_json_and_keeps_input_ids():
         assert corpus[2] == Passage("C", "cherries are red fruit")
         assert corpus[2].render() == "C\ncherries are red fruit"
     plain = Corpus(["one fish", "", "two fish", "red bird"])
-    assert plain.dropped == 1 and plain.ids == [0, 2, 3]
+    assert plain.dropped == 1 and plain.ids.tolist() == [0, 2, 3]
     assert plain[3].render() == "red bird"
 
 
@@ -107,18 +109,109 @@ def test_tokenize_handles_unicode_and_punctuation():
     assert tokenize("The... of, and!") == []
 
 
-def test_save_and_load_round_trip(tmp_path):
-    rows = [{"title": f"T{i}", "text": f"passage number {i} about topic {i % 3}"} for i in range(50)]
+def test_save_and_load_round_trip_memory_mapped(tmp_path):
+    rows = [
+        {"title": f"T{i}", "text": f"passage number {i} about topic {i % 3} · ünïcode"} for i in range(50)
+    ]
     rows[5]["text"] = rows[5]["title"] = ""
+    rows[9] = f"an untitled passage number 9 with {'many ' * 50}words"
     corpus = Corpus(rows)
-    corpus.save(tmp_path / "idx")
+    corpus.save(tmp_path / "idx", name="Mine")
     loaded = Corpus.load(tmp_path / "idx")
-    assert loaded.ids == corpus.ids and loaded.dropped == 1
-    for q in ["topic 1", "passage number 7", "nothing here"]:
+    assert loaded.name == "Mine"
+    assert isinstance(loaded.ids, np.memmap) and isinstance(
+        loaded._scoring, np.memmap
+    )  # nothing read up front
+    assert loaded.ids.tolist() == corpus.ids.tolist() and loaded.dropped == 1 and len(loaded) == 49
+    for q in ["topic 1", "passage number 7", "nothing here", "ünïcode", "untitled"]:
         assert loaded.search(q, 5) == corpus.search(q, 5)
-    assert loaded[7] == corpus[7]
+    assert all(loaded[i] == corpus[i] for i in corpus.ids.tolist())
+    assert loaded.stats() == corpus.stats() and loaded.fingerprint() == corpus.fingerprint()
+    assert loaded.ingestion == corpus.ingestion
+    with pytest.raises(KeyError):
+        loaded[5]  # the empty passage was dropped
     with pytest.raises(ValueError, match="not a saved BRAG corpus"):
         Corpus.load(tmp_path / "missing")
+    (tmp_path / "idx" / "brag_corpus.json").unlink()  # as if the save had been interrupted
+    with pytest.raises(ValueError, match="not a saved BRAG corpus"):
+        Corpus.load(tmp_path / "idx")
+
+
+def test_a_corpus_file_is_indexed_once_and_then_memory_mapped(tmp_path):
+    source = tmp_path / "corpus.json"
+    source.write_text(json.dumps([{"title": f"T{i}", "text": f"text {i} about rivers"} for i in range(30)]))
+    first = brag.cached_corpus(source, "My Corpus", cache=tmp_path / "cache")
+    (folder,) = (tmp_path / "cache" / "corpora").iterdir()
+    assert folder.name.startswith("my-corpus-") and isinstance(first.ids, np.memmap)
+    stamp = (folder / "brag_corpus.json").stat().st_mtime_ns
+    again = brag.cached_corpus(source, "My Corpus", cache=tmp_path / "cache")
+    assert (folder / "brag_corpus.json").stat().st_mtime_ns == stamp  # not indexed again
+    assert again.search("rivers 7", 3) == first.search("rivers 7", 3)
+    source.write_text(json.dumps(["a changed file about lakes", "and another"]))
+    changed = brag.cached_corpus(source, "My Corpus", cache=tmp_path / "cache")
+    assert len(changed) == 2 and len(list((tmp_path / "cache" / "corpora").iterdir())) == 2
+    other = brag.cached_corpus(source, "My Corpus", cache=tmp_path / "cache", k1=1.2)
+    assert other.k1 == 1.2 and len(list((tmp_path / "cache" / "corpora").iterdir())) == 3
+
+
+def test_the_index_command_indexes_a_jsonl_collection(tmp_path):
+    import subprocess
+    import sys
+
+    docs = tmp_path / "docs.jsonl"
+    docs.write_text(
+        "\n".join(
+            json.dumps(d) for d in [{"title": "A", "text": "alpha rivers"}, "beta lakes", {"text": "gamma"}]
+        )
+    )
+    result = subprocess.run(
+        [sys.executable, "-m", "brag", "index", str(docs), str(tmp_path / "out"), "--name", "Lakes"],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert result.returncode == 0, result.stderr
+    assert "indexed 3 passages" in result.stdout and "indexing 3 passages" in result.stderr
+    corpus = Corpus.load(tmp_path / "out")
+    assert corpus.name == "Lakes" and corpus[1].text == "beta lakes" and corpus[0].title == "A"
+    broken = tmp_path / "broken.jsonl"
+    broken.write_text('{"title": "A", "text": "fine"}\n{not json\n')
+    failed = subprocess.run(
+        [sys.executable, "-m", "brag", "index", str(broken), str(tmp_path / "never")],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert failed.returncode == 2 and "broken.jsonl, line 2: malformed JSON" in failed.stderr
+    assert "Traceback" not in failed.stderr and not (tmp_path / "never").exists()
+
+
+@pytest.mark.parametrize("variant", sorted(BM25_VARIANTS))
+@settings(max_examples=60, deadline=None)
+@given(
+    docs=st.lists(st.lists(st.sampled_from(WORDS), min_size=0, max_size=12), min_size=1, max_size=25),
+    query=st.lists(st.sampled_from(WORDS), min_size=1, max_size=4),
+)
+def test_the_numpy_index_scores_exactly_like_bm25s_own(variant, docs, query):
+    """brag.bm25_index (numpy, for large corpora) against bm25s.BM25.index (the reference)."""
+    import bm25s
+
+    vocab: dict[str, int] = {}
+    ids = [vocab.setdefault(w, len(vocab)) for doc in docs for w in doc]
+    if not vocab:
+        return
+    ours = brag.bm25_index(
+        np.array(ids, dtype=np.int32), np.array([len(d) for d in docs]), vocab, variant, 1.5, 0.75
+    )
+    method, idf_method = BM25_VARIANTS[variant]
+    reference = bm25s.BM25(k1=1.5, b=0.75, method=method, idf_method=idf_method)
+    reference.index(docs, show_progress=False)
+    known = [w for w in query if w in vocab]
+    expected = reference.get_scores(known) if known else np.zeros(len(docs))
+    got = ours.get_scores_from_ids([vocab[w] for w in known]) if known else np.zeros(len(docs))
+    np.testing.assert_allclose(got, expected, rtol=1e-5, atol=1e-6)
 
 
 @pytest.mark.parametrize("variant", sorted(BM25_VARIANTS))
@@ -147,3 +240,58 @@ def test_bad_passages_are_clear_value_errors(passages, message):
 def test_unknown_variant_is_rejected():
     with pytest.raises(ValueError, match="unknown BM25 variant"):
         Corpus(["a b"], variant="bm26")
+
+
+class WordOverlap:
+    """A retriever that is not a Corpus: scores passages by shared words, top hits only.
+
+    It stands for an external search service behind the Retriever protocol.
+    """
+
+    def __init__(self, texts: list[str]) -> None:
+        self.passages = [Passage("", t) for t in texts]
+
+    def retrieve(self, query: str, k: int = 5) -> brag.Retrieval:
+        words = set(brag.tokenize(query))
+        scored = [(i, float(len(words & set(brag.tokenize(p.text))))) for i, p in enumerate(self.passages)]
+        hits = sorted(scored, key=lambda h: (-h[1], h[0]))[:k]
+        return brag.Retrieval(hits, [], len(hits))  # no score for every passage: bm25 stays None
+
+    def __getitem__(self, passage_id: int) -> Passage:
+        return self.passages[passage_id]
+
+    def __len__(self) -> int:
+        return len(self.passages)
+
+    def document_share(self, token: str) -> float:
+        return sum(token in brag.tokenize(p.text) for p in self.passages) / len(self.passages)
+
+    def novel(self, candidates, read):
+        return list(candidates)
+
+    def stats(self):
+        return {"passages": len(self.passages)}
+
+
+def test_another_retriever_slots_in_behind_the_protocol():
+    from conftest import PRIORS, ScriptedLLM, last_block
+
+    retriever = WordOverlap(
+        ["The Glass Tower was designed by Lina Berg.", "Lina Berg was born in Bergen.", "Oslo is a city."]
+    )
+    assert isinstance(retriever, brag.Retriever) and isinstance(Corpus(["x y"]), brag.Retriever)
+
+    def reader(prompt: str) -> str:
+        if "born in Bergen" in last_block(prompt):
+            return "Answer: Bergen\nFollow-up query: Lina Berg"
+        return "Answer: NONE\nFollow-up query: Lina Berg born"
+
+    gate = {"k": 1, "signals": [{"name": "max_score", "orientation": 1, "threshold": 0.5, "auc": 0.7}]}
+    calibration = {**brag.load_calibration(PRIORS).to_dict(), "gate": gate}
+    controller = brag.BRAG(ScriptedLLM(read=reader), calibration=calibration, k=1, hops=2, lam=0.0)
+    answer, report = controller.run("Where was the designer of the Glass Tower born?", retriever)
+    assert answer == "Bergen"
+    signals = report["gate"]["R1"]["signals"]  # from the top hits' scores and the passages' words
+    assert signals["max_score"] == 2.0 and "evidence_coverage" in signals
+    with pytest.raises(ValueError, match="Corpus or another Retriever"):
+        controller.run("Where?", ["not", "a", "retriever"])

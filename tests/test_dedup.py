@@ -269,7 +269,7 @@ def test_corpus_dedups_at_ingestion_and_after_ranking(caplog):
         found = corpus.retrieve("Who coined Lebensraum?", 3)
     assert corpus.ingestion.exact_duplicates == {2: 0}
     assert corpus.ingestion.near_duplicates == {1: 0}
-    assert corpus.ids == [0, 3, 4, 5]
+    assert corpus.ids.tolist() == [0, 3, 4, 5]
     assert "Deduplication: 6 → 4 segments" in caplog.text
     stats = corpus.stats()
     assert stats["dedup_ratio_ingestion"] == pytest.approx(2 / 6) and stats["max_salience_boost"] == 0.15

@@ -8,7 +8,16 @@ from conftest import PRIORS, ScriptedLLM, last_block
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from brag import BRAG, ActionPrior, Corpus, Level, choose_action, information_rate, load_calibration
+from brag import (
+    BRAG,
+    DEFAULT_HOPS,
+    ActionPrior,
+    Corpus,
+    Level,
+    choose_action,
+    information_rate,
+    load_calibration,
+)
 
 RATES = {"R1": 1.2, "R2": 1.0, "CB": 0.9}
 
@@ -34,14 +43,15 @@ def test_rate_is_zero_for_an_uninformative_source():
     assert information_rate(ActionPrior(1.0, rho, 1 - rho), eta) == pytest.approx(0.0, abs=1e-12)
 
 
-def test_picks_argmax_rate_per_cost():
-    assert choose_action(1.0, RATES, ["R1", "R2", "CB"], 0.05).action == "R1"
-    assert choose_action(1.0, RATES, ["R2", "CB"], 0.05).action == "R2"
-    assert choose_action(1.0, dict(RATES, R2=1.2), ["R1", "R2"], 0.05).action == "R1"  # tie: first
+def test_picks_the_largest_expected_gain_per_cost():
+    assert choose_action(RATES, ["R1", "R2", "CB"], 0.05).action == "R1"
+    assert choose_action(RATES, ["R2", "CB"], 0.05).action == "R2"
+    assert choose_action(dict(RATES, R2=1.2), ["R1", "R2"], 0.05).action == "R1"  # tie: first
 
 
-def test_cost_enters_through_rate_per_cost():
-    # CB at half the price of a read: D/c = 0.9 / 0.5 = 1.8 beats R1's 1.2.
+def test_cost_enters_through_gain_per_cost():
+    # Nothing read yet: a read gains q rho = 0.8 * 0.6 = 0.48, closed book q sum_g pi_g kappa_g =
+    # 0.42; at half the price of a read, CB's 0.83 per unit of cost comes first.
     corpus = Corpus(["Phobos is a moon of Mars.", "Deimos is a moon of Mars.", "Io is a moon."])
     llm = ScriptedLLM(read=lambda p: "NONE", closed_book=lambda p, n: ["Phobos"] * n)
     costs = {"R1": 1.0, "R2": 1.0, "CB": 0.5}
@@ -50,11 +60,13 @@ def test_cost_enters_through_rate_per_cost():
 
 
 def test_stops_exactly_at_the_rule():
-    # P_err * D* / c* = 0.5 * 1.2 = 0.6
-    assert choose_action(0.5, RATES, ["R1"], 0.6).action is None
-    assert choose_action(0.5, RATES, ["R1"], 0.5999).action == "R1"
-    left = choose_action(0.5, RATES, [], 0.0)
+    gains = {"R1": 0.6}
+    assert choose_action(gains, ["R1"], 0.6).action is None
+    assert choose_action(gains, ["R1"], 0.5999).action == "R1"
+    left = choose_action(gains, [], 0.0)
     assert left.action is None and left.stop_reason == "no action left"
+    nothing = choose_action({"R1": 0.0}, ["R1"], 0.0)
+    assert nothing.action is None and nothing.stop_reason == "no action left has any expected gain"
 
 
 def test_r2_is_unavailable_before_r1():
@@ -94,7 +106,7 @@ def test_larger_lambda_never_makes_more_calls(cb_answers):
         _, report = BRAG(llm, calibration=PRIORS, lam=lam, k=1).run(question, corpus)
         calls.append(report["totals"]["llm_calls"])
     assert calls == sorted(calls, reverse=True)
-    assert calls[0] == 3 and calls[-1] == 0
+    assert 3 <= calls[0] <= 2 + DEFAULT_HOPS and calls[-1] == 0  # R1, a hop and CB at least; then none
 
 
 # ------------------------------------------------------------------ invariants, as property tests
@@ -162,21 +174,22 @@ def test_a_source_that_cannot_raise_its_answers_odds_has_rate_zero(rho, eta, q):
     available=st.lists(st.sampled_from(["R1", "R2", "CB"]), unique=True),
 )
 def test_no_action_with_zero_expected_gain_is_chosen(p_err, rates, lam, available):
-    decision = choose_action(p_err, rates, available, lam)
+    gains = {a: p_err * r for a, r in rates.items()}
+    decision = choose_action(gains, available, lam)
     if decision.action is not None:
-        assert p_err * rates[decision.action] > lam >= 0 and rates[decision.action] > 0
+        assert gains[decision.action] > lam >= 0 and gains[decision.action] > 0
 
 
 @settings(max_examples=200, deadline=None)
 @given(cal=calibrations(), lam=st.sampled_from([0.0, 0.01, 0.05]))
-def test_a_run_never_takes_an_action_whose_rate_is_zero(cal, lam):
+def test_a_run_never_takes_an_action_with_no_expected_gain(cal, lam):
     llm = ScriptedLLM(read=tower_llm, closed_book=lambda p, n: ["Oslo"] * n)
     _, report = BRAG(llm, calibration=cal, lam=lam, k=1, hops=2).run(
         "Where was the architect of the Glass Tower born?", Corpus(TOWER)
     )
     for step in report["steps"]:
         if step["action"]:
-            assert step["rates"][step["action"]] > 0 and step["score"] > lam
+            assert step["score"] > lam and step["score"] > 0
 
 
 words = st.text(alphabet=st.characters(categories=["Lu", "Ll", "Nd"]), min_size=1, max_size=8)
@@ -185,11 +198,15 @@ words = st.text(alphabet=st.characters(categories=["Lu", "Ll", "Nd"]), min_size=
 @settings(max_examples=200, deadline=None)
 @given(answer=st.lists(words, min_size=1, max_size=4).map(" ".join))
 def test_answers_are_normalised_the_same_way_for_every_action(answer):
-    from brag import closed_book_mode, parse_reading, same_answer
+    from brag import closed_book_mode, is_no_answer, parse_reading, same_answer
 
     read = parse_reading(f"Answer: {answer}\nFollow-up query: more")[0]
     chat_cb = closed_book_mode([f"Answer: {answer}"] * 5)[0]
     plain_cb = closed_book_mode([answer] * 5)[0]
     bare_read = parse_reading(answer)[0]
-    assert same_answer(read, chat_cb) or not read
-    assert (same_answer(chat_cb, plain_cb) and same_answer(read, bare_read)) or not read
+    if not read or is_no_answer(read):
+        # "NONE", "unknown" and the like are no vote, whichever action produced them
+        assert chat_cb == plain_cb == ""
+        return
+    assert same_answer(read, chat_cb)
+    assert same_answer(chat_cb, plain_cb) and same_answer(read, bare_read)

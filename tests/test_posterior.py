@@ -120,19 +120,22 @@ calibrations = st.fixed_dictionaries({t: beta_params for t in ("R1", "R2", "CB_1
     priors=calibrations, eta=st.floats(0.01, 0.95), raw=votes_strategy, extra=st.sampled_from(sorted(PRIORS))
 )
 def test_an_extra_vote_never_lowers_its_candidates_posterior(priors, eta, raw, extra):
-    votes = [Vote(t, c) for t, c in raw]
-    n = max((c for _, c in raw), default=-1) + 1
-    for cand in range(n + 1):
-        before, _ = posterior(votes, n + 1, priors, eta)
-        after, _ = posterior([*votes, Vote(extra, cand)], n + 1, priors, eta)
+    # Candidates are numbered in the order they first got a vote, as the runner numbers them.
+    first_seen = {c: i for i, c in enumerate(dict.fromkeys(c for _, c in raw))}
+    votes = [Vote(t, first_seen[c]) for t, c in raw]
+    n = len(first_seen)
+    for cand in range(n + 1):  # every candidate, and a new one (whose posterior was 0)
+        before = posterior(votes, n, priors, eta)[0] + [0.0]
+        after, _ = posterior([*votes, Vote(extra, cand)], n + (cand == n), priors, eta)
         assert after[cand] >= before[cand] - 1e-12, (cand, before, after)
 
 
 @settings(max_examples=300, deadline=None)
 @given(priors=calibrations, eta=st.floats(0.01, 0.95), raw=votes_strategy)
 def test_floored_weights_do_not_depend_on_vote_order(priors, eta, raw):
-    votes = [Vote(t, c) for t, c in raw]
-    n = max((c for _, c in raw), default=-1) + 1
+    first_seen = {c: i for i, c in enumerate(dict.fromkeys(c for _, c in raw))}
+    votes = [Vote(t, first_seen[c]) for t, c in raw]
+    n = len(first_seen)
     forward = posterior(votes, n, priors, eta)
     backward = posterior(list(reversed(votes)), n, priors, eta)
     assert backward[1] == pytest.approx(forward[1]) and backward[0] == pytest.approx(forward[0])
