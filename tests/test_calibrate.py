@@ -248,6 +248,16 @@ def test_calibration_output_is_written_atomically(tmp_path):
     assert out.read_text() == "new"
 
 
+def test_an_atomic_write_keeps_the_files_mode_and_is_readable_when_new(tmp_path):
+    fresh, kept = tmp_path / "fresh.json", tmp_path / "kept.json"
+    brag.write_atomic(fresh, "{}")
+    assert fresh.stat().st_mode & 0o777 == 0o644  # not the temporary file's private 0600
+    kept.write_text("{}")
+    kept.chmod(0o640)
+    brag.write_atomic(kept, "[]")
+    assert kept.stat().st_mode & 0o777 == 0o640 and kept.read_text() == "[]"
+
+
 @pytest.mark.parametrize(
     ("source", "message"),
     [

@@ -210,3 +210,60 @@ def test_answers_are_normalised_the_same_way_for_every_action(answer):
         return
     assert same_answer(read, chat_cb)
     assert same_answer(chat_cb, plain_cb) and same_answer(read, bare_read)
+
+
+# ------------------------------------------------------------------ the one-step lookahead
+
+
+def beliefs_after(votes, priors, eta):
+    from brag import Vote, VoteModel
+
+    beliefs, seen = VoteModel(priors, eta, max_votes=0).beliefs(), {}
+    for source, label in votes:  # candidates are numbered in order of first vote, as in a run
+        beliefs.add(Vote(source, seen.setdefault(label, len(seen))))
+    return beliefs, len(seen)
+
+
+TYPES = {"R1": (6.0, 4.0), "R2": (3.0, 7.0), "CB_5": (8.0, 2.0)}
+
+
+@settings(max_examples=300, deadline=None)
+@given(
+    votes=st.lists(st.tuples(st.sampled_from(sorted(TYPES)), st.integers(0, 3)), max_size=6),
+    eta=st.floats(0.05, 0.9),
+    q=st.floats(0.0, 1.0),
+    ratios=st.lists(st.tuples(st.floats(0.01, 1.0), st.floats(1.0, 50.0)), min_size=1, max_size=4),
+)
+def test_expected_gain_lies_between_zero_and_the_error_left(votes, eta, q, ratios):
+    from brag import VoteOutlook, error_probability, expected_gain
+
+    beliefs, n = beliefs_after(votes, TYPES, eta)
+    total = sum(share for share, _ in ratios)
+    outlook = VoteOutlook(q, tuple((share / total, ratio) for share, ratio in ratios))
+    gain = expected_gain(beliefs, n, eta, outlook)
+    probs, _ = beliefs.probabilities(n)
+    assert 0.0 <= gain <= error_probability(probs) + 1e-9
+    if q == 0.0:
+        assert gain == pytest.approx(0.0, abs=1e-12)  # a call that never answers gains nothing
+
+
+def test_a_vote_that_cannot_overturn_the_leader_gains_nothing():
+    from brag import VoteOutlook, expected_gain
+
+    # Two strong votes for candidate 0; one weak vote (ratio 2) for anything else stays behind it,
+    # and the expected posterior of the leader cannot move (it is a martingale).
+    beliefs, n = beliefs_after([("CB_5", 0), ("R1", 0)], TYPES, 0.2)
+    assert expected_gain(beliefs, n, 0.2, VoteOutlook(1.0, ((1.0, 2.0),))) == pytest.approx(0.0, abs=1e-12)
+    # A vote strong enough to overturn it somewhere has a positive gain.
+    assert expected_gain(beliefs, n, 0.2, VoteOutlook(1.0, ((1.0, 5000.0),))) > 0
+
+
+def test_a_tie_is_broken_by_any_informative_vote_and_more_answers_gain_more():
+    from brag import VoteOutlook, expected_gain
+
+    beliefs, n = beliefs_after([("R1", 0), ("R1", 1)], TYPES, 0.2)
+    gains = [expected_gain(beliefs, n, 0.2, VoteOutlook(q, ((1.0, 3.0),))) for q in (0.25, 0.5, 1.0)]
+    assert 0 < gains[0] < gains[1] < gains[2]
+    nothing_yet, _ = beliefs_after([], TYPES, 0.2)
+    weak, strong = (expected_gain(nothing_yet, 0, 0.2, VoteOutlook(1.0, ((1.0, r),))) for r in (2.0, 20.0))
+    assert 0 < weak < strong  # before any answer, a more reliable first read is worth more
