@@ -443,12 +443,29 @@ def plot(results: list[dict[str, Any]], path: Path) -> None:
     fig.savefig(path, dpi=120)
 
 
+def split_sizes(values: list[str]) -> dict[str, int]:
+    """``--n 100`` sets every dataset's test size, ``--n musique=80`` one; later values win."""
+    sizes: dict[str, int] = {}
+    for value in values:
+        key, _, count = value.rpartition("=")
+        if key and key not in DATASETS:
+            raise ValueError(f"--n {value}: no dataset {key!r} (one of {', '.join(DATASETS)})")
+        if not count.isdigit() or int(count) < 1:
+            raise ValueError(f"--n {value}: the size must be a whole number of at least 1")
+        sizes.update(dict.fromkeys([key] if key else DATASETS, int(count)))
+    return sizes
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--model", default="local", help="any make_llm spec")
     parser.add_argument("--datasets", nargs="+", default=list(DATASETS), choices=list(DATASETS))
     parser.add_argument(
-        "--n", type=int, default=None, help="test questions per dataset (default: 200, MuSiQue all left)"
+        "--n",
+        nargs="+",
+        default=[],
+        metavar="N|DATASET=N",
+        help="test questions per dataset (default: 200, MuSiQue all left); musique=80 sets one",
     )
     parser.add_argument("--k", type=int, default=5)
     parser.add_argument("--workers", type=int, default=1, help="questions at once (for an endpoint)")
@@ -463,6 +480,10 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--out", type=Path, default=ROOT / "bench" / "results")
     parser.add_argument("--data", type=Path, default=None, help="data directory (default BRAG_DATA_DIR)")
     args = parser.parse_args(argv)
+    try:
+        sizes = split_sizes(args.n)
+    except ValueError as err:
+        parser.error(str(err))
     root = args.data or brag.data_dir()
     if root is None:
         print("run: set BRAG_DATA_DIR to the shared evaluation data", file=sys.stderr)
@@ -472,7 +493,7 @@ def main(argv: list[str] | None = None) -> int:
     results = []
     for key in args.datasets:
         try:
-            result = run_dataset(DATASETS[key], root, llm, args.n, args.k, args.m, args.workers)
+            result = run_dataset(DATASETS[key], root, llm, sizes.get(key), args.k, args.m, args.workers)
         except (brag.RunAborted, llms.LLMError) as err:
             print(f"run: {DATASETS[key].name}: {err}", file=sys.stderr)
             return 2
@@ -480,8 +501,8 @@ def main(argv: list[str] | None = None) -> int:
         text = "\n".join(table(result))
         (args.out / f"benchmark_{key}.md").write_text(text + "\n", encoding="utf-8")
         print(text, flush=True)
-    sizes = f" --n {args.n}" if args.n is not None else ""
-    command = f"python bench/run.py --model {args.model}{sizes} --datasets {' '.join(args.datasets)}"
+    given = f" --n {' '.join(args.n)}" if args.n else ""
+    command = f"python bench/run.py --model {args.model}{given} --datasets {' '.join(args.datasets)}"
     lines = [
         "# Benchmark: BRAG against the baselines",
         "",

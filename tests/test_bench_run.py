@@ -3,8 +3,10 @@
 from __future__ import annotations
 
 import json
+import re
 import sys
 
+import pytest
 from conftest import ROOT
 from openai_server import FakeOpenAI, Reply
 
@@ -117,6 +119,21 @@ def test_replay_reproduces_the_tables_exactly(tmp_path):
     assert "Target met" in summary or "Target not met" in summary
     assert "Controller time / LLM time" in (replay_out / "benchmark_timing.md").read_text()
     assert (replay_out / "benchmark.png").stat().st_size > 1000
+    # A partial run replays on its own: the first two test questions, from the same cache.
+    part_out = tmp_path / "part"
+    part_out.mkdir()
+    part = [*common[:3], "hotpotqa=2", *common[4:]]
+    assert bench_run.main(["--model", model, "--out", str(part_out), "--replay", *part]) == 0
+    assert json.loads((part_out / "benchmark.json").read_text())[0]["ids"] == live[0]["ids"][:2]
+    assert "--n hotpotqa=2" in (part_out / "benchmark.md").read_text()
+
+
+def test_test_sizes_are_set_for_all_datasets_or_one():
+    assert bench_run.split_sizes([]) == {}
+    assert bench_run.split_sizes(["100", "musique=80"]) == {"hotpotqa": 100, "2wiki": 100, "musique": 80}
+    for bad in ("musique=0", "trivia=5", "many", "2wiki=-3"):
+        with pytest.raises(ValueError, match=re.escape(bad)):
+            bench_run.split_sizes([bad])
 
 
 def synthetic(
