@@ -337,7 +337,7 @@ def verdict(result: dict[str, Any]) -> str:
     else:
         top = max(LAMBDAS, key=lambda lam: (summary[f"BRAG λ={lam}"][0], -summary[f"BRAG λ={lam}"][2]))
         s = summary[f"BRAG λ={top}"]
-        short = "the same accuracy with more calls" if s[0] >= acc else "lower accuracy"
+        short = "more calls" if s[0] >= acc else "lower accuracy"
         first = (
             f"Target not met: BRAG's best is {s[0]:.3f} at {s[2]:.2f} calls (λ={top}), {short} than {where}."
         )

@@ -164,7 +164,7 @@ def test_verdict_names_where_the_curve_is_above_the_best_baseline():
     below = synthetic({0.01: (0.6, 1.6), 0.02: (0.5, 1.0)})
     text = bench_run.verdict(below)
     assert text.startswith("Target not met") and "0.600 at 1.60 calls (λ=0.01)" in text
-    assert "the same accuracy with more calls than Adaptive" in text
+    assert "(λ=0.01), more calls than Adaptive" in text
     lower = bench_run.verdict(synthetic({0.01: (0.5, 1.0)}))
     assert "0.500 at 1.00 calls (λ=0.01), lower accuracy than Adaptive" in lower
     # The default lambda far below the best baseline (0.1 against 0.6 on ten questions).
