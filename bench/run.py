@@ -519,7 +519,7 @@ def main(argv: list[str] | None = None) -> int:
     (args.out / "benchmark.md").write_text("\n".join(lines) + "\n", encoding="utf-8")
     # Controller and retrieval time are measured afresh on every run, so they live apart from
     # the tables, which a replay reproduces byte for byte.
-    timed = [f"# Time outside the LLM, as measured by `{command}`{' --replay' if args.replay else ''}", ""]
+    timed = [f"# Time outside the LLM, as measured by `{command}{' --replay' if args.replay else ''}`", ""]
     for result in results:
         timed += [f"## {result['name']}", "", *timing(result["timing"])]
     (args.out / "benchmark_timing.md").write_text("\n".join(timed) + "\n", encoding="utf-8")
