@@ -1527,7 +1527,10 @@ def atomic_file(path: str | os.PathLike[str]) -> Iterator[BinaryIO]:
     path.parent.mkdir(parents=True, exist_ok=True)
     fd, temporary = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
     # mkstemp makes the file private (0600); the result keeps the old file's mode, else 0644
-    mode = path.stat().st_mode & 0o777 if path.exists() else 0o644
+    try:
+        mode = path.stat().st_mode & 0o777
+    except FileNotFoundError:
+        mode = 0o644
     try:
         with os.fdopen(fd, "wb") as out:
             os.fchmod(out.fileno(), mode)

@@ -128,7 +128,7 @@ def test_replay_reproduces_the_tables_exactly(tmp_path):
     assert "--n hotpotqa=2" in (part_out / "benchmark.md").read_text()
 
 
-def test_test_sizes_are_set_for_all_datasets_or_one():
+def test_split_sizes_are_set_for_all_datasets_or_one():
     assert bench_run.split_sizes([]) == {}
     assert bench_run.split_sizes(["100", "musique=80"]) == {"hotpotqa": 100, "2wiki": 100, "musique": 80}
     for bad in ("musique=0", "trivia=5", "many", "2wiki=-3"):
