@@ -479,7 +479,9 @@ def expected_gain(
             covered += chance
         fresh = residual * ratio * eta  # a vote for an answer not seen yet: its weight
         total += max(0.0, 1 - covered) * max(best, fresh) / (1 + fresh)
-        expected += outlook.q * share * total
+        # eta is a per-answer likelihood, so with many candidates the chances of naming each
+        # can sum past 1; the outcomes must form a distribution for this to be an expectation
+        expected += outlook.q * share * total / max(1.0, covered)
     return max(0.0, expected - best)
 
 

@@ -5,7 +5,7 @@ import math
 
 import pytest
 from conftest import PRIORS, ScriptedLLM, last_block
-from hypothesis import given, settings
+from hypothesis import example, given, settings
 from hypothesis import strategies as st
 
 from brag import (
@@ -234,6 +234,8 @@ TYPES = {"R1": (6.0, 4.0), "R2": (3.0, 7.0), "CB_5": (8.0, 2.0)}
     q=st.floats(0.0, 1.0),
     ratios=st.lists(st.tuples(st.floats(0.01, 1.0), st.floats(1.0, 50.0)), min_size=1, max_size=4),
 )
+# Three candidates at eta = 0.75: the chances of naming each sum past 1 (found on a fresh run)
+@example(votes=[("CB_5", 0), ("CB_5", 0), ("CB_5", 1), ("R2", 2)], eta=0.75, q=1.0, ratios=[(1.0, 1.0)])
 def test_expected_gain_lies_between_zero_and_the_error_left(votes, eta, q, ratios):
     from brag import VoteOutlook, error_probability, expected_gain
 
