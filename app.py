@@ -3,8 +3,10 @@
     python app.py          # http://127.0.0.1:7860 (GRADIO_SERVER_NAME / GRADIO_SERVER_PORT)
 
 Environment: ``HF_TOKEN`` (server secret for Inference Providers), ``BRAG_MODEL`` (default
-model), ``BRAG_CONCURRENCY`` (requests run at once, default 16; the rest queue),
-``BRAG_DATA_DIR`` (local corpora), ``BRAG_CORPUS_REPO`` (Hub dataset with the HippoRAG corpora).
+model), ``BRAG_ALLOWED_MODELS`` and ``BRAG_ALLOWED_ENDPOINTS`` (what callers may pick),
+``BRAG_CONCURRENCY`` (requests run at once, default 16; the rest queue), ``BRAG_DATA_DIR``
+(local corpora), ``BRAG_CORPUS_REPO`` (Hub dataset with the HippoRAG corpora); the limits are in
+:class:`Limits` and the README's public-API section.
 """
 
 from __future__ import annotations
@@ -14,17 +16,20 @@ import os
 os.environ.setdefault("GRADIO_ANALYTICS_ENABLED", "False")
 os.environ.setdefault("HF_HUB_DISABLE_TELEMETRY", "1")
 
+import base64
+import functools
 import hashlib
 import html
+import ipaddress
 import json
 import logging
 import re
-import tempfile
 import threading
 import time
 import urllib.parse
-from collections import OrderedDict
-from collections.abc import Iterator
+from collections import Counter, OrderedDict
+from collections.abc import Callable, Iterable, Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -67,9 +72,62 @@ EXAMPLES = [
 
 
 def user_error(message: str) -> gr.Error:
-    """An error the user reads; logged as one line, without a server-side stack trace."""
+    """An error the user reads, scrubbed of the server's secrets; logged as one line, no stack trace."""
+    message = SECRETS.scrub(message)
     log.warning("request failed: %s", message)
     return gr.Error(message, print_exception=False)
+
+
+class Secrets:
+    """The server's own secret values, and their scrubbing from every text that leaves the server.
+
+    The values are ``HF_TOKEN``, ``OPENAI_API_KEY`` and the credentials inside ``BRAG_MODEL``'s
+    URL, each also in base64 (the form an ``Authorization: Basic`` header carries, which some
+    proxies repeat in their error pages). Errors, answers, reports, streamed events and log
+    lines all pass :meth:`scrub`.
+    """
+
+    MIN_LENGTH = 6  # shorter values would scrub ordinary words
+
+    def __init__(self, values: Iterable[str]) -> None:
+        wanted = {v for v in values if len(v) >= self.MIN_LENGTH}
+        forms = wanted | {base64.b64encode(v.encode()).decode() for v in wanted}
+        forms |= {f.rstrip("=") for f in forms}
+        ordered = sorted(forms, key=len, reverse=True)
+        self.pattern = re.compile("|".join(map(re.escape, ordered))) if ordered else None
+
+    @classmethod
+    def from_env(cls) -> Secrets:
+        """The secrets this server holds in its environment."""
+        values = [os.environ.get(name, "") for name in ("HF_TOKEN", "OPENAI_API_KEY")]
+        model = os.environ.get("BRAG_MODEL", "").strip()
+        if model.startswith(("http://", "https://")):
+            netloc = urllib.parse.urlsplit(model).netloc
+            if "@" in netloc:
+                userinfo = netloc.rpartition("@")[0]
+                user, _, password = userinfo.partition(":")
+                values += [userinfo, urllib.parse.unquote(userinfo), password, urllib.parse.unquote(password)]
+                values.append(f"{urllib.parse.unquote(user)}:{urllib.parse.unquote(password)}")
+        return cls(values)
+
+    def scrub(self, text: str) -> str:
+        """``text`` with every secret replaced by ``***``."""
+        return self.pattern.sub("***", text) if self.pattern is not None and text else text
+
+    def scrub_data(self, value: Any) -> Any:
+        """Every string inside a JSON-like value, scrubbed (a new value; the input is not changed)."""
+        if self.pattern is None:
+            return value
+        if isinstance(value, str):
+            return self.scrub(value)
+        if isinstance(value, dict):
+            return {self.scrub_data(k): self.scrub_data(v) for k, v in value.items()}
+        if isinstance(value, list | tuple):
+            return [self.scrub_data(v) for v in value]
+        return value
+
+
+SECRETS = Secrets.from_env()
 
 
 def _env_number(name: str, default: float, kind: type = int) -> Any:
@@ -109,6 +167,10 @@ class Limits:
     request_timeout: float = 120.0  # BRAG_REQUEST_TIMEOUT: /brag, seconds
     calibrate_timeout: float = 3_600.0  # BRAG_CALIBRATE_TIMEOUT: /calibrate makes 3 calls a question
     documents_cache_bytes: int = 200_000_000  # BRAG_DOCUMENTS_CACHE_BYTES: pasted corpora kept
+    per_session: int = 2  # BRAG_MAX_PER_SESSION: requests one browser tab (session) runs at once
+    per_address: int = 8  # BRAG_MAX_PER_ADDRESS: requests one client address runs at once
+    queue_size: int = 64  # BRAG_MAX_QUEUE: requests waiting for a worker; more get "busy, retry"
+    calibrate_concurrency: int = 1  # BRAG_CALIBRATE_CONCURRENCY: /calibrate runs at once (own slots)
 
     @classmethod
     def from_env(cls) -> Limits:
@@ -124,6 +186,10 @@ class Limits:
             "request_timeout": "BRAG_REQUEST_TIMEOUT",
             "calibrate_timeout": "BRAG_CALIBRATE_TIMEOUT",
             "documents_cache_bytes": "BRAG_DOCUMENTS_CACHE_BYTES",
+            "per_session": "BRAG_MAX_PER_SESSION",
+            "per_address": "BRAG_MAX_PER_ADDRESS",
+            "queue_size": "BRAG_MAX_QUEUE",
+            "calibrate_concurrency": "BRAG_CALIBRATE_CONCURRENCY",
         }
         defaults = cls()
         values = {
@@ -278,6 +344,70 @@ class EndpointPolicy:
         return False
 
 
+def _has_dot_segments(url: str) -> bool:
+    """A path with ``.``/``..`` segments, backslashes or encoded slashes (in any encoding depth).
+
+    Servers resolve these, so ``/tenantA/v1/../../tenantB`` would match the prefix ``/tenantA``
+    and reach another tenant; they have no use in an endpoint URL, so they are refused.
+    """
+    path = urllib.parse.urlsplit(url).path
+    for _ in range(4):  # %252e decodes to %2e, then to "."
+        lowered = path.lower()
+        if "\\" in path or "%2f" in lowered or "%5c" in lowered:
+            return True
+        if any(segment in (".", "..") for segment in path.split("/")):
+            return True
+        decoded = urllib.parse.unquote(path)
+        if decoded == path:
+            return False
+        path = decoded
+    return True
+
+
+@dataclass(frozen=True)
+class ModelPolicy:
+    """Which models callers may pick beyond URLs, and which of them the server's secrets pay for.
+
+    The owner's default model (``BRAG_MODEL``, else the one :func:`llms.default_model` picks) is
+    always offered and gets the server's secrets. ``BRAG_ALLOWED_MODELS`` lists more: Hugging
+    Face model ids that the server's ``HF_TOKEN`` may pay for, and embedded models (``local``,
+    ``local:smollm2``) that callers may start. Any other Hugging Face model needs the caller's
+    own token; any other embedded model is refused.
+    """
+
+    default: str
+    allowed: frozenset[str] = frozenset()
+
+    @classmethod
+    def from_env(cls) -> ModelPolicy:
+        """The policy ``BRAG_MODEL`` and ``BRAG_ALLOWED_MODELS`` set."""
+        raw = os.environ.get("BRAG_ALLOWED_MODELS", "")
+        listed = frozenset(_canonical_model(m) for m in raw.split(",") if m.strip())
+        for spec in listed:
+            if spec.startswith(("http://", "https://")):
+                raise SystemExit(
+                    "BRAG_ALLOWED_MODELS lists model names; endpoint URLs go in BRAG_ALLOWED_ENDPOINTS"
+                )
+        return cls(_canonical_model(llms.default_model()), listed)
+
+    def owner(self, spec: str) -> bool:
+        """True for the owner's default model."""
+        return _canonical_model(spec) == self.default
+
+    def listed(self, spec: str) -> bool:
+        """True for the default and for every model the owner lists."""
+        return self.owner(spec) or _canonical_model(spec) in self.allowed
+
+    def describe(self) -> str:
+        """The offered models, for an error message."""
+        return ", ".join(sorted({llms.redact_url(self.default), *self.allowed}))
+
+
+def _canonical_model(spec: str) -> str:
+    spec = spec.strip()
+    return "local" if spec == "local:qwen" else spec
+
+
 def _url_parts(url: str) -> tuple[str, str, int | None, str]:
     parts = urllib.parse.urlsplit(url)
     port = parts.port or {"http": 80, "https": 443}.get(parts.scheme)
@@ -303,6 +433,10 @@ class KeptCalibrations:
     def holds(self, name: str) -> bool:
         """True when ``name`` names a kept fit."""
         return bool(self.NAME.match(name)) and (self.directory / f"{name}.json").is_file()
+
+    def path(self, name: str) -> Path | None:
+        """The file of a kept fit, for a name of the kept form that exists; else None."""
+        return self.directory / f"{name}.json" if self.holds(name) else None
 
     def load(self, name: str) -> brag.Calibration:
         """A kept fit by name."""
@@ -384,6 +518,59 @@ class _TooLarge(Exception):
     pass
 
 
+class PublicRoutes:
+    """ASGI middleware for the routes Gradio opens beside the endpoints.
+
+    - ``/upload``: the page has no file input, so uploads are refused (Gradio would otherwise
+      store any caller's files and serve them back).
+    - A full queue (Gradio's 503) reads "busy, retry" with the setting that bounds it.
+    """
+
+    def __init__(self, app: Any) -> None:
+        self.app = app
+
+    async def __call__(self, scope: dict[str, Any], receive: Any, send: Any) -> None:
+        """Refuse uploads; reword a full queue's answer."""
+        path = scope.get("path", "") if scope["type"] == "http" else ""
+        if path.rstrip("/").endswith("/upload"):
+            # Read the body (RequestSizeLimit bounds it) so the caller sees the answer, not a reset.
+            while (await receive()).get("more_body"):
+                pass
+            await _json_response(send, 403, {"detail": "This app takes no file uploads."})
+            return
+        if not path.endswith("/queue/join") and "/call/" not in path:
+            await self.app(scope, receive, send)
+            return
+        busy = False
+
+        async def reworded(message: dict[str, Any]) -> None:
+            nonlocal busy
+            if message["type"] == "http.response.start" and message["status"] == 503:
+                busy = True
+                return
+            if busy:
+                if message["type"] == "http.response.body" and not message.get("more_body"):
+                    detail = (
+                        f"The server is busy: {LIMITS.queue_size} requests are waiting (BRAG_MAX_QUEUE). "
+                        "Retry in a minute."
+                    )
+                    await _json_response(send, 503, {"detail": detail}, {"retry-after": "30"})
+                return
+            await send(message)
+
+        await self.app(scope, receive, reworded)
+
+
+async def _json_response(
+    send: Any, status: int, body: dict[str, Any], headers: dict[str, str] | None = None
+) -> None:
+    raw = [(b"content-type", b"application/json")] + [
+        (k.encode(), v.encode()) for k, v in (headers or {}).items()
+    ]
+    await send({"type": "http.response.start", "status": status, "headers": raw})
+    await send({"type": "http.response.body", "body": json.dumps(body).encode()})
+
+
 class Blocks(gr.Blocks):
     """Gradio Blocks whose wrong-input-count error neither logs nor echoes the inputs.
 
@@ -404,18 +591,15 @@ class Blocks(gr.Blocks):
 class RedactSecrets(logging.Filter):
     """Scrub every log record: URL credentials, bearer tokens, HF tokens, the server's own secrets."""
 
-    def __init__(self) -> None:
-        super().__init__()
-        secrets = [os.environ.get(name, "") for name in ("HF_TOKEN", "OPENAI_API_KEY")]
-        self.secrets = [s for s in secrets if len(s) >= 6]
-
     def filter(self, record: logging.LogRecord) -> bool:
         """Rewrite the record's message without secrets; never drop it."""
         message = record.getMessage()
-        cleaned = re.sub(r"(\w+://)[^/\s@]+@", r"\1***@", message)
-        cleaned = re.sub(r"(?i)(bearer\s+|hf_)[\w.\-]{6,}", r"\1***", cleaned)
-        for secret in self.secrets:
-            cleaned = cleaned.replace(secret, "***")
+        if record.exc_info and record.exc_info[1] is not None:  # a traceback names values too
+            message += "\n" + logging.Formatter().formatException(record.exc_info)
+            record.exc_info, record.exc_text = None, None
+        cleaned = SECRETS.scrub(message)
+        cleaned = re.sub(r"(\w+://)[^/\s@]+@", r"\1***@", cleaned)
+        cleaned = re.sub(r"(?i)(bearer\s+|basic\s+|hf_)[\w.\-+/=]{6,}", r"\1***", cleaned)
         if cleaned != message:
             record.msg, record.args = cleaned, ()
         return True
@@ -428,6 +612,81 @@ def configure_logging() -> None:
         logging.getLogger(name).setLevel(logging.WARNING)
     for handler in logging.getLogger().handlers:
         handler.addFilter(RedactSecrets())
+
+
+def _trusted_proxies() -> tuple[bool, frozenset[str]]:
+    # On a Space every request comes through Hugging Face's proxy, which sets X-Forwarded-For.
+    default = "*" if os.environ.get("SPACE_ID") else ""
+    setting = os.environ.get("BRAG_TRUSTED_PROXIES", default)
+    raw = [p.strip() for p in setting.split(",") if p.strip()]
+    for address in raw:
+        if address != "*":
+            try:
+                ipaddress.ip_address(address)
+            except ValueError:
+                raise SystemExit(f"BRAG_TRUSTED_PROXIES: {address!r} is not an IP address") from None
+    return "*" in raw, frozenset(raw)
+
+
+class CallerLimits:
+    """How many requests one caller may run at once: per browser tab and per client address.
+
+    A caller is its Gradio session (``session_hash``, one per tab or client) and its address.
+    A REST caller can open a new session per call, so the address is the bound that holds; it is
+    the peer's, or behind a proxy listed in ``BRAG_TRUSTED_PROXIES`` (``*``: any, as on a
+    Space), the last address of ``X-Forwarded-For`` that no trusted proxy wrote. A request over
+    either limit is refused at once with "busy, retry"; one that waited in the queue is refused
+    when it reaches a worker, which costs that worker microseconds, so queued requests of one
+    caller cannot hold the others up.
+    """
+
+    def __init__(self, per_session: int, per_address: int) -> None:
+        self.per_session, self.per_address = per_session, per_address
+        self.trust_all, self.trusted = _trusted_proxies()
+        self._running: Counter[tuple[str, str]] = Counter()
+        self._lock = threading.Lock()
+
+    def address(self, request: gr.Request) -> str:
+        """The client's address, through trusted proxies."""
+        peer = request.client.host if request.client is not None else ""
+        if not (self.trust_all or peer in self.trusted):
+            return peer
+        forwarded = [a.strip() for a in request.headers.get("x-forwarded-for", "").split(",") if a.strip()]
+        for hop in reversed(forwarded):
+            if not (self.trust_all or hop in self.trusted):
+                return hop
+        return forwarded[0] if forwarded else peer
+
+    @contextmanager
+    def slot(self, request: gr.Request | None) -> Iterator[None]:
+        """Hold one of the caller's slots for the block; refuse when the caller has none left."""
+        if request is None:  # called from Python, not over HTTP
+            yield
+            return
+        keys = [("session", request.session_hash or ""), ("address", self.address(request))]
+        with self._lock:
+            if self._running[keys[0]] >= self.per_session:
+                raise user_error(
+                    f"Busy: this session already runs {self.per_session} request(s) "
+                    "(BRAG_MAX_PER_SESSION); retry when one has finished."
+                )
+            if self._running[keys[1]] >= self.per_address:
+                raise user_error(
+                    f"Busy: your address already runs {self.per_address} request(s) "
+                    "(BRAG_MAX_PER_ADDRESS); retry when one has finished."
+                )
+            self._running.update(keys)
+        try:
+            yield
+        finally:
+            with self._lock:
+                self._running.subtract(keys)
+                for key in keys:
+                    if self._running[key] <= 0:
+                        del self._running[key]
+
+
+CALLERS = CallerLimits(LIMITS.per_session, LIMITS.per_address)
 
 
 def max_request_bytes() -> int:
@@ -564,10 +823,10 @@ class LLMPool:
     concurrent requests share one. Every request for the local model shares its one runner.
     """
 
-    def __init__(self, policy: EndpointPolicy, size: int = 64) -> None:
+    def __init__(self, policy: EndpointPolicy, models: ModelPolicy, size: int = 64) -> None:
         self._pool: OrderedDict[tuple[str, str, str], llms.LLM] = OrderedDict()
         self._lock = threading.Lock()
-        self.policy = policy
+        self.policy, self.models = policy, models
         self.size = size
 
     def get(self, model: Any, hf_token: Any, provider: Any) -> llms.LLM:
@@ -597,17 +856,17 @@ class LLMPool:
         return backend
 
     def _build(self, spec: str, token: str | None, provider: str) -> llms.LLM:
-        owner = spec == llms.default_model()
-        if spec.startswith("local:") and spec.partition(":")[2] not in llms.LOCAL_MODELS and not owner:
-            names = ", ".join(["local", *(f"local:{name}" for name in llms.LOCAL_MODELS)])
-            raise ValueError(f"model: a local model is named {names}; paths are not accepted here")
-        if not spec.startswith(("http://", "https://")) or owner:
-            # The owner's endpoint, a Hugging Face model id (served by Hugging Face) or a local
-            # model: the server's own secrets may go there.
-            return llms.make_llm(spec, token, provider)
+        if self.models.owner(spec):
+            return llms.make_llm(spec, token, provider)  # the server's own secrets may go there
+        if spec == "local" or spec.startswith("local:"):
+            return self._local(spec)
+        if not spec.startswith(("http://", "https://")):
+            return self._hosted(spec, token, provider)
         if any(ch.isspace() for ch in spec) or not urllib.parse.urlsplit(spec).hostname:
             raise ValueError("model: that is not a valid http(s) URL")
         url = spec.partition("#")[0]
+        if _has_dot_segments(url):
+            raise ValueError("model: the URL's path may not hold '.' or '..' segments or encoded slashes")
         if not self.policy.allow_all and self.policy.prefixes and not self.policy.listed(url):
             raise llms.EndpointRefused(
                 f"{llms.redact_url(url)} is not an endpoint this server may call (BRAG_ALLOWED_ENDPOINTS)"
@@ -616,8 +875,31 @@ class LLMPool:
         public_only = not self.policy.allow_all and not self.policy.prefixes
         return llms.make_llm(spec, token, provider, secrets_from_env=False, public_only=public_only)
 
+    def _local(self, spec: str) -> llms.LLM:
+        """An embedded model the owner offers: its default, or one ``BRAG_ALLOWED_MODELS`` lists."""
+        choice = spec.partition(":")[2]
+        if choice and choice not in llms.LOCAL_MODELS:
+            names = ", ".join(["local", *(f"local:{name}" for name in llms.LOCAL_MODELS)])
+            raise ValueError(f"model: a local model is named {names}; paths are not accepted here")
+        if not self.models.listed(spec):
+            raise llms.EndpointRefused(
+                f"model: {spec} is not offered on this server (its owner lists models in BRAG_ALLOWED_MODELS)"
+            )
+        return llms.make_llm(spec)
 
-LLMS = LLMPool(POLICY)
+    def _hosted(self, spec: str, token: str | None, provider: str) -> llms.LLM:
+        """A Hugging Face model: the server's HF_TOKEN pays only for models the owner lists."""
+        if self.models.listed(spec):
+            return llms.make_llm(spec, token, provider)
+        if token is None:
+            raise llms.TokenRejected(
+                f"model: {spec} needs your own HF token here; this server spends its own only on "
+                f"{self.models.describe()} (BRAG_ALLOWED_MODELS)"
+            )
+        return llms.make_llm(spec, token, provider, secrets_from_env=False)
+
+
+LLMS = LLMPool(POLICY, ModelPolicy.from_env())
 
 
 def _failure(err: Exception) -> gr.Error:
@@ -644,12 +926,31 @@ def run_brag(
     hf_token: str,
     provider: str,
     calibration: str,
+    request: gr.Request = None,  # type: ignore[assignment]  # Gradio passes it; not an API input
 ) -> Iterator[tuple[str, dict[str, Any]]]:
     """Answer a question over a corpus, step by step.
 
     Yields ``(best answer so far, report so far)`` as each step starts (the report's
-    ``finished`` is False), then the final ``(answer, report)``.
+    ``finished`` is False), then the final ``(answer, report)``. Every text is scrubbed of the
+    server's secrets on its way out.
     """
+    with CALLERS.slot(request):
+        for answer, report in _answer(
+            question, corpus, documents, lam, model, hf_token, provider, calibration
+        ):
+            yield SECRETS.scrub(answer), SECRETS.scrub_data(report)
+
+
+def _answer(
+    question: str,
+    corpus: str,
+    documents: str,
+    lam: float,
+    model: str,
+    hf_token: str,
+    provider: str,
+    calibration: str,
+) -> Iterator[tuple[str, dict[str, Any]]]:
     question = check_question(question)
     lam = check_lam(lam)
     started = time.monotonic()
@@ -699,8 +1000,24 @@ def run_calibrate(
     hf_token: str,
     provider: str,
     progress: gr.Progress = gr.Progress(),  # noqa: B008 (Gradio's own idiom)
+    request: gr.Request = None,  # type: ignore[assignment]  # Gradio passes it; not an API input
 ) -> str:
     """Fit a calibration for a model and corpus from labelled questions (JSON out; kept by name)."""
+    with CALLERS.slot(request):
+        return SECRETS.scrub(
+            _calibrate(labelled_json, corpus, documents, model, hf_token, provider, progress)
+        )
+
+
+def _calibrate(
+    labelled_json: str,
+    corpus: str,
+    documents: str,
+    model: str,
+    hf_token: str,
+    provider: str,
+    progress: gr.Progress,
+) -> str:
     items = read_labelled(labelled_json)
     try:
         with llms.deadline(LIMITS.calibrate_timeout):  # calibrate() is one call: no yields inside
@@ -727,9 +1044,49 @@ def run_calibrate(
     return json.dumps({**result, "name": name}, indent=1)
 
 
+def ui_helper(fn: Callable[..., Any]) -> Callable[..., Any]:
+    """Wrap an event that only the page uses (``api_visibility="private"``).
+
+    Gradio's queue still runs such an event for any caller who names its ``fn_index``, with any
+    data. So each helper writes nothing, reads no path from its input and is bounded in work,
+    and whatever it raises reaches the caller as one plain sentence, never the exception's text
+    (which can name server paths).
+    """
+
+    @functools.wraps(fn)
+    def guarded(*args: Any) -> Any:
+        try:
+            return fn(*args)
+        except gr.Error:
+            raise
+        except Exception as err:
+            log.warning("%s refused its input (%s)", fn.__name__, type(err).__name__)
+            raise gr.Error("The page could not show that.", print_exception=False) from None
+
+    return guarded
+
+
 # ------------------------------------------------------------------------------------------
 # Presentation of a report
 # ------------------------------------------------------------------------------------------
+
+# What the page draws of a report at most. A server-made report stays far below both; a
+# caller can send any report to the page's render event.
+MAX_SHOWN_STEPS = 100
+MAX_SHOWN_CANDIDATES = 50
+
+
+def shown_steps(report: Any) -> list[dict[str, Any]]:
+    """A report's steps as the page draws them, at most MAX_SHOWN_STEPS of MAX_SHOWN_CANDIDATES each."""
+    steps = report.get("steps") if isinstance(report, dict) else None
+    if not isinstance(steps, list):
+        return []
+    shown = []
+    for step in steps[:MAX_SHOWN_STEPS]:
+        posterior = dict(step["posterior"])
+        posterior["candidates"] = list(posterior["candidates"][:MAX_SHOWN_CANDIDATES])
+        shown.append({**step, "posterior": posterior})
+    return shown
 
 
 PALETTE = ["#4f46e5", "#059669", "#d97706", "#dc2626", "#0891b2", "#7c3aed"]
@@ -737,21 +1094,20 @@ PALETTE = ["#4f46e5", "#059669", "#d97706", "#dc2626", "#0891b2", "#7c3aed"]
 
 def posterior_svg(report: dict[str, Any], width: int = 560, height: int = 230) -> str:
     """A line chart of each candidate's posterior after every step (the residual dashed)."""
-    steps = report.get("steps", [])
+    steps = shown_steps(report)
     if not steps:
         return "<p style='opacity:.6'>The posterior after each step appears here.</p>"
-    names: list[str] = []
+    names: dict[str, None] = {}  # first seen first, found in constant time
     for step in steps:
         for cand in step["posterior"]["candidates"]:
-            if cand["answer"] not in names:
-                names.append(cand["answer"])
-    series = {name: [] for name in names[: len(PALETTE)]}
+            names.setdefault(str(cand["answer"]), None)
+    series: dict[str, list[float]] = {name: [] for name in list(names)[: len(PALETTE)]}
     residual = []
     for step in steps:
-        probs = {c["answer"]: c["p"] for c in step["posterior"]["candidates"]}
+        probs = {str(c["answer"]): float(c["p"]) for c in step["posterior"]["candidates"]}
         for name, points in series.items():
             points.append(probs.get(name, 0.0))
-        residual.append(step["posterior"]["residual"])
+        residual.append(float(step["posterior"]["residual"]))
     left, right, top, bottom = 44, 30, 10, 26
     plot_w, plot_h = width - left - right, height - top - bottom
 
@@ -766,7 +1122,7 @@ def posterior_svg(report: dict[str, Any], width: int = 560, height: int = 230) -
         parts.append(f'<text x="{left - 6}" y="{y + 4:.1f}" text-anchor="end" {grey}>{tick:.0%}</text>')
     for i, step in enumerate(steps):
         x, _ = xy(i, 0)
-        label = f"{step['step']}·{step['action'] or 'stop'}"
+        label = html.escape(f"{step['step']}·{step['action'] or 'stop'}")
         parts.append(f'<text x="{x:.1f}" y="{height - 8}" text-anchor="middle" {grey}>{label}</text>')
     lines = [(name, points, PALETTE[k], "") for k, (name, points) in enumerate(series.items())]
     lines.append(("(none of these)", residual, "#9ca3af", ' stroke-dasharray="5 4"'))
@@ -854,8 +1210,9 @@ def progress_markdown(report: dict[str, Any]) -> str:
 
 def render(answer: str, report: dict[str, Any] | None) -> tuple[Any, ...]:
     """What the page shows for a report, while the run goes on and when it is done."""
-    if not report:
+    if not report or not isinstance(report, dict):
         return "", "", posterior_svg({}), gr.update(visible=False), ""
+    report = {**report, "steps": shown_steps(report)}
     finished = report.get("finished", True)
     read = list(
         dict.fromkeys(x for s in report["steps"] for x in read_labels(s.get("observation") or {}, False))
@@ -933,14 +1290,19 @@ def calibration_frame(text: str) -> pd.DataFrame:
     return pd.DataFrame(rows, columns=columns)
 
 
-def show_calibration(text: str) -> tuple[Any, Any]:
-    """The calibration tab's table and a file to download, from /calibrate's JSON."""
-    if not text:
+def show_calibration(text: Any) -> tuple[Any, Any]:
+    """The calibration tab's table and its file to download, for the fit /calibrate just kept.
+
+    The browser sends back /calibrate's JSON, but any caller can send anything here, so only
+    the kept name is taken from it: the table and the file are the server's own kept copy, and
+    nothing is written.
+    """
+    data = brag.parse_json(text, "calibration") if isinstance(text, str) and text.startswith("{") else None
+    name = data.get("name") if isinstance(data, dict) else None
+    path = KEPT.path(name) if isinstance(name, str) else None
+    if path is None:
         return gr.update(visible=False), None
-    data = json.loads(text)
-    path = Path(tempfile.mkdtemp(prefix="brag-calibration-")) / f"{data.get('name', 'calibration')}.json"
-    path.write_text(text, encoding="utf-8")
-    return gr.update(value=calibration_frame(text), visible=True), str(path)
+    return gr.update(value=calibration_frame(path.read_text(encoding="utf-8")), visible=True), str(path)
 
 
 # ------------------------------------------------------------------------------------------
@@ -958,7 +1320,7 @@ CSS = """
 
 def use_documents(documents: str, corpus: str) -> Any:
     """Pasted documents select "Your documents"; clearing them goes back to Demo."""
-    if documents and documents.strip():
+    if isinstance(documents, str) and documents.strip():
         return gr.update(value=YOUR_DOCUMENTS)
     return gr.update(value=DEMO if corpus == YOUR_DOCUMENTS else corpus)
 
@@ -966,7 +1328,8 @@ def use_documents(documents: str, corpus: str) -> Any:
 def build() -> gr.Blocks:
     """The Gradio Blocks app."""
     choices = [*NAMED, YOUR_DOCUMENTS]
-    with Blocks(title="BRAG · cost-aware question answering") as demo:
+    # Files Gradio makes for downloads are deleted an hour after they were made.
+    with Blocks(title="BRAG · cost-aware question answering", delete_cache=(600, 3600)) as demo:
         gr.Markdown(
             "# BRAG · cost-aware question answering\n"
             "A Bayesian controller decides which LLM calls are worth making: read the top passages "
@@ -1026,7 +1389,7 @@ def build() -> gr.Blocks:
             answer = gr.Textbox(label="answer", visible=False)
             inputs = [question, corpus, documents, lam, model, hf_token, provider, calibration]
             shown = [progress, answer_md, chart, steps, totals]
-            documents.change(use_documents, [documents, corpus], corpus, api_visibility="private")
+            documents.change(ui_helper(use_documents), [documents, corpus], corpus, api_visibility="private")
             for trigger, name in ((ask.click, "brag"), (question.submit, None)):
                 started = trigger(starting, None, shown, api_visibility="private", show_progress="hidden")
                 ran = started.then(
@@ -1039,7 +1402,7 @@ def build() -> gr.Blocks:
                 )
                 ran.failure(failed, None, progress, api_visibility="private")
             report.change(
-                render,
+                ui_helper(render),
                 [answer, report],
                 shown,
                 api_visibility="private",
@@ -1072,15 +1435,18 @@ def build() -> gr.Blocks:
             with gr.Accordion("Calibration JSON", open=False):
                 cal_out = gr.Code(label="calibration", language="json")
             cal_documents.change(
-                use_documents, [cal_documents, cal_corpus], cal_corpus, api_visibility="private"
+                ui_helper(use_documents), [cal_documents, cal_corpus], cal_corpus, api_visibility="private"
             )
             fit.click(
                 run_calibrate,
                 [labelled, cal_corpus, cal_documents, cal_model, cal_token, cal_provider],
                 cal_out,
                 api_name="calibrate",
-            ).success(show_calibration, cal_out, [cal_table, cal_file], api_visibility="private")
-    demo.queue(default_concurrency_limit=concurrency())
+                # Its own slots, so an hour-long fit never holds up /brag.
+                concurrency_id="calibrate",
+                concurrency_limit=LIMITS.calibrate_concurrency,
+            ).success(ui_helper(show_calibration), cal_out, [cal_table, cal_file], api_visibility="private")
+    demo.queue(default_concurrency_limit=concurrency(), max_size=LIMITS.queue_size)
     llms.bound_hub_calls()  # deadlines hold for Inference Providers calls too
     return demo
 
@@ -1091,6 +1457,16 @@ if __name__ == "__main__":
         server_name=os.environ.get("GRADIO_SERVER_NAME", "127.0.0.1"),
         theme=gr.themes.Soft(),
         css=CSS,
-        show_error=True,
-        app_kwargs={"middleware": [Middleware(RequestSizeLimit, max_bytes=max_request_bytes())]},
+        # Only gr.Error's own words reach a caller; any other exception's text (which can name
+        # server paths) stays in the log.
+        show_error=False,
+        # Gradio serves the kept fit the calibration tab offers for download from there.
+        allowed_paths=[str(KEPT.directory)],
+        max_file_size="1mb",
+        app_kwargs={
+            "middleware": [
+                Middleware(RequestSizeLimit, max_bytes=max_request_bytes()),
+                Middleware(PublicRoutes),
+            ]
+        },
     )

@@ -32,7 +32,7 @@ from array import array
 from collections import Counter
 from collections.abc import Callable, Collection, Iterable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 from typing import Any, BinaryIO, NamedTuple, Protocol, runtime_checkable
 
@@ -198,6 +198,13 @@ _SENTENCE_END = re.compile(r"(?<=[a-z0-9)\]]{3})[.!?](?=\s+[A-Z\"“]|\s*$)")
 _YES_NO = re.compile(r"^(yes|no)\b[\s,.;:!-]", re.IGNORECASE)
 
 
+# Bounds on what a reply can put in the posterior, the report and the UI: the model is asked
+# for a few words, so anything longer is a runaway or a hostile endpoint.
+MAX_REPLY_CHARS = 2_000
+MAX_ANSWER_CHARS = 200
+MAX_QUERY_CHARS = 300
+
+
 def clean_answer(text: str, max_words: int = 20) -> str:
     """Reduce a reply to its short answer.
 
@@ -211,7 +218,7 @@ def clean_answer(text: str, max_words: int = 20) -> str:
     if yes_no:
         return yes_no.group(1).capitalize()
     text = text.rstrip(".").strip().strip("\"'“”‘’").strip()
-    return " ".join(text.split()[:max_words])
+    return " ".join(text.split()[:max_words])[:MAX_ANSWER_CHARS]
 
 
 def parse_reading(text: str) -> tuple[str, str]:
@@ -235,7 +242,7 @@ def parse_reading(text: str) -> tuple[str, str]:
             query = query or value
     if not answer and unlabeled:
         answer = unlabeled[0]
-    return clean_answer(answer), query.strip().strip("\"'“” ").strip()
+    return clean_answer(answer), query.strip().strip("\"'“” ").strip()[:MAX_QUERY_CHARS]
 
 
 # ------------------------------------------------------------------------------------------
@@ -571,6 +578,8 @@ def parse_json(text: str, what: str) -> Any:
         raise ValueError(
             f"{what}: malformed JSON at line {err.lineno} column {err.colno}: {err.msg}"
         ) from None
+    except RecursionError:
+        raise ValueError(f"{what}: the JSON is nested too deeply") from None
 
 
 def read_json(source: Any, what: str) -> Any:
@@ -1714,6 +1723,8 @@ class Calibration:
 
 
 CALIBRATION_VERSION = 1
+MIN_ETA = 1e-6
+MAX_SAMPLES = 20
 
 
 def _shown(value: Any, width: int = 40) -> str:
@@ -1748,7 +1759,8 @@ def calibration_from_dict(data: Any) -> Calibration:
         raise ValueError(
             f"calibration: unsupported version {_shown(version)} (expected {CALIBRATION_VERSION})"
         )
-    eta = _number(data.get("eta"), "eta", 0.0, 1.0, open_low=True)
+    # Below this η the likelihood ratios overflow; no fitted calibration comes near it.
+    eta = _number(data.get("eta"), "eta", MIN_ETA, 1.0)
     raw = data.get("actions")
     if not isinstance(raw, Mapping):
         raise ValueError("calibration: 'actions' must be an object with R1, R2 and CB")
@@ -1793,6 +1805,8 @@ def calibration_from_dict(data: Any) -> Calibration:
         m = levels[-1].g
         if [lv.g for lv in levels] != list(range(1, m + 1)):
             raise ValueError(f"calibration: actions.CB.levels must be exactly 1..{m}")
+        if m > MAX_SAMPLES:  # m is how many samples every CB call asks for
+            raise ValueError(f"calibration: CB has {m} agreement levels; at most {MAX_SAMPLES} are allowed")
         if abs(sum(lv.pi for lv in levels) - 1.0) > 1e-3:
             raise ValueError("calibration: actions.CB.levels pi values must sum to 1")
         # A mean reliability near 1 is allowed; the Beta prior keeps it finite.
@@ -2269,6 +2283,8 @@ class _Run:
         waited = time.perf_counter() - t0
         if not isinstance(result, Completion):
             raise TypeError(f"LLM backend returned {type(result).__name__}, expected Completion")
+        if any(len(text) > MAX_REPLY_CHARS for text in result.texts):
+            result = replace(result, texts=[text[:MAX_REPLY_CHARS] for text in result.texts])
         self.llm_wait_s += waited
         if result.cached:
             self.llm_seconds += result.seconds or 0.0

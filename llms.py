@@ -30,6 +30,7 @@ import sys
 import threading
 import time
 import urllib.parse
+import zlib
 from collections.abc import Callable, Iterator
 from concurrent.futures import ThreadPoolExecutor
 from contextlib import contextmanager
@@ -85,6 +86,10 @@ class MalformedResponse(LLMError):
 
 class RequestRejected(LLMError):
     """400/422: the server refused the request itself (a parameter it does not support)."""
+
+
+class ResponseTooLarge(MalformedResponse):
+    """The response body was over ``BRAG_MAX_RESPONSE_BYTES`` once decompressed."""
 
 
 class CacheMiss(LLMError):
@@ -249,11 +254,31 @@ class _Refused(OSError):
     """Raised inside the connection pool; surfaces as EndpointRefused."""
 
 
+# IPv6 prefixes that carry an IPv4 address in their last 32 bits (RFC 6052 NAT64, RFC 4291's
+# deprecated IPv4-compatible form); 6to4, Teredo and IPv4-mapped have ipaddress properties.
+_NAT64 = (ipaddress.ip_network("64:ff9b::/96"), ipaddress.ip_network("64:ff9b:1::/48"))
+_IPV4_COMPATIBLE = ipaddress.ip_network("::/96")
+
+
+def _carried_ipv4(ip: ipaddress.IPv6Address) -> list[ipaddress.IPv4Address]:
+    """The IPv4 addresses an IPv6 transition address reaches (none for a plain IPv6 address)."""
+    carried = [ip.ipv4_mapped, ip.sixtofour, *(ip.teredo or ())]
+    if any(ip in net for net in _NAT64) or (ip in _IPV4_COMPATIBLE and int(ip) > 1):
+        carried.append(ipaddress.IPv4Address(int(ip) & 0xFFFFFFFF))
+    return [v4 for v4 in carried if v4 is not None]
+
+
 def is_public_address(address: str) -> bool:
-    """A globally routable unicast address: not loopback, private, link-local, multicast or reserved."""
+    """A globally routable unicast address: not loopback, private, link-local, multicast or reserved.
+
+    An IPv6 address that carries an IPv4 one (mapped, NAT64, 6to4, Teredo, IPv4-compatible) is
+    judged by the IPv4 address it leads to as well.
+    """
     ip = ipaddress.ip_address(address.split("%", 1)[0])
-    if isinstance(ip, ipaddress.IPv6Address) and ip.ipv4_mapped is not None:
-        ip = ip.ipv4_mapped
+    if isinstance(ip, ipaddress.IPv6Address):
+        carried = _carried_ipv4(ip)
+        if carried:
+            return all(v4.is_global and not v4.is_multicast for v4 in carried)
     return ip.is_global and not ip.is_multicast
 
 
@@ -342,21 +367,128 @@ class _GuardedBackend(httpcore2.NetworkBackend):
         raise httpcore2.ConnectError(f"cannot connect to {host}:{port}: {last}")
 
 
-class GuardedTransport(httpx2.HTTPTransport):
-    """httpx2's transport with deadline-bound sockets, and optionally public addresses only."""
+DEFAULT_MAX_RESPONSE_BYTES = 1_000_000
 
-    def __init__(self, public_only: bool = False, **kwargs: Any) -> None:
+
+def max_response_bytes() -> int:
+    """``BRAG_MAX_RESPONSE_BYTES`` (default 1 MB): the most an LLM response may hold, decompressed."""
+    raw = os.environ.get("BRAG_MAX_RESPONSE_BYTES", "").strip()
+    try:
+        value = int(raw) if raw else DEFAULT_MAX_RESPONSE_BYTES
+    except ValueError:
+        value = 0
+    if value <= 0:
+        raise ValueError(f"BRAG_MAX_RESPONSE_BYTES must be a positive whole number, got {raw!r}")
+    return value
+
+
+class _CappedStream(httpx2.SyncByteStream):
+    """A response body decoded here (identity, gzip or deflate) and cut off past ``limit`` bytes.
+
+    Counting after decompression is what bounds memory: a small gzip can expand a thousandfold.
+    """
+
+    def __init__(self, inner: httpx2.SyncByteStream, encoding: str, limit: int, where: str) -> None:
+        self.inner, self.limit, self.where = inner, limit, where
+        # wbits 47: zlib or gzip framing, detected from the header.
+        self.decoder = zlib.decompressobj(47 if encoding in ("gzip", "x-gzip") else 15) if encoding else None
+        self.raw_deflate = encoding == "deflate"
+
+    def __iter__(self) -> Iterator[bytes]:
+        total = 0
+        for chunk in self.inner:
+            for part in self._decode(chunk):
+                total += len(part)
+                if total > self.limit:
+                    raise ResponseTooLarge(
+                        f"{self.where} sent a response over {self.limit:,} bytes (BRAG_MAX_RESPONSE_BYTES)"
+                    )
+                yield part
+
+    def _decode(self, chunk: bytes) -> Iterator[bytes]:
+        if self.decoder is None:
+            yield chunk
+            return
+        try:
+            while chunk:
+                # max_length bounds each step's output, so one chunk cannot expand without limit.
+                yield self.decoder.decompress(chunk, self.limit + 1)
+                chunk = self.decoder.unconsumed_tail
+        except zlib.error:
+            if not self.raw_deflate:
+                raise MalformedResponse(f"{self.where} sent a corrupt compressed body") from None
+            # Some servers send raw deflate without the zlib header.
+            self.decoder, self.raw_deflate = zlib.decompressobj(-15), False
+            yield from self._decode(chunk)
+
+    def close(self) -> None:
+        self.inner.close()
+
+
+class GuardedTransport(httpx2.HTTPTransport):
+    """httpx2's transport: deadline-bound sockets, public addresses only (optionally), capped bodies.
+
+    A capped response holds at most ``max_bytes`` after decompression. ``capped_methods`` names
+    the requests whose responses are capped (all by default): the Hub's shared client caps its
+    inference POSTs but not the owner's corpus downloads.
+    """
+
+    def __init__(
+        self,
+        public_only: bool = False,
+        max_bytes: int | None = None,
+        capped_methods: frozenset[str] | None = None,
+        **kwargs: Any,
+    ) -> None:
         super().__init__(**kwargs)
         # httpx2 builds the pool from its arguments (TLS, limits) but takes no network backend,
         # so the pool's is swapped before it has opened any connection.
         self._pool._network_backend = _GuardedBackend(public_only)
+        self.max_bytes, self.capped_methods = max_bytes, capped_methods
+
+    def _caps(self, request: httpx2.Request) -> bool:
+        return self.max_bytes is not None and (
+            self.capped_methods is None or request.method in self.capped_methods
+        )
+
+    def handle_request(self, request: httpx2.Request) -> httpx2.Response:
+        """Send the request; a capped response is decoded here and bounded as it is read."""
+        if not self._caps(request):
+            return super().handle_request(request)
+        request.headers["Accept-Encoding"] = "gzip, deflate"
+        response = super().handle_request(request)
+        encoding = response.headers.get("content-encoding", "").strip().lower()
+        where = redact_url(str(request.url.copy_with(query=None)))
+        if encoding in ("", "identity"):
+            encoding = ""
+        elif encoding not in ("gzip", "x-gzip", "deflate"):
+            response.close()
+            raise MalformedResponse(f"{where} sent a body in an encoding it was not offered ({encoding})")
+        declared = response.headers.get("content-length", "")
+        if not encoding and declared.isdigit() and int(declared) > self.max_bytes:
+            response.close()
+            raise ResponseTooLarge(
+                f"{where} sent a response over {self.max_bytes:,} bytes (BRAG_MAX_RESPONSE_BYTES)"
+            )
+        assert self.max_bytes is not None
+        headers = [(k, v) for k, v in response.headers.multi_items() if k.lower() not in _DECODED_HEADERS]
+        return httpx2.Response(
+            status_code=response.status_code,
+            headers=headers,
+            stream=_CappedStream(response.stream, encoding, self.max_bytes, where),  # type: ignore[arg-type]
+            extensions=response.extensions,
+        )
 
 
-def _refusal(err: BaseException | None) -> _Refused | None:
-    """The policy refusal somewhere in an exception's chain of causes, if any."""
+# Headers that describe the encoded body; the capped stream hands on the decoded one.
+_DECODED_HEADERS = frozenset({"content-encoding", "content-length"})
+
+
+def _in_chain(err: BaseException | None, kind: type[BaseException]) -> Any:
+    """The first exception of ``kind`` in an exception's chain of causes, if any."""
     seen = 0
     while err is not None and seen < 10:
-        if isinstance(err, _Refused):
+        if isinstance(err, kind):
             return err
         err, seen = err.__cause__ or err.__context__, seen + 1
     return None
@@ -481,6 +613,7 @@ class OpenAICompatible(_RemoteBackend):
     api_key: str | None = None
     secrets_from_env: bool = True  # with no api_key, send OPENAI_API_KEY from the environment
     public_only: bool = False  # connect only to public addresses (a caller-chosen URL)
+    max_response_bytes: int = field(default_factory=max_response_bytes)
 
     def __post_init__(self) -> None:
         import openai
@@ -496,7 +629,7 @@ class OpenAICompatible(_RemoteBackend):
             max_retries=0,  # RetryPolicy decides, so Retry-After and the bounds are ours
             # Deadline-bound sockets; no redirect, so an allowed URL cannot hand the call elsewhere.
             http_client=httpx2.Client(
-                transport=GuardedTransport(public_only=self.public_only),
+                transport=GuardedTransport(public_only=self.public_only, max_bytes=self.max_response_bytes),
                 follow_redirects=False,
                 trust_env=not self.public_only,
                 timeout=self.timeout,
@@ -507,9 +640,12 @@ class OpenAICompatible(_RemoteBackend):
     def _classify(self, err: Exception) -> Exception:
         openai = self._openai
         where = self._where
-        refused = _refusal(err)
+        refused = _in_chain(err, _Refused)
         if refused is not None:
             return EndpointRefused(f"{where} is not allowed: {refused}")
+        own = _in_chain(err, LLMError)  # raised while reading the body (too large, corrupt)
+        if own is not None:
+            return own
         if isinstance(err, openai.APITimeoutError):
             return LLMTimeout(f"{where} did not answer in time (at most {self.timeout:g} s per call)")
         if isinstance(err, openai.APIConnectionError):
@@ -558,7 +694,7 @@ class OpenAICompatible(_RemoteBackend):
         if not isinstance(choices, list) or not choices:
             raise MalformedResponse(f"{self._where} returned no choices")
         texts = []
-        for choice in choices:
+        for choice in choices[:n]:  # a server may send more than asked for
             content = getattr(getattr(choice, "message", None), "content", None)
             if not isinstance(content, str):
                 raise MalformedResponse(f"{self._where} returned a choice without message content")
@@ -579,6 +715,7 @@ class HFInference(_RemoteBackend):
         from huggingface_hub import InferenceClient
 
         check_token(self.token)
+        bound_hub_calls()
         self._where = (
             redact_url(self.base_url)
             if self.base_url
@@ -595,6 +732,9 @@ class HFInference(_RemoteBackend):
         from huggingface_hub.errors import HfHubHTTPError, InferenceTimeoutError
 
         where = self._where
+        own = _in_chain(err, LLMError)  # raised while reading the body (too large, corrupt)
+        if own is not None:
+            return own
         if isinstance(err, InferenceTimeoutError | httpx2.TimeoutException):
             return LLMTimeout(f"{where} did not answer in time (at most {self.timeout:g} s per call)")
         if isinstance(err, HfHubHTTPError) and err.response is not None:
@@ -616,7 +756,7 @@ class HFInference(_RemoteBackend):
             kwargs["seed"] = seed
         try:
             response = self._client.chat_completion(messages, **kwargs)
-            texts = [choice.message.content for choice in response.choices]
+            texts = [choice.message.content for choice in response.choices[:n]]
         except LLMError:
             raise
         except Exception as err:
@@ -626,19 +766,32 @@ class HFInference(_RemoteBackend):
         return _completion(texts, getattr(response, "usage", None), messages)
 
 
+_HUB_BOUND = False
+_HUB_LOCK = threading.Lock()
+
+
 def bound_hub_calls() -> None:
     """Make ``huggingface_hub`` (and so :class:`HFInference`) open deadline-bound sockets.
 
     The hub library shares one HTTP client that it builds itself; this swaps in one with the
     same settings over :class:`GuardedTransport`, so :func:`deadline` holds for Inference
-    Providers calls too. The app calls it once at start-up.
+    Providers calls too, and inference responses are capped at ``BRAG_MAX_RESPONSE_BYTES``.
+    Every :class:`HFInference` calls it; later calls do nothing.
     """
+    global _HUB_BOUND
+    with _HUB_LOCK:
+        if _HUB_BOUND:
+            return
+        _HUB_BOUND = True
     from huggingface_hub import set_client_factory
     from huggingface_hub.utils._http import hf_request_event_hook  # what the stock client hooks in
 
+    cap = max_response_bytes()
+
     def factory() -> httpx2.Client:
         return httpx2.Client(
-            transport=GuardedTransport(),
+            # Inference calls are POSTs; the owner's corpus downloads (GET) are not capped.
+            transport=GuardedTransport(max_bytes=cap, capped_methods=frozenset({"POST"})),
             event_hooks={"request": [hf_request_event_hook]},
             follow_redirects=True,
             timeout=None,
@@ -818,13 +971,24 @@ class LocalRunner:
     :class:`LocalModel` of the same file shares one runner, whatever its caller or token.
     """
 
-    def __init__(self, path: str, n_ctx: int, n_threads: int | None, load_timeout: float = 300.0) -> None:
+    def __init__(
+        self,
+        path: str,
+        n_ctx: int,
+        n_threads: int | None,
+        load_timeout: float = 300.0,
+        idle_timeout: float | None = None,
+    ) -> None:
         self.path, self.n_ctx, self.load_timeout = path, n_ctx, load_timeout
         self.n_threads = n_threads or os.cpu_count() or 1  # llama-cpp-python's default is half the cores
+        # An idle worker holds hundreds of MB; it exits after this long without a request.
+        self.idle_timeout = local_idle_timeout() if idle_timeout is None else idle_timeout
         self._lock = threading.Lock()
         self._proc: subprocess.Popen[bytes] | None = None
         self._requests: Connection | None = None
         self._replies: Connection | None = None
+        self._idle_timer: threading.Timer | None = None
+        self._last_used = time.monotonic()
         self.starts = 0  # worker processes started so far
 
     @property
@@ -852,10 +1016,28 @@ class LocalRunner:
             except (EOFError, OSError):
                 raise self._crashed("while answering") from None
         finally:
+            self._last_used = time.monotonic()
             self._lock.release()
+            self._schedule_idle_stop()
         if "error" in reply:
             raise RequestRejected(f"local model rejected the request: {reply['error']}")
         return reply
+
+    def _schedule_idle_stop(self) -> None:
+        if self._idle_timer is not None:
+            self._idle_timer.cancel()
+        self._idle_timer = threading.Timer(self.idle_timeout, self._stop_if_idle)
+        self._idle_timer.daemon = True
+        self._idle_timer.start()
+
+    def _stop_if_idle(self) -> None:
+        if not self._lock.acquire(blocking=False):
+            return  # a request is running; its end schedules the next check
+        try:
+            if time.monotonic() - self._last_used >= self.idle_timeout * 0.99:
+                self.stop()
+        finally:
+            self._lock.release()
 
     def _start(self, deadline: float) -> None:
         if self._proc is not None and self._proc.poll() is None:
@@ -927,6 +1109,18 @@ class LocalRunner:
         if proc is not None and proc.poll() is None:
             proc.kill()
             proc.wait()
+
+
+def local_idle_timeout() -> float:
+    """``BRAG_LOCAL_IDLE_SECONDS`` (default 600): an idle local-model worker exits after this."""
+    raw = os.environ.get("BRAG_LOCAL_IDLE_SECONDS", "").strip()
+    try:
+        value = float(raw) if raw else 600.0
+    except ValueError:
+        value = -1.0
+    if not value > 0:
+        raise ValueError(f"BRAG_LOCAL_IDLE_SECONDS must be a positive number of seconds, got {raw!r}")
+    return value
 
 
 _RUNNERS: dict[tuple[str, int, int | None], LocalRunner] = {}
@@ -1295,8 +1489,9 @@ def make_llm(
       ``local:<path-to.gguf>``: any GGUF file (Python API only; the app refuses paths);
     - empty: ``default_model()``.
 
-    For an endpoint URL, ``secrets_from_env=False`` never sends ``OPENAI_API_KEY`` (only
-    ``hf_token``), and ``public_only=True`` refuses to connect to any non-public address.
+    ``secrets_from_env=False`` never sends the environment's ``OPENAI_API_KEY`` or ``HF_TOKEN``
+    (only ``hf_token``), and for an endpoint URL ``public_only=True`` refuses to connect to any
+    non-public address.
     """
     spec = (model or "").strip() or default_model()
     retry = retry or RetryPolicy()
@@ -1319,7 +1514,7 @@ def make_llm(
             return LocalModel(weights=LOCAL_MODELS[choice or "qwen"], **timeouts)
         return LocalModel(path=choice, **timeouts)
     if _HF_ID.match(spec):
-        token = hf_token or os.environ.get("HF_TOKEN") or None
+        token = hf_token or (os.environ.get("HF_TOKEN") if secrets_from_env else None) or None
         return HFInference(
             name=spec, model=spec, token=token, provider=provider or "auto", retry=retry, **timeouts
         )

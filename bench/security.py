@@ -41,11 +41,13 @@ def main() -> None:
             "",
             "Command: `python bench/security.py` (the same probes as `tests/test_security.py`).",
             f"Machine: {platform.machine()}, 2 cores, Python {platform.python_version()}. "
-            "Two `python app.py` processes on loopback, with `OPENAI_API_KEY`, `HF_TOKEN`, a secret in "
+            "Three `python app.py` processes on loopback, with `OPENAI_API_KEY`, `HF_TOKEN`, a secret in "
             "another environment variable and a password in `BRAG_MODEL`'s URL; "
             f"`BRAG_REQUEST_TIMEOUT` = {REQUEST_TIMEOUT:g} s and `BRAG_DOCUMENTS_CACHE_BYTES` = 20 MB. "
             "*public*: the default endpoint policy; *listed*: `BRAG_ALLOWED_ENDPOINTS` names the probes' "
-            "own recording endpoints.",
+            "own recording endpoints (and one that answers too much); *fair*: behind a trusted proxy "
+            "(`BRAG_TRUSTED_PROXIES`), two workers, one request per caller and a queue of three. "
+            "Each app has a cache and a temp folder of its own, so a file written anywhere else is seen.",
             "",
             "Time is the whole request as the caller saw it; memory is the app process's resident set (MB) "
             "before and after. After every probe the same server answered a normal question (checked).",

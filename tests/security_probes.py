@@ -10,18 +10,24 @@ it must not, and the server keeps answering.
 
 from __future__ import annotations
 
+import base64
+import gzip
 import json
+import os
 import re
+import tempfile
+import threading
 import time
 import urllib.error
 import urllib.request
+import uuid
 from collections.abc import Callable
 from contextlib import ExitStack
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from app_server import AppProcess, free_port, rest_call
+from app_server import AppProcess, free_port, rest_call, rest_events
 from gradio_client import Client
 from openai_server import FakeOpenAI, Reply
 
@@ -35,11 +41,24 @@ DOCS = "The Glass Tower was designed by Lina Berg.\nLina Berg was born in Bergen
 REQUEST_TIMEOUT = 6.0
 
 
+BASIC = base64.b64encode(f"user:{URL_PASSWORD}".encode()).decode()
+MB = 1_000_000
+
+
 def owner_reply(request: dict[str, Any]) -> Reply:
-    """The owner's model: reads answer Bergen; a question with FAIL in it gets an HTTP 500."""
+    """The owner's model: reads answer Bergen; a question with FAIL in it gets an HTTP 500.
+
+    ECHOAUTH: a 401 whose body repeats the Authorization headers, as some proxies do; SAYKEY:
+    an answer holding the server's key.
+    """
     content = request["messages"][-1]["content"]
     if "FAIL" in content:
         return Reply(status=500)
+    if "ECHOAUTH" in content:
+        echoed = f"bad credentials: Authorization: Bearer {SERVER_OPENAI_KEY}; Authorization: Basic {BASIC}"
+        return Reply(status=401, body=json.dumps({"error": {"message": echoed}}).encode())
+    if "SAYKEY" in content:
+        return Reply(texts=[f"Answer: {SERVER_OPENAI_KEY} and {SERVER_HF_TOKEN}"] * request.get("n", 1))
     if "Passages:" in content:
         return Reply(texts=["Answer: Bergen\nFollow-up query: Lina Berg"])
     return Reply(texts=["Oslo", "Rome", "Lima", "Bergen", "Paris"][: request.get("n", 1)])
@@ -53,6 +72,22 @@ def rss_mb(pid: int) -> float:
     return float("nan")
 
 
+def hostile_reply(request: dict[str, Any]) -> Reply:
+    """An allowed endpoint that answers too much: by the question's keyword."""
+    content = request["messages"][-1]["content"]
+    if "BIGBODY" in content:  # 40 MB of JSON
+        return Reply(texts=["Answer: " + "A" * 40 * MB])
+    if "GZIPBOMB" in content:  # a few dozen kB that expand to 40 MB
+        body = json.dumps({"choices": [{"message": {"content": "B" * 40 * MB}}]}).encode()
+        return Reply(body=gzip.compress(body, 9), headers={"Content-Encoding": "gzip"})
+    if "CHOICES" in content:  # 200,000 choices
+        choice = {"index": 0, "message": {"role": "assistant", "content": "Answer: x"}}
+        return Reply(body=json.dumps({"choices": [choice] * 200_000}).encode())
+    if "LONGANSWER" in content:  # within the byte cap, but far longer than any answer
+        return Reply(texts=["Answer: " + "Atlantis " * 50_000 + "\nFollow-up query: " + "q" * 100_000])
+    return Reply(texts=["Answer: Atlantis\nFollow-up query: x"])
+
+
 @dataclass
 class Lab:
     """The apps and the loopback endpoints the probes use."""
@@ -60,8 +95,14 @@ class Lab:
     owner: FakeOpenAI
     attacker: FakeOpenAI
     trickle: FakeOpenAI
+    hostile: FakeOpenAI
+    blocker: FakeOpenAI
     public: AppProcess
     listed: AppProcess
+    fair: AppProcess
+    folders: dict[str, Path]  # each app's own folders: {"<app>-cache": ..., "<app>-tmp": ...}
+    marker: str  # in every file name a hostile request asks for
+    release: threading.Event  # lets the blocker endpoint answer
     clients: dict[str, Client] = field(default_factory=dict)
     mark: int = 0  # how many requests the attacker endpoint had seen before the current probe
 
@@ -77,11 +118,24 @@ class Lab:
         return self.clients[which]
 
 
+def app_folders(stack: ExitStack, name: str, folders: dict[str, Path]) -> dict[str, str]:
+    """A cache folder and a temp folder of the app's own, and the variables that point there."""
+    for kind in ("cache", "tmp"):
+        folders[f"{name}-{kind}"] = Path(stack.enter_context(tempfile.TemporaryDirectory(prefix=f"{name}-")))
+    tmp = str(folders[f"{name}-tmp"])
+    return {"BRAG_CACHE_DIR": str(folders[f"{name}-cache"]), "TMPDIR": tmp, "GRADIO_TEMP_DIR": tmp}
+
+
 def start_lab(stack: ExitStack) -> Lab:
+    release = threading.Event()
+    stack.callback(release.set)
     owner = stack.enter_context(FakeOpenAI(handler=owner_reply))
     attacker = stack.enter_context(FakeOpenAI(answer="Answer: Atlantis\nFollow-up query: x"))
     trickle = stack.enter_context(FakeOpenAI(handler=lambda r: Reply(trickle=1.0)))
+    hostile = stack.enter_context(FakeOpenAI(handler=hostile_reply))
+    blocker = stack.enter_context(FakeOpenAI(handler=lambda r: (release.wait(120), Reply())[1]))
     host, port = owner.url.split("//")[1].split("/")[0].split(":")
+    folders: dict[str, Path] = {}
     env = {
         "BRAG_MODEL": f"http://user:{URL_PASSWORD}@{host}:{port}/v1#m",
         "OPENAI_API_KEY": SERVER_OPENAI_KEY,
@@ -91,15 +145,31 @@ def start_lab(stack: ExitStack) -> Lab:
         "BRAG_DOCUMENTS_CACHE_BYTES": "20000000",
         "BRAG_ALLOWED_ENDPOINTS": "",
     }
-    public = stack.enter_context(AppProcess(env))
+    public = stack.enter_context(AppProcess({**env, **app_folders(stack, "public", folders)}))
     # The listed app's own model URL has no credentials in it, so its Bearer token is visible.
     listed_env = {
         **env,
         "BRAG_MODEL": owner.url + "#m",
-        "BRAG_ALLOWED_ENDPOINTS": f"{attacker.url},{trickle.url}",
+        "BRAG_ALLOWED_ENDPOINTS": f"{attacker.url},{trickle.url},{hostile.url}",
+        **app_folders(stack, "listed", folders),
     }
     listed = stack.enter_context(AppProcess(listed_env))
-    return Lab(owner, attacker, trickle, public, listed)
+    # Behind a proxy (loopback, trusted), with two workers, one request per caller, a short queue.
+    fair_env = {
+        **env,
+        "BRAG_MODEL": owner.url + "#m",
+        "BRAG_ALLOWED_ENDPOINTS": blocker.url,
+        "BRAG_TRUSTED_PROXIES": "127.0.0.1",
+        "BRAG_CONCURRENCY": "2",
+        "BRAG_MAX_PER_SESSION": "1",
+        "BRAG_MAX_PER_ADDRESS": "1",
+        "BRAG_MAX_QUEUE": "3",
+        "BRAG_REQUEST_TIMEOUT": "120",
+        **app_folders(stack, "fair", folders),
+    }
+    fair = stack.enter_context(AppProcess(fair_env))
+    marker = f"pwned-{uuid.uuid4().hex[:8]}"
+    return Lab(owner, attacker, trickle, hostile, blocker, public, listed, fair, folders, marker, release)
 
 
 def brag_args(
@@ -130,6 +200,7 @@ class Probe:
     send: Callable[[Lab], str]
     check: Callable[[Lab, str], str | None]  # None when it holds, else why not
     watch: str = "owner"  # the endpoint whose request count must not grow ("" for none)
+    max_rss_growth: float | None = None  # MB the app's resident memory may grow by
 
 
 @dataclass
@@ -144,16 +215,326 @@ class Outcome:
     failure: str | None
 
 
+SECRETS = (SERVER_OPENAI_KEY, SERVER_HF_TOKEN, ENV_SECRET, URL_PASSWORD, BASIC)
+
+
 def error_matching(pattern: str, *, absent: tuple[str, ...] = ()) -> Callable[[Lab, str], str | None]:
     def check(lab: Lab, response: str) -> str | None:
         if not response.startswith("error:") or not re.search(pattern, response):
             return f"expected an error matching {pattern!r}"
-        for secret in (*absent, SERVER_OPENAI_KEY, SERVER_HF_TOKEN, ENV_SECRET, URL_PASSWORD, "Traceback"):
+        for secret in (*absent, *SECRETS, "Traceback"):
             if secret in response:
                 return f"the response holds {secret!r}"
         return None
 
     return check
+
+
+def all_of(*checks: Callable[[Lab, str], str | None]) -> Callable[[Lab, str], str | None]:
+    def check(lab: Lab, response: str) -> str | None:
+        return next((why for c in checks if (why := c(lab, response)) is not None), None)
+
+    return check
+
+
+def log_clean(which: str) -> Callable[[Lab, str], str | None]:
+    def check(lab: Lab, response: str) -> str | None:
+        log = getattr(lab, which).log()
+        found = [secret for secret in SECRETS if secret in log]
+        return f"the {which} app's log holds {found}" if found else None
+
+    return check
+
+
+# ------------------------------------------------------------------ Gradio's queue, driven by hand
+
+
+def dependencies(url: str) -> list[dict[str, Any]]:
+    """Every event the app registers, as its /config lists them (the index is the fn_index)."""
+    with urllib.request.urlopen(url + "config", timeout=10) as page:
+        return json.loads(page.read())["dependencies"]
+
+
+def queue_join(url: str, fn_index: int, data: list[Any], timeout: float = 60) -> str:
+    """Run one event by ``fn_index`` as the page does (POST queue/join, then its SSE stream)."""
+    session = uuid.uuid4().hex
+    body = json.dumps({"data": data, "fn_index": fn_index, "session_hash": session}).encode()
+    request = urllib.request.Request(
+        url + "gradio_api/queue/join", data=body, headers={"Content-Type": "application/json"}
+    )
+    try:
+        with urllib.request.urlopen(request, timeout=timeout) as reply:
+            reply.read()
+    except urllib.error.HTTPError as err:
+        return f"error: HTTP {err.code} {err.read()[:300].decode(errors='replace')}"
+    with urllib.request.urlopen(
+        f"{url}gradio_api/queue/data?session_hash={session}", timeout=timeout
+    ) as feed:
+        for raw in feed:
+            line = raw.decode(errors="replace").strip()
+            if not line.startswith("data:"):
+                continue
+            message = json.loads(line[5:])
+            if message.get("msg") == "process_completed":
+                output = message.get("output") or {}
+                if not message.get("success", False):
+                    return f"error: {output.get('error')}"
+                return "output: " + json.dumps(output.get("data"))[:2000]
+    return "error: the stream ended without a result"
+
+
+def fn_index_of(lab: Lab, which: str, name: str) -> int:
+    deps = dependencies(getattr(lab, which).url)
+    return next(i for i, d in enumerate(deps) if d.get("api_name") == name)
+
+
+def files_named(roots: list[Path], marker: str) -> list[str]:
+    found = []
+    for root in roots:
+        for folder, dirs, files in os.walk(root):
+            found += [os.path.join(folder, n) for n in dirs + files if marker in n]
+    return found
+
+
+def keep_a_fit(lab: Lab) -> Path:
+    """Fit and keep a calibration on the public app."""
+    labelled = json.dumps([{"question": QUESTION, "gold": ["Bergen"]}] * 30)
+    result = json.loads(
+        lab.client("public").predict(labelled, "", DOCS, "", "", "auto", api_name="/calibrate")
+    )
+    return lab.folders["public-cache"] / "calibrations" / f"{result['name']}.json"
+
+
+def every_event_with_hostile_data(lab: Lab) -> str:
+    """Every fn_index, with every arity around its own, and data that names paths to write."""
+    kept = keep_a_fit(lab)
+    kept_bytes = kept.read_bytes()
+    outside = str(Path(tempfile.gettempdir()) / lab.marker)
+    values: list[Any] = [
+        json.dumps({"name": outside, "version": 1, "eta": 0.1}),
+        json.dumps({"name": "../" * 12 + "tmp/" + lab.marker}),
+        json.dumps({"name": str(kept.with_suffix("")), "eta": 0.5}),  # overwrite a kept fit
+        {"name": outside, "steps": [{"posterior": 1}]},
+        None,
+    ]
+    replies = []
+    for index, dep in enumerate(dependencies(lab.public.url)):
+        n = len(dep.get("inputs", []))
+        for arity in sorted({0, max(n - 1, 0), n, n + 1}):
+            replies += [queue_join(lab.public.url, index, [value] * arity) for value in values]
+    written = files_named([ROOT, Path(tempfile.gettempdir()), *lab.folders.values()], lab.marker)
+    leaks = [r for r in replies if str(ROOT) in r or os.getcwd() in r or "Traceback" in r]
+    if written:
+        return f"files written from request data: {written}"
+    if kept.read_bytes() != kept_bytes:
+        return "a kept calibration was overwritten"
+    if leaks:
+        return f"a reply shows a server path: {leaks[0][:200]}"
+    if not call(lab, "public", brag_args(cal=kept.stem)).startswith("answer: Bergen"):
+        return "the kept calibration no longer works"
+    return f"{len(replies)} hostile calls to {len(dependencies(lab.public.url))} events; nothing written"
+
+
+def render_a_huge_report(lab: Lab) -> str:
+    """The page's private render event, sent a 2 MB report with 64,000 candidates."""
+    candidates = [{"answer": f"c{i}", "p": 0.0, "votes": 0} for i in range(64_000)]
+    report = {
+        "steps": [
+            {
+                "step": 1,
+                "action": "R1",
+                "posterior": {"candidates": candidates, "residual": 1.0, "p_err": 1.0},
+            }
+        ],
+        "finished": False,
+        "totals": {},
+    }
+    before = cpu_seconds(lab.public.proc.pid)
+    reply = queue_join(lab.public.url, fn_index_of(lab, "public", "render"), ["", report])
+    return f"{reply[:120]} · server CPU {cpu_seconds(lab.public.proc.pid) - before:.2f} s"
+
+
+def cpu_seconds(pid: int) -> float:
+    """User plus system CPU time of a process, from /proc."""
+    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
+def cpu_below(limit: float) -> Callable[[Lab, str], str | None]:
+    def check(lab: Lab, response: str) -> str | None:
+        if not response.startswith("output:"):
+            return f"the render event failed: {response[:200]}"
+        spent = float(response.rsplit("server CPU ", 1)[1].split()[0])
+        return None if spent < limit else f"the server spent {spent:.1f} s of CPU"
+
+    return check
+
+
+def children(pid: int) -> int:
+    """How many processes ``pid`` has started that are still running."""
+    count = 0
+    for status in Path("/proc").glob("[0-9]*/status"):
+        try:
+            count += f"\nPPid:\t{pid}\n" in status.read_text()
+        except OSError:
+            pass
+    return count
+
+
+def local_model_refused(lab: Lab, spec: str) -> str:
+    before = children(lab.public.proc.pid)
+    reply = call(lab, "public", brag_args(model=spec))
+    started = children(lab.public.proc.pid) - before
+    return reply + (f" · {started} worker process(es) started" if started else "")
+
+
+def upload(lab: Lab) -> str:
+    boundary = "brag-probe"
+    body = (
+        f'--{boundary}\r\nContent-Disposition: form-data; name="files"; filename="{lab.marker}.txt"\r\n'
+        f"Content-Type: text/plain\r\n\r\n{'x' * 5 * MB}\r\n--{boundary}--\r\n"
+    ).encode()
+    request = urllib.request.Request(
+        lab.public.url + "gradio_api/upload",
+        data=body,
+        headers={"Content-Type": f"multipart/form-data; boundary={boundary}"},
+    )
+    try:
+        with urllib.request.urlopen(request, timeout=60) as reply:
+            return f"HTTP {reply.status} {reply.read()[:200].decode(errors='replace')}"
+    except urllib.error.HTTPError as err:
+        return f"error: HTTP {err.code} {err.read()[:200].decode(errors='replace')}"
+
+
+def nothing_uploaded(lab: Lab, response: str) -> str | None:
+    stored = files_named(list(lab.folders.values()), lab.marker)
+    return f"the upload was stored: {stored}" if stored else error_matching("403")(lab, response)
+
+
+def long_answer(lab: Lab) -> str:
+    model = lab.hostile.url + "#m"
+    answer, report = lab.client("listed").predict(*brag_args("LONGANSWER?", model=model), api_name="/brag")
+    read = report["steps"][0]["observation"]
+    sizes = (len(answer), len(read["raw"]), len(read["follow_up_query"]), len(json.dumps(report)))
+    return "answer, raw reply, follow-up query, report: {} {} {} {} characters".format(*sizes)
+
+
+def bounded_texts(lab: Lab, response: str) -> str | None:
+    answer, raw, query, whole = map(int, response.split(": ", 1)[1].split()[:4])
+    if answer > 200 or raw > 2_000 or query > 300 or whole > 20_000:
+        return f"unbounded text reached the caller ({response})"
+    return None
+
+
+def secrets_in_stream(lab: Lab) -> str:
+    """Every streamed event of a run whose answer holds the server's keys."""
+    events = rest_events(lab.public.url, "brag", brag_args(question="SAYKEY?"))
+    text = json.dumps(events)
+    return f"{len(events)} events · " + ("secret streamed" if any(s in text for s in SECRETS) else "clean")
+
+
+# ------------------------------------------------------------------------------- fair queues
+
+
+def via(address: str) -> dict[str, str]:
+    return {"X-Forwarded-For": address}
+
+
+def rest_post(url: str, api: str, data: list[Any], headers: dict[str, str]) -> str:
+    """POST a REST call; its event id, or the error the server answered with."""
+    request = urllib.request.Request(
+        f"{url}gradio_api/call/{api}",
+        data=json.dumps({"data": data}).encode(),
+        headers={"Content-Type": "application/json", **headers},
+    )
+    try:
+        with urllib.request.urlopen(request, timeout=60) as reply:
+            return "event: " + json.loads(reply.read())["event_id"]
+    except urllib.error.HTTPError as err:
+        return f"error: HTTP {err.code} {err.read()[:300].decode(errors='replace')}"
+
+
+def rest_result(url: str, api: str, event: str, timeout: float = 150) -> str:
+    """The result of a REST call; "waiting" when none came within ``timeout`` seconds."""
+    if not event.startswith("event: "):
+        return event
+    address = f"{url}gradio_api/call/{api}/{event.split(': ', 1)[1]}"
+    try:
+        with urllib.request.urlopen(address, timeout=timeout) as feed:
+            kind = None
+            for raw in feed:
+                line = raw.decode(errors="replace").strip()
+                if line.startswith("event:"):
+                    kind = line.split(":", 1)[1].strip()
+                elif line.startswith("data:") and kind in ("complete", "error"):
+                    return f"{kind}: {line[5:].strip()[:300]}"
+    except TimeoutError:
+        return f"waiting: no result within {timeout:g} s"
+    return "error: no result"
+
+
+def wait_for(condition: Callable[[], bool], what: str, seconds: float = 60) -> None:
+    end = time.monotonic() + seconds
+    while not condition():
+        if time.monotonic() > end:
+            raise RuntimeError(f"gave up waiting for {what}")
+        time.sleep(0.05)
+
+
+def one_caller_cannot_starve_the_rest(lab: Lab) -> str:
+    """Callers behind a trusted proxy; two /brag workers, one request each, a queue of three.
+
+    A holds a worker with a request its endpoint never answers, then floods; B must still be
+    answered. A long /calibrate holds its own slot, not a /brag worker. With both workers held,
+    three requests queue and a fourth is told the server is busy.
+    """
+    try:
+        return _starve(lab)
+    finally:
+        lab.release.set()
+
+
+def _starve(lab: Lab) -> str:
+    url, blocked = lab.fair.url, brag_args(model=lab.blocker.url + "#m")
+    seen = lambda n: lambda: len(lab.blocker.chat_requests) >= n  # noqa: E731
+    held = rest_post(url, "brag", blocked, via("203.0.113.1"))
+    wait_for(seen(1), "A's first request to reach its endpoint")
+    flood = [rest_post(url, "brag", blocked, via("203.0.113.1")) for _ in range(10)]
+    # A refusal is immediate; a request stuck behind A's would wait for good, so 20 s is plenty.
+    refused = sum("Busy" in rest_result(url, "brag", e, timeout=20) for e in flood)
+    refused += sum("HTTP 503" in e for e in flood)  # the queue was full: busy too
+    answered_b = rest_result(url, "brag", rest_post(url, "brag", brag_args(), via("198.51.100.2")), 20)
+    labelled = json.dumps([{"question": QUESTION, "gold": ["Bergen"]}] * 30)
+    calibrating = rest_post(
+        url, "calibrate", [labelled, "", DOCS, lab.blocker.url + "#m", "", "auto"], via("203.0.113.3")
+    )
+    wait_for(seen(2), "the calibration to reach its endpoint")
+    answered_b2 = rest_result(url, "brag", rest_post(url, "brag", brag_args(), via("198.51.100.2")), 20)
+    second = rest_post(url, "brag", blocked, via("203.0.113.4"))
+    wait_for(seen(3), "the second worker to be held")
+    queued = [rest_post(url, "brag", brag_args(), via(f"198.51.100.{10 + i}")) for i in range(3)]
+    overflow = rest_post(url, "brag", brag_args(), via("198.51.100.20"))
+    lab.release.set()
+    finished = [rest_result(url, "brag", e) for e in queued]
+    for event, api in ((held, "brag"), (second, "brag"), (calibrating, "calibrate")):
+        rest_result(url, api, event)
+    return (
+        f"A: {refused} of {len(flood)} flood requests refused busy · B while A held a worker: "
+        f"{answered_b[:60]} · B while /calibrate ran: {answered_b2[:60]} · queued 3: "
+        f"{sum('Bergen' in f for f in finished)} answered · 4th: {overflow[:160]}"
+    )
+
+
+def fair_outcome(lab: Lab, response: str) -> str | None:
+    if "10 of 10 flood requests refused busy" not in response:
+        return "the flood was not refused"
+    if response.count("Bergen") < 2:
+        return "B was not answered while A (or /calibrate) held a slot"
+    if "queued 3: 3 answered" not in response:
+        return "the queued requests were not answered"
+    if "HTTP 503" not in response or "BRAG_MAX_QUEUE" not in response:
+        return "a full queue did not say busy, retry"
+    return None
 
 
 NOT_A_PATH = r"must be the JSON that /calibrate returns"
@@ -246,6 +627,23 @@ def distinct_documents(lab: Lab) -> str:
     return f"{DISTINCT_SETS} distinct 0.8 MB document sets answered"
 
 
+def calibration_json(**changes: Any) -> str:
+    data = json.loads((ROOT / "data" / "calibration_prior.json").read_text())
+    data.update(changes)
+    return json.dumps(data)
+
+
+TINY_ETA = calibration_json(eta=5e-324)
+MANY_LEVELS = calibration_json(
+    m=1000,
+    actions={
+        **json.loads(calibration_json())["actions"],
+        "CB": {
+            "q": 0.9,
+            "levels": {str(g): {"pi": 0.001, "kappa": {"a": 1, "b": 1}} for g in range(1, 1001)},
+        },
+    },
+)
 LABELLED_301 = json.dumps([{"question": f"Q{i}?", "gold": ["a"]} for i in range(301)])
 DEMO_JSON = str(ROOT / "data" / "demo_corpus.json")
 SHIPPED_FILE = str(ROOT / "data" / "calibration_prior.json")
@@ -444,6 +842,162 @@ def probes() -> list[Probe]:
                 or config_and_log_clean(lab, r)
             ),
         ),
+        # ---------------------------------------------------------- second round (issue 21)
+        Probe(
+            "file write: every fn_index over the queue, hostile data of every arity",
+            "queue/join for each event, arities n-1..n+1, names with / and ../, a kept fit's path",
+            "public",
+            every_event_with_hostile_data,
+            lambda lab, r: None if r.endswith("nothing written") else r,
+            watch="",
+        ),
+        Probe(
+            "response size: a 40 MB body from an allowed endpoint",
+            "model=<hostile>, 40 MB chat completion",
+            "listed",
+            lambda lab: call(lab, "listed", brag_args("BIGBODY?", model=lab.hostile.url + "#m")),
+            error_matching("BRAG_MAX_RESPONSE_BYTES"),
+            watch="",
+            max_rss_growth=100,
+        ),
+        Probe(
+            "response size: a gzip body that expands to 40 MB",
+            "model=<hostile>, 40 kB gzip, Content-Encoding: gzip",
+            "listed",
+            lambda lab: call(lab, "listed", brag_args("GZIPBOMB?", model=lab.hostile.url + "#m")),
+            error_matching("BRAG_MAX_RESPONSE_BYTES"),
+            watch="",
+            max_rss_growth=100,
+        ),
+        Probe(
+            "response size: 200,000 choices",
+            "model=<hostile>, 200,000 choices",
+            "listed",
+            lambda lab: call(lab, "listed", brag_args("CHOICES?", model=lab.hostile.url + "#m")),
+            error_matching("BRAG_MAX_RESPONSE_BYTES"),
+            watch="",
+            max_rss_growth=100,
+        ),
+        Probe(
+            "response size: a 550 kB answer and follow-up query reach the report and the UI",
+            "model=<hostile>, answer of 50,000 words",
+            "listed",
+            long_answer,
+            bounded_texts,
+            watch="",
+        ),
+        Probe(
+            "secret echoed: the owner's endpoint repeats Authorization (Bearer and Basic) in a 401",
+            "question with ECHOAUTH",
+            "public",
+            lambda lab: call(lab, "public", brag_args(question="ECHOAUTH please")),
+            all_of(error_matching("HTTP 401"), log_clean("public")),
+            watch="",
+        ),
+        Probe(
+            "secret echoed: an answer holding the server's keys, in every streamed event",
+            "question with SAYKEY, REST stream",
+            "public",
+            secrets_in_stream,
+            lambda lab, r: None if r.endswith("clean") else r,
+            watch="",
+        ),
+        Probe(
+            "CPU: the render event with a 64,000-candidate report",
+            "queue/join render with a 2 MB report",
+            "public",
+            render_a_huge_report,
+            cpu_below(5.0),
+            watch="",
+        ),
+        *[
+            Probe(
+                f"owner's resources: model={spec} when BRAG_MODEL is set",
+                f"model={spec}",
+                "public",
+                lambda lab, spec=spec: local_model_refused(lab, spec),
+                error_matching("not offered on this server", absent=("worker process",)),
+                max_rss_growth=50,
+            )
+            for spec in ("local:smollm2", "local")
+        ],
+        Probe(
+            "owner's resources: a Hugging Face model the owner does not list, no token",
+            "model=someone/expensive-model, token empty",
+            "public",
+            lambda lab: call(lab, "public", brag_args(model="someone/expensive-model")),
+            error_matching("needs your own HF token"),
+        ),
+        Probe(
+            "upload route: 5 MB to /gradio_api/upload",
+            "POST /gradio_api/upload, one 5 MB file",
+            "public",
+            upload,
+            nothing_uploaded,
+        ),
+        Probe(
+            "fair queues: one caller floods, another is still answered; a full queue says busy",
+            "A: 1 held + 10 more via X-Forwarded-For; B: 2 requests; /calibrate held; 3 queued + 1",
+            "fair",
+            one_caller_cannot_starve_the_rest,
+            fair_outcome,
+            watch="",
+        ),
+        *[
+            Probe(
+                f"allow-list: {how}",
+                f"model=<attacker>{tail}#m",
+                "listed",
+                lambda lab, tail=tail: call(lab, "listed", brag_args(model=lab.attacker.url + tail + "#m")),
+                error_matching("segments or encoded slashes"),
+                watch="attacker",
+            )
+            for how, tail in (
+                ("dot segments climb out of the allowed path", "/../../tenantB/v1"),
+                ("encoded dot segments", "/%2e%2e/%2E%2E/tenantB/v1"),
+                ("an encoded slash", "/..%2f..%2ftenantB/v1"),
+            )
+        ],
+        *[
+            Probe(
+                f"SSRF: IPv6 {how}",
+                f"model=http://[{host}]:<attacker port>/v1#m",
+                "public",
+                lambda lab, host=host: call(
+                    lab, "public", brag_args(model=loopback(lab, f"[{host}]") + "#m")
+                ),
+                error_matching("is not allowed"),
+                watch="attacker",
+            )
+            for how, host in (
+                ("NAT64 of 127.0.0.1", "64:ff9b::7f00:1"),
+                ("6to4 of 127.0.0.1", "2002:7f00:1::"),
+                ("IPv4-compatible 127.0.0.1", "::127.0.0.1"),
+            )
+        ],
+        Probe(
+            "calibration: eta = 5e-324",
+            "calibration JSON with eta 5e-324",
+            "public",
+            lambda lab: call(lab, "public", brag_args(cal=TINY_ETA)),
+            error_matching(r"eta = 5e-324 is outside"),
+        ),
+        Probe(
+            "calibration: 1,000 agreement levels (1,000 samples per CB call)",
+            "calibration JSON with m = 1000",
+            "public",
+            lambda lab: call(lab, "public", brag_args(cal=MANY_LEVELS)),
+            error_matching("at most 20 are allowed"),
+        ),
+        Probe(
+            "labelled questions nested 50,000 deep",
+            "labelled_json = [[[[…]]]]",
+            "public",
+            lambda lab: call(
+                lab, "public", ["[" * 50_000 + "]" * 50_000, "", DOCS, "", "", "auto"], "/calibrate"
+            ),
+            error_matching("nested too deeply", absent=("RecursionError", "recursion")),
+        ),
         Probe(
             "raw error: all-emoji documents",
             "documents=😀😀😀",
@@ -471,6 +1025,9 @@ def run(lab: Lab) -> list[Outcome]:
         failure = probe.check(lab, response)
         if probe.watch and requests_seen(lab, probe.watch) != before_seen:
             failure = failure or f"the {probe.watch} endpoint received a request"
+        growth = rss_mb(app.proc.pid) - before_rss
+        if failure is None and probe.max_rss_growth is not None and growth > probe.max_rss_growth:
+            failure = f"the app's memory grew by {growth:.0f} MB"
         if failure is None and not call(lab, probe.app, brag_args()).startswith("answer: Bergen"):
             failure = "the server stopped answering"
         if failure is None and not app.alive():

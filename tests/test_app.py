@@ -393,7 +393,7 @@ def test_progress_and_headline_while_running_and_when_done():
     assert brag_app.render("", None)[3] == {"__type__": "update", "visible": False}  # no empty table
 
 
-def test_the_calibration_table_has_a_row_per_action_and_case():
+def test_the_calibration_table_has_a_row_per_action_and_case(tmp_path, monkeypatch):
     import app as brag_app
 
     frame = brag_app.calibration_frame(json.dumps(brag_app.SHIPPED["prior"].to_dict()))
@@ -407,8 +407,17 @@ def test_the_calibration_table_has_a_row_per_action_and_case():
     ]
     low, high = frame.iloc[0]["ρ 95 % interval"].split(" – ")
     assert float(low) < float(frame.iloc[0]["ρ (right)"]) < float(high)
-    table, path = brag_app.show_calibration(json.dumps(brag_app.SHIPPED["prior"].to_dict()))
-    assert table["visible"] is True and json.loads(Path(path).read_text())["source"] == "prior"
+    # The tab shows the fit the server kept, found by the name at the end of /calibrate's JSON.
+    monkeypatch.setattr(brag_app, "KEPT", brag_app.KeptCalibrations(tmp_path))
+    fit = brag_app.SHIPPED["prior"].to_dict()
+    name = brag_app.KEPT.keep(fit)
+    table, path = brag_app.show_calibration(json.dumps({**fit, "name": name}, indent=1))
+    assert table["visible"] is True and Path(path) == tmp_path / f"{name}.json"
+    assert json.loads(Path(path).read_text())["source"] == "prior"
+    # JSON the server did not keep (or any other input) shows nothing and writes nothing.
+    for sent in (json.dumps(fit), json.dumps({**fit, "name": "fit-000000000000"}), None, 7):
+        assert brag_app.show_calibration(sent) == ({"__type__": "update", "visible": False}, None)
+    assert [p.name for p in tmp_path.iterdir()] == [f"{name}.json"]
 
 
 def test_posterior_chart_draws_one_line_per_candidate_plus_the_residual():

