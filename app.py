@@ -28,9 +28,9 @@ import threading
 import time
 import urllib.parse
 from collections import Counter, OrderedDict
-from collections.abc import Callable, Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator, Mapping
 from contextlib import contextmanager
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -60,9 +60,6 @@ CORPORA: dict[str, tuple[str, tuple[str, ...], str]] = {
     "2WikiMultihopQA": ("2wikimultihopqa", ("2wikimultihopqa_corpus.json",), "2wikimultihopqa_corpus.json"),
     "MuSiQue": ("musique", ("musique_corpus.json", "musique_migres200_corpus.json"), "musique_corpus.json"),
 }
-# The shipped calibrations by name, read once at start-up: the hand-set prior and those fitted
-# for particular models. A request names one, names one that /calibrate kept, or sends JSON.
-SHIPPED: dict[str, brag.Calibration] = brag.shipped_calibrations()
 EXAMPLES = [
     ["Where was the architect of the Glass Tower born?", DEMO],
     ["Which political party used the idea coined by Friedrich Ratzel?", DEMO],
@@ -72,8 +69,7 @@ EXAMPLES = [
 
 
 def user_error(message: str) -> gr.Error:
-    """An error the user reads, scrubbed of the server's secrets; logged as one line, no stack trace."""
-    message = SECRETS.scrub(message)
+    """An error the user reads; logged as one line (scrubbed by the log filter), no stack trace."""
     log.warning("request failed: %s", message)
     return gr.Error(message, print_exception=False)
 
@@ -125,9 +121,6 @@ class Secrets:
         if isinstance(value, list | tuple):
             return [self.scrub_data(v) for v in value]
         return value
-
-
-SECRETS = Secrets.from_env()
 
 
 def _env_number(name: str, default: float, kind: type = int) -> Any:
@@ -198,20 +191,17 @@ class Limits:
         return cls(**values)
 
 
-LIMITS = Limits.from_env()
-
-
 def _too_big(what: str, size: int, limit: int, unit: str, variable: str) -> gr.Error:
     return user_error(f"{what}: {size:,} {unit}, over the limit of {limit:,} ({variable}).")
 
 
-def check_question(question: Any) -> str:
+def check_question(question: Any, limits: Limits) -> str:
     """A non-empty question within the length limit."""
     if not isinstance(question, str) or not question.strip():
         raise user_error("The question is empty.")
-    if len(question) > LIMITS.question_chars:
+    if len(question) > limits.question_chars:
         raise _too_big(
-            "The question", len(question), LIMITS.question_chars, "characters", "BRAG_MAX_QUESTION_CHARS"
+            "The question", len(question), limits.question_chars, "characters", "BRAG_MAX_QUESTION_CHARS"
         )
     return question
 
@@ -227,7 +217,14 @@ def check_lam(lam: Any) -> float:
     return value
 
 
-def read_calibration(text: Any, corpus_label: str, model: str) -> brag.Calibration:
+def read_calibration(
+    text: Any,
+    corpus_label: str,
+    model: str,
+    shipped: Mapping[str, brag.Calibration],
+    kept: KeptCalibrations,
+    limits: Limits,
+) -> brag.Calibration:
     """The calibration a request names: empty, a shipped name, a kept fit's name, or JSON.
 
     Empty is the one shipped for this model and corpus, else the hand-set prior. Never a path:
@@ -235,22 +232,22 @@ def read_calibration(text: Any, corpus_label: str, model: str) -> brag.Calibrati
     """
     text = (text or "").strip() if isinstance(text, str) else text
     if not text:
-        return brag.shipped_calibration(model, corpus_label, SHIPPED)
+        return brag.shipped_calibration(model, corpus_label, shipped)
     if not isinstance(text, str):
         raise user_error("calibration must be JSON text or the name of a calibration.")
-    if text in SHIPPED:
-        return SHIPPED[text]
-    if KEPT.holds(text):
-        return KEPT.load(text)
+    if text in shipped:
+        return shipped[text]
+    if kept.holds(text):
+        return kept.load(text)
     if not text.startswith("{"):
         raise user_error(
             "calibration must be the JSON that /calibrate returns, the name it gave, or one of the "
-            "shipped names: " + ", ".join(SHIPPED)
+            "shipped names: " + ", ".join(shipped)
         )
     size = len(text.encode())
-    if size > LIMITS.calibration_bytes:
+    if size > limits.calibration_bytes:
         raise _too_big(
-            "The calibration", size, LIMITS.calibration_bytes, "bytes", "BRAG_MAX_CALIBRATION_BYTES"
+            "The calibration", size, limits.calibration_bytes, "bytes", "BRAG_MAX_CALIBRATION_BYTES"
         )
     try:
         return brag.calibration_from_dict(brag.parse_json(text, "calibration"))
@@ -258,17 +255,17 @@ def read_calibration(text: Any, corpus_label: str, model: str) -> brag.Calibrati
         raise user_error(str(err)) from None
 
 
-def read_labelled(text: Any) -> list[calibrate.Labelled]:
+def read_labelled(text: Any, limits: Limits) -> list[calibrate.Labelled]:
     """Labelled questions from JSON text (never a path), within the count and size limits."""
     if not isinstance(text, str) or not text.strip():
         raise user_error(
             f'No labelled questions: paste a JSON list of {{"question", "gold": [...]}} '
-            f"objects ({LIMITS.labelled_min} to {LIMITS.labelled_max})."
+            f"objects ({limits.labelled_min} to {limits.labelled_max})."
         )
     size = len(text.encode())
-    if size > LIMITS.labelled_bytes:
+    if size > limits.labelled_bytes:
         raise _too_big(
-            "The labelled questions", size, LIMITS.labelled_bytes, "bytes", "BRAG_MAX_LABELLED_BYTES"
+            "The labelled questions", size, limits.labelled_bytes, "bytes", "BRAG_MAX_LABELLED_BYTES"
         )
     if not text.strip().startswith("["):
         raise user_error('labelled questions must be a JSON list of {"question", "gold": [...]} objects.')
@@ -276,19 +273,19 @@ def read_labelled(text: Any) -> list[calibrate.Labelled]:
         items = calibrate.read_labelled(brag.parse_json(text, "labelled questions"))
     except ValueError as err:
         raise user_error(str(err)) from None
-    if not LIMITS.labelled_min <= len(items) <= LIMITS.labelled_max:
+    if not limits.labelled_min <= len(items) <= limits.labelled_max:
         raise user_error(
-            f"calibration needs at least {LIMITS.labelled_min} and at most {LIMITS.labelled_max} labelled "
+            f"calibration needs at least {limits.labelled_min} and at most {limits.labelled_max} labelled "
             f"questions (BRAG_MIN_LABELLED / BRAG_MAX_LABELLED), got {len(items)}."
         )
     return items
 
 
-def check_documents(documents: str) -> list[Any]:
+def check_documents(documents: str, limits: Limits) -> list[Any]:
     """Pasted documents as passages: a JSON list, or one passage per line; within the limits."""
     size = len(documents.encode())
-    if size > LIMITS.documents_bytes:
-        raise _too_big("The documents", size, LIMITS.documents_bytes, "bytes", "BRAG_MAX_DOCUMENTS_BYTES")
+    if size > limits.documents_bytes:
+        raise _too_big("The documents", size, limits.documents_bytes, "bytes", "BRAG_MAX_DOCUMENTS_BYTES")
     stripped = documents.strip()
     if stripped.startswith(("[", "{")):
         passages = brag.parse_json(stripped, "documents")
@@ -298,8 +295,8 @@ def check_documents(documents: str) -> list[Any]:
             )
     else:
         passages = [line for line in stripped.splitlines() if line.strip()]
-    if len(passages) > LIMITS.passages:
-        raise _too_big("The documents", len(passages), LIMITS.passages, "passages", "BRAG_MAX_PASSAGES")
+    if len(passages) > limits.passages:
+        raise _too_big("The documents", len(passages), limits.passages, "passages", "BRAG_MAX_PASSAGES")
     return passages
 
 
@@ -414,9 +411,6 @@ def _url_parts(url: str) -> tuple[str, str, int | None, str]:
     return parts.scheme, (parts.hostname or "").lower(), port, parts.path or "/"
 
 
-POLICY = EndpointPolicy.from_env()
-
-
 class KeptCalibrations:
     """Fits that /calibrate made, kept on disk under a name derived from their content.
 
@@ -456,9 +450,6 @@ class KeptCalibrations:
         for old in kept[: max(0, len(kept) - self.limit)]:
             old.unlink(missing_ok=True)
         return name
-
-
-KEPT = KeptCalibrations(brag.cache_dir() / "calibrations")
 
 
 class RequestSizeLimit:
@@ -526,8 +517,8 @@ class PublicRoutes:
     - A full queue (Gradio's 503) reads "busy, retry" with the setting that bounds it.
     """
 
-    def __init__(self, app: Any) -> None:
-        self.app = app
+    def __init__(self, app: Any, queue_size: int) -> None:
+        self.app, self.queue_size = app, queue_size
 
     async def __call__(self, scope: dict[str, Any], receive: Any, send: Any) -> None:
         """Refuse uploads; reword a full queue's answer."""
@@ -551,7 +542,7 @@ class PublicRoutes:
             if busy:
                 if message["type"] == "http.response.body" and not message.get("more_body"):
                     detail = (
-                        f"The server is busy: {LIMITS.queue_size} requests are waiting (BRAG_MAX_QUEUE). "
+                        f"The server is busy: {self.queue_size} requests are waiting (BRAG_MAX_QUEUE). "
                         "Retry in a minute."
                     )
                     await _json_response(send, 503, {"detail": detail}, {"retry-after": "30"})
@@ -591,13 +582,17 @@ class Blocks(gr.Blocks):
 class RedactSecrets(logging.Filter):
     """Scrub every log record: URL credentials, bearer tokens, HF tokens, the server's own secrets."""
 
+    def __init__(self, secrets: Secrets) -> None:
+        super().__init__()
+        self.secrets = secrets
+
     def filter(self, record: logging.LogRecord) -> bool:
         """Rewrite the record's message without secrets; never drop it."""
         message = record.getMessage()
         if record.exc_info and record.exc_info[1] is not None:  # a traceback names values too
             message += "\n" + logging.Formatter().formatException(record.exc_info)
             record.exc_info, record.exc_text = None, None
-        cleaned = SECRETS.scrub(message)
+        cleaned = self.secrets.scrub(message)
         cleaned = re.sub(r"(\w+://)[^/\s@]+@", r"\1***@", cleaned)
         cleaned = re.sub(r"(?i)(bearer\s+|basic\s+|hf_)[\w.\-+/=]{6,}", r"\1***", cleaned)
         if cleaned != message:
@@ -605,16 +600,17 @@ class RedactSecrets(logging.Filter):
         return True
 
 
-def configure_logging() -> None:
+def configure_logging(secrets: Secrets) -> None:
     """One line per event on stderr, every line scrubbed of secrets."""
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(message)s")
     for name in ("httpx", "httpx2"):  # a line per HTTP request, with its full URL
         logging.getLogger(name).setLevel(logging.WARNING)
     for handler in logging.getLogger().handlers:
-        handler.addFilter(RedactSecrets())
+        handler.addFilter(RedactSecrets(secrets))
 
 
-def _trusted_proxies() -> tuple[bool, frozenset[str]]:
+def trusted_proxies() -> frozenset[str]:
+    """``BRAG_TRUSTED_PROXIES``: proxy addresses whose X-Forwarded-For names the client (``*``: any)."""
     # On a Space every request comes through Hugging Face's proxy, which sets X-Forwarded-For.
     default = "*" if os.environ.get("SPACE_ID") else ""
     setting = os.environ.get("BRAG_TRUSTED_PROXIES", default)
@@ -625,7 +621,7 @@ def _trusted_proxies() -> tuple[bool, frozenset[str]]:
                 ipaddress.ip_address(address)
             except ValueError:
                 raise SystemExit(f"BRAG_TRUSTED_PROXIES: {address!r} is not an IP address") from None
-    return "*" in raw, frozenset(raw)
+    return frozenset(raw)
 
 
 class CallerLimits:
@@ -640,9 +636,9 @@ class CallerLimits:
     caller cannot hold the others up.
     """
 
-    def __init__(self, per_session: int, per_address: int) -> None:
+    def __init__(self, per_session: int, per_address: int, trusted: frozenset[str] = frozenset()) -> None:
         self.per_session, self.per_address = per_session, per_address
-        self.trust_all, self.trusted = _trusted_proxies()
+        self.trust_all, self.trusted = "*" in trusted, trusted
         self._running: Counter[tuple[str, str]] = Counter()
         self._lock = threading.Lock()
 
@@ -686,12 +682,9 @@ class CallerLimits:
                         del self._running[key]
 
 
-CALLERS = CallerLimits(LIMITS.per_session, LIMITS.per_address)
-
-
-def max_request_bytes() -> int:
+def max_request_bytes(limits: Limits) -> int:
     """``BRAG_MAX_REQUEST_BYTES``: by default room for the largest documents and calibration, escaped."""
-    default = 3 * (LIMITS.documents_bytes + LIMITS.labelled_bytes) + LIMITS.calibration_bytes + 1_000_000
+    default = 3 * (limits.documents_bytes + limits.labelled_bytes) + limits.calibration_bytes + 1_000_000
     return _env_number("BRAG_MAX_REQUEST_BYTES", default)
 
 
@@ -726,28 +719,25 @@ def own_index() -> tuple[str, Path] | None:
         return None
     folder = Path(configured)
     try:
-        meta = json.loads((folder / "brag_corpus.json").read_text(encoding="utf-8"))
-    except (OSError, json.JSONDecodeError):
+        return brag.Corpus.saved_name(folder), folder
+    except ValueError:
         raise SystemExit(
             f"BRAG_CORPUS_DIR: {folder} is not a folder written by `python -m brag index`"
         ) from None
-    return meta.get("name") or folder.resolve().name, folder
-
-
-OWN_INDEX = own_index()
-# Every corpus a request may name: the demo, the owner's own, and the HippoRAG ones.
-NAMED = [DEMO, *([OWN_INDEX[0]] if OWN_INDEX else []), *CORPORA]
 
 
 class CorpusStore:
     """Named corpora, indexed once and shared; pasted document sets, kept to a memory budget."""
 
-    def __init__(self, documents_budget: int) -> None:
+    def __init__(self, limits: Limits, own: tuple[str, Path] | None = None) -> None:
+        self.limits, self.own = limits, own
+        # Every corpus a request may name: the demo, the owner's own, and the HippoRAG ones.
+        self.names = [DEMO, *([own[0]] if own else []), *CORPORA]
         self._corpora: dict[str, brag.Corpus] = {}
-        self._locks: dict[str, threading.Lock] = {name: threading.Lock() for name in NAMED}
+        self._locks: dict[str, threading.Lock] = {name: threading.Lock() for name in self.names}
         self._documents: OrderedDict[str, brag.Corpus] = OrderedDict()
         self._documents_lock = threading.Lock()
-        self.documents_budget = documents_budget
+        self.documents_budget = limits.documents_cache_bytes
 
     def named(self, name: str) -> brag.Corpus:
         """A named corpus, opened once and shared.
@@ -759,8 +749,8 @@ class CorpusStore:
         with self._locks[name]:
             if name not in self._corpora:
                 started = time.perf_counter()
-                if OWN_INDEX is not None and name == OWN_INDEX[0]:
-                    corpus = brag.Corpus.load(OWN_INDEX[1])
+                if self.own is not None and name == self.own[0]:
+                    corpus = brag.Corpus.load(self.own[1])
                 else:
                     corpus = brag.cached_corpus(corpus_file(name), name)
                 self._corpora[name] = corpus
@@ -776,7 +766,7 @@ class CorpusStore:
             if key in self._documents:
                 self._documents.move_to_end(key)
                 return self._documents[key]
-        corpus = brag.Corpus(check_documents(text))
+        corpus = brag.Corpus(check_documents(text, self.limits))
         with self._documents_lock:
             self._documents[key] = corpus
             while self._documents and self.cached_bytes() > self.documents_budget:
@@ -786,23 +776,6 @@ class CorpusStore:
     def cached_bytes(self) -> int:
         """Estimated memory held by the cached pasted corpora."""
         return sum(corpus.memory_bytes() for corpus in self._documents.values())
-
-
-STORE = CorpusStore(LIMITS.documents_cache_bytes)
-
-
-def pick_corpus(corpus: str | None, documents: str | None) -> tuple[brag.Corpus, str]:
-    """Pasted documents win over a named corpus; neither is an error."""
-    if isinstance(documents, str) and documents.strip():
-        return STORE.documents(documents), "your documents"
-    name = (corpus or "").strip() if isinstance(corpus, str) else ""
-    if name == YOUR_DOCUMENTS:
-        raise user_error("“Your documents” is selected but none are pasted: paste some, or choose a corpus.")
-    if not name:
-        raise user_error("No corpus: choose one or paste documents (one passage per line, or a JSON list).")
-    if name not in NAMED:
-        raise user_error(f"Unknown corpus: use one of {', '.join(NAMED)}, or paste documents.")
-    return STORE.named(name), name
 
 
 # ------------------------------------------------------------------------------------------
@@ -889,6 +862,8 @@ class LLMPool:
 
     def _hosted(self, spec: str, token: str | None, provider: str) -> llms.LLM:
         """A Hugging Face model: the server's HF_TOKEN pays only for models the owner lists."""
+        if not llms.is_model_id(spec):
+            return llms.make_llm(spec)  # raises the error that names the accepted forms
         if self.models.listed(spec):
             return llms.make_llm(spec, token, provider)
         if token is None:
@@ -897,9 +872,6 @@ class LLMPool:
                 f"{self.models.describe()} (BRAG_ALLOWED_MODELS)"
             )
         return llms.make_llm(spec, token, provider, secrets_from_env=False)
-
-
-LLMS = LLMPool(POLICY, ModelPolicy.from_env())
 
 
 def _failure(err: Exception) -> gr.Error:
@@ -917,131 +889,242 @@ def _failure(err: Exception) -> gr.Error:
     return user_error(f"Internal error ({type(err).__name__}); the server is still up, please retry.")
 
 
-def run_brag(
-    question: str,
-    corpus: str,
-    documents: str,
-    lam: float,
-    model: str,
-    hf_token: str,
-    provider: str,
-    calibration: str,
-    request: gr.Request = None,  # type: ignore[assignment]  # Gradio passes it; not an API input
-) -> Iterator[tuple[str, dict[str, Any]]]:
-    """Answer a question over a corpus, step by step.
+@dataclass(frozen=True)
+class Settings:
+    """Everything the owner sets through the environment, read and checked once at start-up.
 
-    Yields ``(best answer so far, report so far)`` as each step starts (the report's
-    ``finished`` is False), then the final ``(answer, report)``. Every text is scrubbed of the
-    server's secrets on its way out.
+    ``Settings.from_env()`` reads it (a bad value stops the app with a message naming the
+    variable); a test builds one directly and passes it to :func:`build`.
     """
-    with CALLERS.slot(request):
-        for answer, report in _answer(
-            question, corpus, documents, lam, model, hf_token, provider, calibration
-        ):
-            yield SECRETS.scrub(answer), SECRETS.scrub_data(report)
+
+    limits: Limits = field(default_factory=Limits)
+    endpoints: EndpointPolicy = field(default_factory=EndpointPolicy)
+    models: ModelPolicy = field(default_factory=lambda: ModelPolicy("local"))
+    secrets: Secrets = field(default_factory=lambda: Secrets(()))
+    trusted_proxies: frozenset[str] = frozenset()
+    own_index: tuple[str, Path] | None = None  # BRAG_CORPUS_DIR: its name and folder
+    concurrency: int = 16
+    cache_dir: Path = field(default_factory=brag.cache_dir)
+
+    @classmethod
+    def from_env(cls) -> Settings:
+        """The settings this process's environment gives."""
+        try:  # read now, so a bad value stops the app at start-up, not the first request
+            llms.max_response_bytes()
+            llms.local_idle_timeout()
+        except ValueError as err:
+            raise SystemExit(str(err)) from None
+        return cls(
+            limits=Limits.from_env(),
+            endpoints=EndpointPolicy.from_env(),
+            models=ModelPolicy.from_env(),
+            secrets=Secrets.from_env(),
+            trusted_proxies=trusted_proxies(),
+            own_index=own_index(),
+            concurrency=concurrency(),
+            cache_dir=brag.cache_dir(),
+        )
 
 
-def _answer(
-    question: str,
-    corpus: str,
-    documents: str,
-    lam: float,
-    model: str,
-    hf_token: str,
-    provider: str,
-    calibration: str,
-) -> Iterator[tuple[str, dict[str, Any]]]:
-    question = check_question(question)
-    lam = check_lam(lam)
-    started = time.monotonic()
-    end = started + LIMITS.request_timeout
-    try:
-        with llms.deadline_at(end):
-            chosen, label = pick_corpus(corpus, documents)
-            backend = LLMS.get(model, hf_token, provider)
-            cal = read_calibration(calibration, label, getattr(backend, "name", ""))
-            controller = brag.BRAG(backend, calibration=cal, lam=lam)
-        steps = controller.stream(question, chosen)
-        while True:
-            # Gradio may run each step of a generator in another thread, so the deadline is set
-            # around every step rather than once around the loop.
-            with llms.deadline_at(end):
-                item = next(steps, None)
-            if item is None:
-                break
-            answer, report = item
-            report.update(
-                corpus=label,
-                calibration=report["config"]["calibration"],
-                model=llms.redact_url((model or "").strip() or llms.default_model()),
-                elapsed_s=round(time.monotonic() - started, 3),  # the whole request, corpus included
+@dataclass
+class AskRequest:
+    """The inputs of one /brag request, as the caller sent them (checked by the server)."""
+
+    question: Any
+    corpus: Any
+    documents: Any
+    lam: Any
+    model: Any
+    hf_token: Any
+    provider: Any
+    calibration: Any
+
+
+class Server:
+    """The app's state, built from :class:`Settings`, and the endpoints that use it.
+
+    ``run_brag`` and ``run_calibrate`` are ``/brag`` and ``/calibrate``: each holds one of the
+    caller's slots (:class:`CallerLimits`), sets the request's deadline, turns every failure
+    into a clear message and scrubs the server's secrets from all it returns.
+    """
+
+    def __init__(self, settings: Settings) -> None:
+        self.settings, self.limits = settings, settings.limits
+        # The shipped calibrations by name: the hand-set prior and those fitted for particular
+        # models. A request names one, names one that /calibrate kept, or sends JSON.
+        self.shipped = brag.shipped_calibrations()
+        self.kept = KeptCalibrations(settings.cache_dir / "calibrations")
+        self.store = CorpusStore(settings.limits, settings.own_index)
+        self.llms = LLMPool(settings.endpoints, settings.models)
+        self.callers = CallerLimits(
+            settings.limits.per_session, settings.limits.per_address, settings.trusted_proxies
+        )
+        self.secrets = settings.secrets
+
+    def pick_corpus(self, corpus: Any, documents: Any) -> tuple[brag.Corpus, str]:
+        """Pasted documents win over a named corpus; neither is an error."""
+        if isinstance(documents, str) and documents.strip():
+            return self.store.documents(documents), "your documents"
+        name = (corpus or "").strip() if isinstance(corpus, str) else ""
+        if name == YOUR_DOCUMENTS:
+            raise user_error(
+                "“Your documents” is selected but none are pasted: paste some, or choose a corpus."
             )
-            yield answer, report
-    except gr.Error:
-        raise
-    except Exception as err:
-        raise _failure(err) from None
+        if not name:
+            raise user_error(
+                "No corpus: choose one or paste documents (one passage per line, or a JSON list)."
+            )
+        if name not in self.store.names:
+            raise user_error(f"Unknown corpus: use one of {', '.join(self.store.names)}, or paste documents.")
+        return self.store.named(name), name
+
+    def run_brag(
+        self,
+        question: str,
+        corpus: str,
+        documents: str,
+        lam: float,
+        model: str,
+        hf_token: str,
+        provider: str,
+        calibration: str,
+        request: gr.Request = None,  # type: ignore[assignment]  # Gradio passes it; not an API input
+    ) -> Iterator[tuple[str, dict[str, Any]]]:
+        """Answer a question over a corpus, step by step.
+
+        Yields ``(best answer so far, report so far)`` as each step starts (the report's
+        ``finished`` is False), then the final ``(answer, report)``.
+        """
+        ask = AskRequest(question, corpus, documents, lam, model, hf_token, provider, calibration)
+        with self._scrubbed_errors(), self.callers.slot(request):
+            for answer, report in self._answer(ask):
+                yield self.secrets.scrub(answer), self.secrets.scrub_data(report)
+
+    def _answer(self, ask: AskRequest) -> Iterator[tuple[str, dict[str, Any]]]:
+        """The run under the request's deadline, each report naming the corpus and the model."""
+        question = check_question(ask.question, self.limits)
+        lam = check_lam(ask.lam)
+        started = time.monotonic()
+        end = started + self.limits.request_timeout
+        model = llms.redact_url((ask.model or "").strip() if isinstance(ask.model, str) else "")
+        try:
+            with llms.deadline_at(end):
+                chosen, label, controller = self._controller(ask, lam)
+            steps = controller.stream(question, chosen)
+            while True:
+                # Gradio may run each step of a generator in another thread, so the deadline is
+                # set around every step rather than once around the loop.
+                with llms.deadline_at(end):
+                    item = next(steps, None)
+                if item is None:
+                    break
+                answer, report = item
+                report.update(
+                    corpus=label,
+                    calibration=report["config"]["calibration"],
+                    model=model or llms.redact_url(llms.default_model()),
+                    elapsed_s=round(time.monotonic() - started, 3),  # the whole request
+                )
+                yield answer, report
+        except gr.Error:
+            raise
+        except Exception as err:
+            raise _failure(err) from None
+        _log_answered(report)
+
+    def _controller(self, ask: AskRequest, lam: float) -> tuple[brag.Corpus, str, brag.BRAG]:
+        """The corpus, the backend and the calibration a request names, as a controller."""
+        chosen, label = self.pick_corpus(ask.corpus, ask.documents)
+        backend = self.llms.get(ask.model, ask.hf_token, ask.provider)
+        cal = read_calibration(
+            ask.calibration, label, getattr(backend, "name", ""), self.shipped, self.kept, self.limits
+        )
+        return chosen, label, brag.BRAG(backend, calibration=cal, lam=lam)
+
+    def run_calibrate(
+        self,
+        labelled_json: str,
+        corpus: str,
+        documents: str,
+        model: str,
+        hf_token: str,
+        provider: str,
+        progress: gr.Progress = gr.Progress(),  # noqa: B008 (Gradio's own idiom)
+        request: gr.Request = None,  # type: ignore[assignment]  # Gradio passes it; not an API input
+    ) -> str:
+        """Fit a calibration for a model and corpus from labelled questions (JSON out; kept by name)."""
+        with self._scrubbed_errors(), self.callers.slot(request):
+            items = read_labelled(labelled_json, self.limits)
+            try:
+                with llms.deadline(self.limits.calibrate_timeout):  # one call: no yields inside
+                    chosen, label = self.pick_corpus(corpus, documents)
+                    backend = self.llms.get(model, hf_token, provider)
+                    result = _fit(items, chosen, label, backend, model, progress)
+            except gr.Error:
+                raise
+            except Exception as err:
+                raise _failure(err) from None
+            name = self.kept.keep(result)
+            return self.secrets.scrub(json.dumps({**result, "name": name}, indent=1))
+
+    def show_calibration(self, text: Any) -> tuple[Any, Any]:
+        """The calibration tab's table and its file to download, for the fit /calibrate just kept.
+
+        The browser sends back /calibrate's JSON, but any caller can send anything here, so
+        only the kept name is taken from it: the table and the file are the server's own kept
+        copy, and nothing is written.
+        """
+        data = (
+            brag.parse_json(text, "calibration") if isinstance(text, str) and text.startswith("{") else None
+        )
+        name = data.get("name") if isinstance(data, dict) else None
+        path = self.kept.path(name) if isinstance(name, str) else None
+        if path is None:
+            return gr.update(visible=False), None
+        return gr.update(value=calibration_frame(path.read_text(encoding="utf-8")), visible=True), str(path)
+
+    @contextmanager
+    def _scrubbed_errors(self) -> Iterator[None]:
+        """A message that leaves the server holds none of its secrets."""
+        try:
+            yield
+        except gr.Error as err:
+            raise gr.Error(self.secrets.scrub(str(err.message)), print_exception=False) from None
+
+
+def _fit(
+    items: list[calibrate.Labelled],
+    corpus: brag.Corpus,
+    label: str,
+    backend: llms.LLM,
+    model: Any,
+    progress: gr.Progress,
+) -> dict[str, Any]:
+    spec = llms.redact_url((model or "").strip() if isinstance(model, str) else "") or llms.default_model()
+    progress(0.0, desc=f"Running R1, R2 and CB on {len(items)} questions")
+    return calibrate.calibrate(
+        items,
+        corpus,
+        backend,
+        on_progress=lambda done, total: progress(done / total, desc=f"Question {done} of {total}"),
+        meta={
+            "model_spec": llms.redact_url(spec),
+            "corpus": label,
+            "note": f"fitted in the app on {len(items)} labelled questions",
+        },
+    )
+
+
+def _log_answered(report: dict[str, Any]) -> None:
     totals = report["totals"]
     log.info(
         "answered: corpus=%s model=%s calls=%d tokens=%d %.2fs",
-        label,
+        report["corpus"],
         report["model"],
         totals["llm_calls"],
         totals["prompt_tokens"] + totals["completion_tokens"],
         totals["wall_time_s"],
     )
-
-
-def run_calibrate(
-    labelled_json: str,
-    corpus: str,
-    documents: str,
-    model: str,
-    hf_token: str,
-    provider: str,
-    progress: gr.Progress = gr.Progress(),  # noqa: B008 (Gradio's own idiom)
-    request: gr.Request = None,  # type: ignore[assignment]  # Gradio passes it; not an API input
-) -> str:
-    """Fit a calibration for a model and corpus from labelled questions (JSON out; kept by name)."""
-    with CALLERS.slot(request):
-        return SECRETS.scrub(
-            _calibrate(labelled_json, corpus, documents, model, hf_token, provider, progress)
-        )
-
-
-def _calibrate(
-    labelled_json: str,
-    corpus: str,
-    documents: str,
-    model: str,
-    hf_token: str,
-    provider: str,
-    progress: gr.Progress,
-) -> str:
-    items = read_labelled(labelled_json)
-    try:
-        with llms.deadline(LIMITS.calibrate_timeout):  # calibrate() is one call: no yields inside
-            chosen, label = pick_corpus(corpus, documents)
-            spec = llms.redact_url((model or "").strip() or llms.default_model())
-            backend = LLMS.get(model, hf_token, provider)
-            progress(0.0, desc=f"Running R1, R2 and CB on {len(items)} questions")
-            result = calibrate.calibrate(
-                items,
-                chosen,
-                backend,
-                on_progress=lambda done, total: progress(done / total, desc=f"Question {done} of {total}"),
-                meta={
-                    "model_spec": spec,
-                    "corpus": label,
-                    "note": f"fitted in the app on {len(items)} labelled questions",
-                },
-            )
-    except gr.Error:
-        raise
-    except Exception as err:
-        raise _failure(err) from None
-    name = KEPT.keep(result)
-    return json.dumps({**result, "name": name}, indent=1)
 
 
 def ui_helper(fn: Callable[..., Any]) -> Callable[..., Any]:
@@ -1290,21 +1373,6 @@ def calibration_frame(text: str) -> pd.DataFrame:
     return pd.DataFrame(rows, columns=columns)
 
 
-def show_calibration(text: Any) -> tuple[Any, Any]:
-    """The calibration tab's table and its file to download, for the fit /calibrate just kept.
-
-    The browser sends back /calibrate's JSON, but any caller can send anything here, so only
-    the kept name is taken from it: the table and the file are the server's own kept copy, and
-    nothing is written.
-    """
-    data = brag.parse_json(text, "calibration") if isinstance(text, str) and text.startswith("{") else None
-    name = data.get("name") if isinstance(data, dict) else None
-    path = KEPT.path(name) if isinstance(name, str) else None
-    if path is None:
-        return gr.update(visible=False), None
-    return gr.update(value=calibration_frame(path.read_text(encoding="utf-8")), visible=True), str(path)
-
-
 # ------------------------------------------------------------------------------------------
 # The page
 # ------------------------------------------------------------------------------------------
@@ -1325,148 +1393,180 @@ def use_documents(documents: str, corpus: str) -> Any:
     return gr.update(value=DEMO if corpus == YOUR_DOCUMENTS else corpus)
 
 
-def build() -> gr.Blocks:
-    """The Gradio Blocks app."""
-    choices = [*NAMED, YOUR_DOCUMENTS]
+INTRO = (
+    "# BRAG · cost-aware question answering\n"
+    "A Bayesian controller decides which LLM calls are worth making: read the top passages "
+    "(R1), take a second retrieval hop (R2), or sample closed-book answers (CB), and stops "
+    "when another call is worth less than its price λ."
+)
+
+
+def build(settings: Settings | None = None) -> gr.Blocks:
+    """The Gradio Blocks app for ``settings`` (by default the environment's)."""
+    server = Server(settings or Settings.from_env())
+    choices = [*server.store.names, YOUR_DOCUMENTS]
     # Files Gradio makes for downloads are deleted an hour after they were made.
     with Blocks(title="BRAG · cost-aware question answering", delete_cache=(600, 3600)) as demo:
-        gr.Markdown(
-            "# BRAG · cost-aware question answering\n"
-            "A Bayesian controller decides which LLM calls are worth making: read the top passages "
-            "(R1), take a second retrieval hop (R2), or sample closed-book answers (CB), and stops "
-            "when another call is worth less than its price λ."
-        )
+        gr.Markdown(INTRO)
         with gr.Tab("Ask"):
-            with gr.Row():
-                with gr.Column(scale=2):
-                    question = gr.Textbox(
-                        label="Question", placeholder="Ask a question about the corpus", lines=2
-                    )
-                    with gr.Row():
-                        # Custom values pass through to pick_corpus, which names the valid ones; the
-                        # API also takes "" with documents, as SPEC's signature has it.
-                        corpus = gr.Dropdown(
-                            choices,
-                            value=DEMO,
-                            label="Corpus",
-                            info="pasting documents below selects “Your documents”",
-                            allow_custom_value=True,
-                        )
-                        lam = gr.Slider(0.0, 0.5, value=0.05, step=0.005, label="λ (price of one LLM call)")
-                    documents = gr.Textbox(
-                        label="Your documents (optional: one passage per line, or a JSON list)", lines=4
-                    )
-                    with gr.Row():
-                        model = gr.Textbox(
-                            label="Model",
-                            placeholder=f"default: {llms.redact_url(llms.default_model())}",
-                            info="HF model id, an OpenAI-compatible URL, or 'local'",
-                        )
-                        hf_token = gr.Textbox(label="HF token", type="password", placeholder="optional")
-                        provider = gr.Textbox(label="Provider", value="auto")
-                    with gr.Accordion("Advanced: calibration", open=False):
-                        calibration = gr.Textbox(
-                            label="Calibration: empty (the one for this model), a name, or JSON", lines=4
-                        )
-                    ask = gr.Button("Ask", variant="primary")
-                    gr.Examples(EXAMPLES, inputs=[question, corpus])
-                with gr.Column(scale=3):
-                    progress = gr.Markdown(elem_id="progress")
-                    answer_md = gr.Markdown(elem_id="answer")
-                    totals = gr.Markdown()
-                    gr.Markdown("**How the belief moved** (posterior after each step)")
-                    chart = gr.HTML(posterior_svg({}))
-            steps = gr.Dataframe(
-                headers=STEP_COLUMNS,
-                label="Steps: each action's expected drop in P(error) per call, ✓ above λ; the best one runs",
-                wrap=True,
-                visible=False,
-                elem_id="steps",
-                column_widths=["5%", "7%", "7%", "7%", "7%", "6%", "25%", "15%", "21%"],
-            )
-            with gr.Accordion("Raw report", open=False):
-                report = gr.JSON(label="report")
-            answer = gr.Textbox(label="answer", visible=False)
-            inputs = [question, corpus, documents, lam, model, hf_token, provider, calibration]
-            shown = [progress, answer_md, chart, steps, totals]
-            documents.change(ui_helper(use_documents), [documents, corpus], corpus, api_visibility="private")
-            for trigger, name in ((ask.click, "brag"), (question.submit, None)):
-                started = trigger(starting, None, shown, api_visibility="private", show_progress="hidden")
-                ran = started.then(
-                    run_brag,
-                    inputs,
-                    [answer, report],
-                    api_name=name,
-                    api_visibility="public" if name else "private",
-                    show_progress="hidden",
-                )
-                ran.failure(failed, None, progress, api_visibility="private")
-            report.change(
-                ui_helper(render),
-                [answer, report],
-                shown,
-                api_visibility="private",
-                show_progress="hidden",
-                trigger_mode="always_last",
-            )
+            _ask_tab(server, choices)
         with gr.Tab("Calibrate"):
-            gr.Markdown(
-                "Fit the controller's reliabilities for your model and corpus from labelled questions "
-                f"({LIMITS.labelled_min} to {LIMITS.labelled_max}). The fit is kept under the name it "
-                "returns: give that name (or paste the JSON) as the calibration on the Ask tab."
-            )
-            labelled = gr.Textbox(
-                label='Labelled questions: [{"question": ..., "gold": [...]}, ...]', lines=6
-            )
-            with gr.Row():
-                cal_corpus = gr.Dropdown(choices, value=DEMO, label="Corpus", allow_custom_value=True)
-                cal_documents = gr.Textbox(label="Your documents (optional)", lines=2)
-            with gr.Row():
-                cal_model = gr.Textbox(
-                    label="Model", placeholder=f"default: {llms.redact_url(llms.default_model())}"
-                )
-                cal_token = gr.Textbox(label="HF token", type="password")
-                cal_provider = gr.Textbox(label="Provider", value="auto")
-            fit = gr.Button("Calibrate", variant="primary")
-            cal_table = gr.Dataframe(
-                label="Fitted, per action and case", wrap=True, visible=False, elem_id="calibration-table"
-            )
-            cal_file = gr.File(label="Download the calibration (JSON)")
-            with gr.Accordion("Calibration JSON", open=False):
-                cal_out = gr.Code(label="calibration", language="json")
-            cal_documents.change(
-                ui_helper(use_documents), [cal_documents, cal_corpus], cal_corpus, api_visibility="private"
-            )
-            fit.click(
-                run_calibrate,
-                [labelled, cal_corpus, cal_documents, cal_model, cal_token, cal_provider],
-                cal_out,
-                api_name="calibrate",
-                # Its own slots, so an hour-long fit never holds up /brag.
-                concurrency_id="calibrate",
-                concurrency_limit=LIMITS.calibrate_concurrency,
-            ).success(ui_helper(show_calibration), cal_out, [cal_table, cal_file], api_visibility="private")
-    demo.queue(default_concurrency_limit=concurrency(), max_size=LIMITS.queue_size)
-    llms.bound_hub_calls()  # deadlines hold for Inference Providers calls too
+            _calibrate_tab(server, choices)
+    demo.queue(default_concurrency_limit=server.settings.concurrency, max_size=server.limits.queue_size)
+    llms.bound_hub_calls()  # deadlines and response caps hold for Inference Providers calls too
     return demo
 
 
-if __name__ == "__main__":
-    configure_logging()
-    build().launch(
-        server_name=os.environ.get("GRADIO_SERVER_NAME", "127.0.0.1"),
-        theme=gr.themes.Soft(),
-        css=CSS,
+def _model_row() -> list[gr.Textbox]:
+    """The model, HF token and provider inputs, as both tabs show them."""
+    with gr.Row():
+        model = gr.Textbox(
+            label="Model",
+            placeholder=f"default: {llms.redact_url(llms.default_model())}",
+            info="HF model id, an OpenAI-compatible URL, or 'local'",
+        )
+        hf_token = gr.Textbox(label="HF token", type="password", placeholder="optional")
+        provider = gr.Textbox(label="Provider", value="auto")
+    return [model, hf_token, provider]
+
+
+def _ask_tab(server: Server, choices: list[str]) -> None:
+    """The question, its corpus and model on the left; the answer, the chart and the steps."""
+    with gr.Row():
+        with gr.Column(scale=2):
+            question = gr.Textbox(label="Question", placeholder="Ask a question about the corpus", lines=2)
+            with gr.Row():
+                # Custom values pass through to pick_corpus, which names the valid ones; the API
+                # also takes "" with documents, as SPEC's signature has it.
+                corpus = gr.Dropdown(
+                    choices,
+                    value=DEMO,
+                    label="Corpus",
+                    info="pasting documents below selects “Your documents”",
+                    allow_custom_value=True,
+                )
+                lam = gr.Slider(0.0, 0.5, value=0.05, step=0.005, label="λ (price of one LLM call)")
+            documents = gr.Textbox(
+                label="Your documents (optional: one passage per line, or a JSON list)", lines=4
+            )
+            model_row = _model_row()
+            with gr.Accordion("Advanced: calibration", open=False):
+                calibration = gr.Textbox(
+                    label="Calibration: empty (the one for this model), a name, or JSON", lines=4
+                )
+            ask = gr.Button("Ask", variant="primary")
+            gr.Examples(EXAMPLES, inputs=[question, corpus])
+        with gr.Column(scale=3):
+            progress, answer_md, chart, totals = _answer_panel()
+    shown = [progress, answer_md, chart, _steps_table(), totals]  # what render() returns, in order
+    with gr.Accordion("Raw report", open=False):
+        report = gr.JSON(label="report")
+    answer = gr.Textbox(label="answer", visible=False)
+    documents.change(ui_helper(use_documents), [documents, corpus], corpus, api_visibility="private")
+    inputs = [question, corpus, documents, lam, *model_row, calibration]
+    for trigger, name in ((ask.click, "brag"), (question.submit, None)):
+        started = trigger(starting, None, shown, api_visibility="private", show_progress="hidden")
+        ran = started.then(
+            server.run_brag,
+            inputs,
+            [answer, report],
+            api_name=name,
+            api_visibility="public" if name else "private",
+            show_progress="hidden",
+        )
+        ran.failure(failed, None, progress, api_visibility="private")
+    report.change(
+        ui_helper(render),
+        [answer, report],
+        shown,
+        api_visibility="private",
+        show_progress="hidden",
+        trigger_mode="always_last",
+    )
+
+
+def _steps_table() -> gr.Dataframe:
+    return gr.Dataframe(
+        headers=STEP_COLUMNS,
+        label="Steps: each action's expected drop in P(error) per call, ✓ above λ; the best one runs",
+        wrap=True,
+        visible=False,
+        elem_id="steps",
+        column_widths=["5%", "7%", "7%", "7%", "7%", "6%", "25%", "15%", "21%"],
+    )
+
+
+def _answer_panel() -> list[Any]:
+    """Progress, the headline answer, the totals and the chart (the steps table follows)."""
+    progress = gr.Markdown(elem_id="progress")
+    answer_md = gr.Markdown(elem_id="answer")
+    totals = gr.Markdown()
+    gr.Markdown("**How the belief moved** (posterior after each step)")
+    chart = gr.HTML(posterior_svg({}))
+    return [progress, answer_md, chart, totals]
+
+
+def _calibrate_tab(server: Server, choices: list[str]) -> None:
+    """Labelled questions, corpus and model in; the fitted table, a download and the JSON out."""
+    limits = server.limits
+    gr.Markdown(
+        "Fit the controller's reliabilities for your model and corpus from labelled questions "
+        f"({limits.labelled_min} to {limits.labelled_max}). The fit is kept under the name it "
+        "returns: give that name (or paste the JSON) as the calibration on the Ask tab."
+    )
+    labelled = gr.Textbox(label='Labelled questions: [{"question": ..., "gold": [...]}, ...]', lines=6)
+    with gr.Row():
+        cal_corpus = gr.Dropdown(choices, value=DEMO, label="Corpus", allow_custom_value=True)
+        cal_documents = gr.Textbox(label="Your documents (optional)", lines=2)
+    model_row = _model_row()
+    fit = gr.Button("Calibrate", variant="primary")
+    cal_table = gr.Dataframe(
+        label="Fitted, per action and case", wrap=True, visible=False, elem_id="calibration-table"
+    )
+    cal_file = gr.File(label="Download the calibration (JSON)")
+    with gr.Accordion("Calibration JSON", open=False):
+        cal_out = gr.Code(label="calibration", language="json")
+    cal_documents.change(
+        ui_helper(use_documents), [cal_documents, cal_corpus], cal_corpus, api_visibility="private"
+    )
+    fit.click(
+        server.run_calibrate,
+        [labelled, cal_corpus, cal_documents, *model_row],
+        cal_out,
+        api_name="calibrate",
+        # Its own slots, so an hour-long fit never holds up /brag.
+        concurrency_id="calibrate",
+        concurrency_limit=limits.calibrate_concurrency,
+    ).success(ui_helper(server.show_calibration), cal_out, [cal_table, cal_file], api_visibility="private")
+
+
+def launch_options(settings: Settings) -> dict[str, Any]:
+    """What ``launch`` needs beyond the page: error policy, file serving, the ASGI guards."""
+    return {
+        "server_name": os.environ.get("GRADIO_SERVER_NAME", "127.0.0.1"),
+        "theme": gr.themes.Soft(),
+        "css": CSS,
         # Only gr.Error's own words reach a caller; any other exception's text (which can name
         # server paths) stays in the log.
-        show_error=False,
+        "show_error": False,
         # Gradio serves the kept fit the calibration tab offers for download from there.
-        allowed_paths=[str(KEPT.directory)],
-        max_file_size="1mb",
-        app_kwargs={
+        "allowed_paths": [str(settings.cache_dir / "calibrations")],
+        "max_file_size": "1mb",
+        "app_kwargs": {
             "middleware": [
-                Middleware(RequestSizeLimit, max_bytes=max_request_bytes()),
-                Middleware(PublicRoutes),
+                Middleware(RequestSizeLimit, max_bytes=max_request_bytes(settings.limits)),
+                Middleware(PublicRoutes, queue_size=settings.limits.queue_size),
             ]
         },
-    )
+    }
+
+
+def main() -> None:
+    """Read the settings, then serve the app until stopped."""
+    settings = Settings.from_env()
+    configure_logging(settings.secrets)
+    build(settings).launch(**launch_options(settings))
+
+
+if __name__ == "__main__":
+    main()

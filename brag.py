@@ -1,10 +1,16 @@
 """BRAG: cost-aware question answering over passages with a closed-form Bayesian controller.
 
-The controller keeps a Beta posterior over candidate answers and picks, between LLM calls, the
-action with the highest information rate per unit cost; it stops when the expected gain of the
-next call is worth less than its price ``lam``. It never calls the LLM itself: the actions do.
+The controller keeps a posterior over candidate answers and picks, between LLM calls, the
+action whose next vote is expected to lower P(error) the most per unit cost; it stops when that
+gain is worth less than its price ``lam``. It never calls the LLM itself: the actions do.
 
-Sections: answers, posterior, policy, corpus, calibration, runner.
+Sections, in order: LLM protocol, answers, posterior, policy, corpus, dedup, gate,
+calibration, prompts, runner, files, command line. Three entry points:
+
+- ``BRAG(llm).run(question, corpus)`` (runner): ``BRAG.stream`` -> ``_Run.loop``, which
+  decides (``_Run._decide``) and acts (``_Run._act``) one step at a time;
+- ``Corpus(passages).retrieve(query, k)`` (corpus): BM25, optional dense fusion and dedup;
+- ``load_calibration(source)`` (calibration): the reliabilities the controller runs on.
 
     from brag import BRAG, Corpus
     answer, report = BRAG(llm).run(question, Corpus(passages))
@@ -15,6 +21,7 @@ Sections: answers, posterior, policy, corpus, calibration, runner.
 from __future__ import annotations
 
 import hashlib
+import importlib.util
 import itertools
 import json
 import logging
@@ -40,34 +47,102 @@ import bm25s
 import numpy as np
 from bm25s.stopwords import STOPWORDS_EN
 
-__all__ = [
-    "BRAG",
+# The public API, by section (in the order the sections come), not alphabetically.
+__all__ = [  # noqa: RUF022
+    # LLM protocol
     "LLM",
-    "ActionPrior",
-    "Beliefs",
-    "Calibration",
     "Completion",
-    "Corpus",
-    "Passage",
-    "Retriever",
-    "RunAborted",
-    "Vote",
-    "VoteModel",
-    "choose_action",
-    "information_rate",
-    "load_calibration",
+    # Answers
+    "MAX_ANSWER_CHARS",
+    "MAX_QUERY_CHARS",
+    "MAX_REPLY_CHARS",
+    "exact_match",
+    "is_no_answer",
     "normalize_answer",
-    "posterior",
+    "parse_reading",
     "same_answer",
     "token_f1",
+    # Posterior
+    "Beliefs",
+    "Vote",
+    "VoteModel",
+    "error_probability",
+    "posterior",
+    "uninformative_reliability",
+    # Policy
+    "Decision",
+    "VoteOutlook",
+    "choose_action",
+    "expected_gain",
+    "information_rate",
+    "vote_information",
+    # Corpus
+    "BM25_VARIANTS",
+    "Corpus",
+    "Passage",
+    "Retrieval",
+    "Retriever",
+    "bm25_index",
+    "cached_corpus",
+    "parse_json",
+    "read_json",
+    "tokenize",
+    # Dedup
+    "DedupConfig",
+    "Embedder",
+    "HashingEmbedder",
+    "IngestionResult",
+    "dedup_ingestion",
+    "dedup_ranked",
+    "reciprocal_rank_fusion",
+    "unit_rows",
+    # Gate
+    "Gate",
+    "GateSignal",
+    "topk_overlap",
+    "window_signals",
+    # Calibration
+    "CALIBRATIONS_DIR",
+    "CALIBRATION_VERSION",
+    "PRIOR_CALIBRATION_PATH",
+    "ActionPrior",
+    "Branch",
+    "Calibration",
+    "Level",
+    "calibration_from_dict",
+    "calibration_status",
+    "load_calibration",
+    "shipped_calibration",
+    "shipped_calibrations",
+    # Prompts
+    "CLOSED_BOOK_INSTRUCTIONS",
+    "READ_STOP",
+    "closed_book_messages",
+    "expand_query",
+    "is_degenerate_query",
+    "read_messages",
+    # Runner
+    "ACTIONS",
+    "BRAG",
+    "DEFAULT_HOPS",
+    "RunAborted",
+    "closed_book_mode",
+    # Files
+    "atomic_file",
+    "cache_dir",
+    "data_dir",
+    "package_dir",
+    "write_atomic",
+    # Command line
+    "main",
 ]
-
 ACTIONS = ("R1", "R2", "CB")
-HERE = Path(__file__).resolve().parent
+_HERE = Path(__file__).resolve().parent
 # A hand-set prior for a capable reader: every model without a calibration of its own gets it.
-PRIOR_CALIBRATION_PATH = HERE / "data" / "calibration_prior.json"
+PRIOR_CALIBRATION_PATH = _HERE / "data" / "calibration_prior.json"
 # Calibrations fitted for particular models, one file per (model, corpus).
-CALIBRATIONS_DIR = HERE / "data" / "calibrations"
+CALIBRATIONS_DIR = _HERE / "data" / "calibrations"
+_log = logging.getLogger("brag")
 
 
 # ------------------------------------------------------------------------------------------
@@ -110,9 +185,14 @@ class LLM(Protocol):
 # Answers: normalisation, comparison, parsing
 # ------------------------------------------------------------------------------------------
 
+
 _ARTICLES = re.compile(r"\b(a|an|the)\b")
+
+
 _PUNCT = set(string.punctuation) | {"‘", "’", "“", "”", "–", "—", "…"}
-NO_ANSWER = frozenset(
+
+
+_NO_ANSWER = frozenset(
     {
         "",
         "none",
@@ -133,6 +213,8 @@ NO_ANSWER = frozenset(
         "not enough information",
     }
 )
+
+
 _NO_ANSWER_PREFIXES = ("none ", "unknown ", "i dont know", "not enough information", "no answer")
 
 
@@ -147,7 +229,7 @@ def normalize_answer(text: str) -> str:
 def is_no_answer(text: str) -> bool:
     """``NONE``, "unknown" and empty answers are no vote."""
     norm = normalize_answer(text)
-    return norm in NO_ANSWER or norm.startswith(_NO_ANSWER_PREFIXES)
+    return norm in _NO_ANSWER or norm.startswith(_NO_ANSWER_PREFIXES)
 
 
 def token_f1(prediction: str, gold: str) -> float:
@@ -189,23 +271,31 @@ _LABEL = re.compile(
     r"next query|query)\s*(?:\*\*)?\s*[:：-]\s*(?:\*\*)?",
     re.IGNORECASE,
 )
+
+
 _ANSWER_PREFIX = re.compile(r"^(?:the answer is|answer is|it is|it was)\s+", re.IGNORECASE)
 
 
 # A full stop after three lower-case letters or digits, before a capital or the end: "St. Louis"
 # and "J. R. R. Tolkien" stay whole.
 _SENTENCE_END = re.compile(r"(?<=[a-z0-9)\]]{3})[.!?](?=\s+[A-Z\"“]|\s*$)")
+
+
 _YES_NO = re.compile(r"^(yes|no)\b[\s,.;:!-]", re.IGNORECASE)
 
 
 # Bounds on what a reply can put in the posterior, the report and the UI: the model is asked
 # for a few words, so anything longer is a runaway or a hostile endpoint.
 MAX_REPLY_CHARS = 2_000
+
+
 MAX_ANSWER_CHARS = 200
+
+
 MAX_QUERY_CHARS = 300
 
 
-def clean_answer(text: str, max_words: int = 20) -> str:
+def _clean_answer(text: str, max_words: int = 20) -> str:
     """Reduce a reply to its short answer.
 
     Keeps the first sentence, a bare "yes"/"no" when it opens an explanation, and strips quotes,
@@ -242,7 +332,7 @@ def parse_reading(text: str) -> tuple[str, str]:
             query = query or value
     if not answer and unlabeled:
         answer = unlabeled[0]
-    return clean_answer(answer), query.strip().strip("\"'“” ").strip()[:MAX_QUERY_CHARS]
+    return _clean_answer(answer), query.strip().strip("\"'“” ").strip()[:MAX_QUERY_CHARS]
 
 
 # ------------------------------------------------------------------------------------------
@@ -263,7 +353,7 @@ def _lnbeta(x: float, y: float) -> float:
 
 # How votes turn into a posterior: "floored" is the default (README, method section); "spec" is
 # SPEC section 1 as written, kept so the two can be compared on the same data.
-RULES = ("floored", "spec")
+_RULES = ("floored", "spec")
 
 
 def uninformative_reliability(eta: float) -> float:
@@ -293,8 +383,8 @@ class VoteModel:
     ) -> None:
         if not 0 < eta < 1:
             raise ValueError(f"eta must lie in (0, 1), got {eta!r}")
-        if rule not in RULES:
-            raise ValueError(f"rule must be one of {RULES}, got {rule!r}")
+        if rule not in _RULES:
+            raise ValueError(f"rule must be one of {_RULES}, got {rule!r}")
         self.priors, self.rule = dict(priors), rule
         self.ln_eta = math.log(eta)
         # floored: the log likelihood ratio of one vote of each type.
@@ -437,7 +527,7 @@ def information_rate(action: ActionPrior, eta: float, rule: str = "floored") -> 
     return action.q * vote_information(action.mean, eta, rule)
 
 
-def likelihood_ratio(rho: float, eta: float, rule: str = "floored") -> float:
+def _likelihood_ratio(rho: float, eta: float, rule: str = "floored") -> float:
     """How much a vote multiplies its candidate's odds: rho / ((1 - rho) eta), floored at 1."""
     rho = min(max(rho, 1e-9), 1 - 1e-9)
     ratio = rho / ((1 - rho) * eta)
@@ -520,11 +610,15 @@ def choose_action(gain_per_cost: Mapping[str, float], available: Sequence[str], 
 
 
 # ------------------------------------------------------------------------------------------
-# Corpus and BM25 retrieval
+# Corpus: passages, JSON input, BM25 retrieval, the Retriever protocol
 # ------------------------------------------------------------------------------------------
 
+
 _WORD = re.compile(r"[^\W_]+", re.UNICODE)
+
+
 _STOPWORDS = frozenset(STOPWORDS_EN)
+
 
 # Named BM25 scoring variants as (term-frequency method, idf method) in bm25s' terms.
 # "okapi" scores exactly like rank_bm25.BM25Okapi(epsilon=0): ATIRE's (k1+1) tf saturation
@@ -570,6 +664,12 @@ class Passage:
         return self.doc_id or (f"title:{self.title}" if self.title else f"passage:{position}")
 
 
+def _shown(value: Any, width: int = 40) -> str:
+    """A value as an error message may echo it: its repr, cut short."""
+    text = repr(value)
+    return text if len(text) <= width else text[: width - 1] + "…"
+
+
 def parse_json(text: str, what: str) -> Any:
     """``json.loads`` whose error names ``what`` and the place of the fault."""
     try:
@@ -596,7 +696,7 @@ def read_json(source: Any, what: str) -> Any:
     return parse_json(source, what) if isinstance(source, str) else source
 
 
-def parse_passages(passages: Any) -> list[Passage | None]:
+def _parse_passages(passages: Any) -> list[Passage | None]:
     """Read strings, ``{title, text}`` dicts, or a JSON string of either; None marks an empty one."""
     if isinstance(passages, str):
         passages = parse_json(passages, "passages")
@@ -632,11 +732,632 @@ def parse_passages(passages: Any) -> list[Passage | None]:
     return parsed
 
 
-# ------------------------------------------------------------------------------------------
-# Embeddings and deduplication (SPEC section 2)
-# ------------------------------------------------------------------------------------------
+@dataclass(frozen=True)
+class Retrieval:
+    """One search: the window, what post-ranking dedup removed, and the share removed."""
 
-log = logging.getLogger("brag")
+    hits: list[tuple[int, float]]
+    removed: list[int]
+    considered: int
+    bm25: np.ndarray | None = None  # every kept passage's score, kept for the gate's signals
+    dense: np.ndarray | None = None
+
+    @property
+    def dedup_ratio(self) -> float:
+        """Share of the considered results that were cross-document duplicates."""
+        return len(self.removed) / self.considered if self.considered else 0.0
+
+
+def _progress(items: Sequence[Any], show: bool, what: str) -> Iterable[Any]:
+    """``items``, with a progress bar on stderr when asked (tqdm comes with bm25s)."""
+    if not show:
+        return items
+    from tqdm import tqdm
+
+    return tqdm(items, desc=what, unit=" passages", mininterval=1.0)
+
+
+# bm25s's scoring, per variant, on whole arrays at once: inverse document frequency of each
+# token from its document frequency df among n documents, and the term-frequency component of
+# each (document, token) pair (tests/test_corpus.py checks both against bm25s's own index).
+_IDF: dict[str, Callable[[np.ndarray, int], np.ndarray]] = {
+    "robertson": lambda df, n: np.log(np.maximum((n - df + 0.5) / (df + 0.5), 1.0)),
+    "lucene": lambda df, n: np.log(1 + (n - df + 0.5) / (df + 0.5)),
+    "atire": lambda df, n: np.log(n / df),
+    "bm25l": lambda df, n: np.log((n + 1) / (df + 0.5)),
+    "bm25+": lambda df, n: np.log((n + 1) / df),
+}
+
+
+def _tfc(method: str, tf: Any, length: Any, average: float, k1: float, b: float, delta: float) -> Any:
+    norm = 1 - b + b * length / average
+    if method in ("robertson", "lucene"):
+        return tf / (k1 * norm + tf)
+    if method == "atire":
+        return tf * (k1 + 1) / (tf + k1 * norm)
+    if method == "bm25l":
+        c = tf / norm
+        return (k1 + 1) * (c + delta) / (k1 + c + delta)
+    return (k1 + 1) * tf / (k1 * norm + tf) + delta  # bm25+
+
+
+def bm25_index(
+    ids: np.ndarray, lengths: np.ndarray, vocab: dict[str, int], variant: str, k1: float, b: float
+) -> bm25s.BM25:
+    """A bm25s index built from token ids with numpy alone, for any number of passages.
+
+    ``ids`` holds every passage's token ids one passage after another, ``lengths`` how many each
+    has. It gives the same scores as ``bm25s.BM25.index``, which walks the passages in Python
+    and keeps every passage's tokens as Python lists (about 10 GB for a million passages).
+    """
+    method, idf_method = BM25_VARIANTS[variant]
+    bm25 = bm25s.BM25(k1=k1, b=b, method=method, idf_method=idf_method)
+    n_docs, n_vocab = len(lengths), len(vocab)
+    docs = np.repeat(np.arange(n_docs, dtype=np.int64), lengths)
+    pairs, tf = np.unique(docs * n_vocab + ids, return_counts=True)  # (passage, token), doc-major
+    del docs
+    pair_doc, pair_token = np.divmod(pairs, n_vocab)
+    del pairs
+    df = np.bincount(pair_token, minlength=n_vocab)
+    average = float(lengths.mean())
+    idf = _IDF[idf_method](df.astype(np.float64), n_docs)
+    tfc = _tfc(method, tf.astype(np.float64), lengths[pair_doc], average, k1, b, bm25.delta)
+    scores = (idf[pair_token] * tfc).astype(np.float32)
+    bm25.nonoccurrence_array = None
+    if method in bm25.methods_requiring_nonoccurrence:
+        # A token's score in a passage without it, as bm25s computes it (at the average length).
+        absent = (idf * _tfc(method, 0.0, average, average, k1, b, bm25.delta)).astype(np.float32)
+        scores -= absent[pair_token]
+        bm25.nonoccurrence_array = absent
+    order = np.argsort(pair_token, kind="stable")  # token-major, passages ascending within a token
+    indptr = np.zeros(n_vocab + 1, dtype=np.int64)
+    np.cumsum(df, out=indptr[1:])
+    bm25.scores = {
+        "data": scores[order],
+        "indices": pair_doc[order].astype(np.int32),
+        "indptr": indptr,
+        "num_docs": n_docs,
+    }
+    bm25.vocab_dict = vocab
+    bm25.unique_token_ids_set = set(vocab.values())
+    return bm25
+
+
+def _scoring_tokens(bm25: bm25s.BM25) -> np.ndarray:
+    """Mark, per token id, whether the token adds to any passage's score.
+
+    A term in over half the passages has Robertson idf 0; skipping it at query time leaves every
+    score unchanged and saves summing its long posting list.
+    """
+    data, indptr = bm25.scores["data"], bm25.scores["indptr"]
+    has_score = np.zeros(len(indptr) - 1, dtype=bool)
+    nonempty = np.flatnonzero(np.diff(indptr) > 0)
+    if len(nonempty):
+        has_score[nonempty] = np.maximum.reduceat(data, indptr[nonempty]) > 0
+    return has_score
+
+
+@runtime_checkable
+class Retriever(Protocol):
+    """What BRAG needs from a passage index. :class:`Corpus` is one; a search service is another.
+
+    ``retrieve`` ranks passages for a query (``Retrieval.hits``: ids and scores, best first; a
+    retriever that cannot score every passage leaves ``Retrieval.bm25`` as None). The gate
+    reads the top scores, how rare a term is (``document_share``) and the passages' text.
+    """
+
+    def retrieve(self, query: str, k: int = 5) -> Retrieval:
+        """The top ``k`` passages for ``query``."""
+        ...
+
+    def __getitem__(self, passage_id: int) -> Passage:
+        """A passage by the id ``retrieve`` gave."""
+        ...
+
+    def __len__(self) -> int:
+        """How many passages there are."""
+        ...
+
+    def document_share(self, token: str) -> float:
+        """The share of passages that hold ``token``."""
+        ...
+
+    def novel(self, candidates: Sequence[int], read: Sequence[int]) -> list[int]:
+        """The candidates that repeat none of the passages already read."""
+        ...
+
+    def stats(self) -> dict[str, Any]:
+        """Figures for reports (passages, dedup ratios)."""
+        ...
+
+
+class _Passages:
+    """The kept passages by row: in memory, or read on demand from a memory-mapped file.
+
+    On disk: ``texts.npy`` holds every passage's title, text and document id as UTF-8 bytes, one
+    after another, and ``offsets.npy`` where each starts (row i: title, text, doc id, end).
+    """
+
+    def __init__(self, passages: Sequence[Passage], salience: np.ndarray) -> None:
+        self._list: Sequence[Passage] | None = passages
+        self._blob: np.ndarray | None = None
+        self._offsets: np.ndarray | None = None
+        self.salience = salience
+
+    @classmethod
+    def mapped(cls, directory: Path, salience: np.ndarray) -> _Passages:
+        store = cls([], salience)
+        store._list = None
+        store._blob = np.load(directory / "texts.npy", mmap_mode="r")
+        store._offsets = np.load(directory / "offsets.npy", mmap_mode="r")
+        return store
+
+    def __len__(self) -> int:
+        return len(self._list) if self._list is not None else len(self._offsets)
+
+    def __getitem__(self, row: int) -> Passage:
+        if self._list is not None:
+            return self._list[row]
+        title, text, doc, end = (int(x) for x in self._offsets[row])
+        raw = self._blob[title:end].tobytes()
+        text_at, doc_at = text - title, doc - title
+        return Passage(
+            raw[:text_at].decode(),
+            raw[text_at:doc_at].decode(),
+            raw[doc_at:].decode(),
+            float(self.salience[row]),
+        )
+
+    def save(self, directory: Path) -> None:
+        """Write ``texts.npy`` (the bytes) and ``offsets.npy``."""
+        offsets = np.zeros((len(self), 4), dtype=np.int64)
+        parts, at = [], 0
+        for row in range(len(self)):
+            p = self[row]
+            fields = [p.title.encode(), p.text.encode(), p.doc_id.encode()]
+            offsets[row, :3] = at, at + len(fields[0]), at + len(fields[0]) + len(fields[1])
+            at += sum(map(len, fields))
+            offsets[row, 3] = at
+            parts += fields
+        np.save(directory / "texts.npy", np.frombuffer(b"".join(parts), dtype=np.uint8))
+        np.save(directory / "offsets.npy", offsets)
+
+
+_CORPUS_FORMAT = 3
+
+
+@dataclass(frozen=True)
+class _Settings:
+    """How a corpus scores and dedups: what ``save`` records and ``load`` restores."""
+
+    variant: str
+    k1: float
+    b: float
+    rrf_k: int
+    dedup: DedupConfig
+    embedder: Embedder | None
+
+
+@dataclass
+class _Index:
+    """A corpus's searchable state, built from passages or read from a saved folder."""
+
+    ids: np.ndarray  # each kept passage's position in the input, ascending
+    salience: np.ndarray
+    store: _Passages
+    embeddings: np.ndarray | None
+    bm25: bm25s.BM25
+    scoring: np.ndarray
+    df: np.ndarray
+    vocab: dict[str, int]
+    dropped: int  # empty passages
+    ingestion: IngestionResult | None  # None: read from ingestion_file on first use
+    ingestion_file: Path | None = None
+
+
+def _build_index(
+    parsed: list[Passage | None],
+    variant: str,
+    k1: float,
+    b: float,
+    embedder: Embedder | None,
+    dedup: DedupConfig,
+    show_progress: bool,
+) -> _Index:
+    """Drop empty passages, dedup at ingestion, embed, and index what is kept with BM25."""
+    present = [i for i, p in enumerate(parsed) if p is not None]
+    if not present:
+        raise ValueError("corpus is empty: no passage has any text")
+    segments = [p for p in parsed if p is not None]
+    vectors = embedder.embed([p.render() for p in segments]) if embedder is not None else None
+    if dedup.ingestion_enabled:
+        result = dedup_ingestion(segments, vectors, dedup)
+    else:
+        every = list(range(len(segments)))
+        result = IngestionResult(every, [], {}, {}, {}, {i: segments[i].salience for i in every})
+    kept = result.kept
+    if not kept:
+        raise ValueError("corpus is empty: every passage is below the salience threshold")
+    salience = np.array([result.salience[j] for j in kept], dtype=np.float32)
+    store = _Passages([segments[j] for j in kept], salience)
+    embeddings = None if vectors is None else vectors[kept]
+    if embeddings is not None:
+        embeddings.setflags(write=False)  # embeddings are never modified after ingestion
+    bm25, vocab = _bm25_of(store, variant, k1, b, show_progress)
+    return _Index(
+        ids=np.array([present[j] for j in kept], dtype=np.int64),  # ascending: input order
+        salience=salience,
+        store=store,
+        embeddings=embeddings,
+        bm25=bm25,
+        scoring=_scoring_tokens(bm25),
+        df=np.diff(bm25.scores["indptr"]),
+        vocab=vocab,
+        dropped=len(parsed) - len(present),
+        ingestion=_remap(result, present),
+    )
+
+
+def _bm25_of(
+    store: _Passages, variant: str, k1: float, b: float, show_progress: bool
+) -> tuple[bm25s.BM25, dict[str, int]]:
+    """The BM25 index of the kept passages, and its vocabulary."""
+    vocab: dict[str, int] = {}
+    ids, lengths = array("i"), array("q")
+    for passage in _progress(store._list or [], show_progress, "tokenizing"):
+        words = tokenize(passage.render())
+        lengths.append(len(words))
+        ids.extend(vocab.setdefault(word, len(vocab)) for word in words)
+    if not vocab:
+        raise ValueError("corpus has nothing to search: no passage holds a word (letters or digits)")
+    token_ids, counts = np.frombuffer(ids, dtype=np.int32), np.frombuffer(lengths, dtype=np.int64)
+    return bm25_index(token_ids, counts, vocab, variant, k1, b), vocab
+
+
+class Corpus:
+    """Passages with a BM25 index (bm25s) and ``search(query, k) -> [(passage_id, score)]``.
+
+    ``passage_id`` is the passage's position in the input. Empty passages are dropped (counted in
+    ``dropped``) and ingestion dedup removes duplicates within a document (``ingestion``); ids
+    of what is kept still point into the caller's list. With an ``embedder``, every kept passage
+    is embedded once and ``search`` ranks by Reciprocal Rank Fusion of BM25, dense similarity and,
+    when near duplicates boosted some passages, salience; then post-ranking dedup drops results
+    that repeat a better-ranked one. Without one, BM25 alone ranks and only exact copies go.
+    """
+
+    def __init__(
+        self,
+        passages: Any,
+        *,
+        variant: str = "okapi",
+        k1: float = 1.5,
+        b: float = 0.75,
+        embedder: Embedder | None = None,
+        dedup: DedupConfig | None = None,
+        rrf_k: int = 60,
+        show_progress: bool = False,
+    ) -> None:
+        if variant not in BM25_VARIANTS:
+            raise ValueError(f"variant: unknown BM25 variant {variant!r}; use one of {list(BM25_VARIANTS)}")
+        dedup = dedup or DedupConfig()
+        parsed = _parse_passages(passages)
+        index = _build_index(parsed, variant, k1, b, embedder, dedup, show_progress)
+        self._open(index, _Settings(variant, k1, b, rrf_k, dedup, embedder))
+        self._log_ingestion(len(parsed) - index.dropped)
+
+    def _open(self, index: _Index, settings: _Settings, name: str = "") -> None:
+        """Every attribute a corpus has, set in this one place (``__init__`` and ``load`` come here)."""
+        self.variant, self.k1, self.b, self.rrf_k = settings.variant, settings.k1, settings.b, settings.rrf_k
+        self.dedup, self.embedder, self.name = settings.dedup, settings.embedder, name
+        self.dropped = index.dropped
+        self.ids, self.salience, self.embeddings = index.ids, index.salience, index.embeddings
+        self._store, self._bm25, self._scoring = index.store, index.bm25, index.scoring
+        self._df, self._vocab = index.df, index.vocab
+        self._ingestion, self._ingestion_file = index.ingestion, index.ingestion_file
+        self._fingerprint: str | None = None
+
+    def document_share(self, token: str) -> float:
+        """Share of the passages that contain ``token`` (0 when none does)."""
+        token_id = self._vocab.get(token)
+        return float(self._df[token_id]) / len(self.ids) if token_id is not None else 0.0
+
+    def _row_of(self, passage_id: int) -> int:
+        row = int(np.searchsorted(self.ids, passage_id))
+        if row >= len(self.ids) or self.ids[row] != passage_id:
+            raise KeyError(passage_id)
+        return row
+
+    def _log_ingestion(self, before: int) -> None:
+        ing = self.ingestion
+        _log.info("Deduplication: %d → %d segments", before, len(ing.kept))
+        if ing.ratio > self.dedup.warn_ingestion_ratio:
+            _log.warning(
+                "Ingestion dedup removed %.0f%% of the segments: boilerplate or automated text?",
+                100 * ing.ratio,
+            )
+        if ing.boosts and max(ing.boosts.values()) > self.dedup.warn_boost:
+            _log.warning(
+                "A salience boost of %.2f exceeds %.2f: check the concept is not spam",
+                max(ing.boosts.values()),
+                self.dedup.warn_boost,
+            )
+
+    def stats(self) -> dict[str, Any]:
+        """Corpus-level dedup metrics for reports."""
+        boosts = list(self.ingestion.boosts.values())
+        return {
+            "passages": len(self.ids),
+            "dropped_empty": self.dropped,
+            "dedup_ratio_ingestion": round(self.ingestion.ratio, 6),
+            "avg_salience_boost": round(sum(boosts) / len(boosts), 6) if boosts else 0.0,
+            "max_salience_boost": round(max(boosts), 6) if boosts else 0.0,
+            "embedder": self.embedder.name if self.embedder is not None else None,
+        }
+
+    def fingerprint(self) -> str:
+        """SHA-256 of what retrieval depends on: the kept passages, their ids and the BM25 settings."""
+        if self._fingerprint is None:
+            digest = hashlib.sha256(json.dumps([self.variant, self.k1, self.b, self.rrf_k]).encode())
+            for row, i in enumerate(self.ids):
+                digest.update(f"\0{i}\0{self._store[row].render()}".encode())
+            self._fingerprint = digest.hexdigest()
+        return self._fingerprint
+
+    def memory_bytes(self) -> int:
+        """An estimate of the memory the corpus holds: index arrays, vocabulary, passages, vectors."""
+        arrays = sum(a.nbytes for a in self._bm25.scores.values() if isinstance(a, np.ndarray))
+        arrays += self._df.nbytes + self.salience.nbytes + self._scoring.nbytes
+        if self.embeddings is not None:
+            arrays += self.embeddings.nbytes
+        # CPython: a str is about 50 bytes plus its characters; a Passage and its dict entries ~250.
+        text = sum(len(self._store[row].title) + len(self._store[row].text) + 350 for row in range(len(self)))
+        vocabulary = 120 * len(self._vocab)
+        return int(arrays + text + vocabulary + self.ids.nbytes)
+
+    def __len__(self) -> int:
+        """Number of kept passages."""
+        return len(self.ids)
+
+    def __getitem__(self, passage_id: int) -> Passage:
+        return self._store[self._row_of(passage_id)]
+
+    def scores(self, query: str) -> np.ndarray:
+        """BM25 score of every kept passage (in the order of ``ids``) for ``query``."""
+        scoring = self._scoring
+        token_ids = [i for i in (self._vocab.get(t) for t in tokenize(query)) if i is not None and scoring[i]]
+        if not token_ids:
+            return np.zeros(len(self.ids), dtype=np.float32)
+        return self._bm25.get_scores_from_ids(token_ids)
+
+    def search(self, query: str, k: int = 5) -> list[tuple[int, float]]:
+        """Top-``k`` passages, best first; equal scores keep input order.
+
+        Zero-score passages fill the window when fewer than ``k`` match, so a small document
+        set is always read in full.
+        """
+        return self.retrieve(query, k).hits
+
+    def retrieve(self, query: str, k: int = 5) -> Retrieval:
+        """``search`` with what post-ranking dedup removed on the way."""
+        k = min(k, len(self.ids))
+        if k <= 0:
+            return Retrieval([], [], 0)
+        bm25 = self.scores(query)
+        if self.embeddings is None:
+            ranked = _top(bm25, k)
+        else:
+            pool = max(4 * k, 50)  # deep enough that dedup still leaves k
+            dense = self.embeddings @ self.embedder.embed([query])[0]
+            lists = [[j for j in _top(bm25, pool) if bm25[j] > 0], _top(dense, pool)]
+            if self.ingestion.boosts:
+                lists.append(_top(self.salience, pool))
+            fused = reciprocal_rank_fusion(lists, self.rrf_k)
+            best = len(lists) / (self.rrf_k + 1)  # first in every list: fused score 1.0
+            ranked = sorted(fused, key=lambda j: (-fused[j], j))
+            scores = {j: fused[j] / best for j in ranked}
+            vectors = None
+            if self.dedup.retrieval_enabled:
+                vectors = {j: self.embeddings[j] for j in ranked}
+            hits, removed = dedup_ranked([(j, scores[j]) for j in ranked], vectors, self.dedup, k)
+            if removed:
+                _log.info(
+                    "Post-ranking deduplication: %d → %d (removed %d cross-doc duplicates)",
+                    len(hits) + len(removed),
+                    len(hits),
+                    len(removed),
+                )
+            result = Retrieval(
+                [(int(self.ids[j]), float(s)) for j, s in hits],
+                [int(self.ids[j]) for j in removed],
+                len(hits) + len(removed),
+                bm25,
+                dense,
+            )
+            if result.dedup_ratio > self.dedup.warn_retrieval_ratio:
+                _log.warning(
+                    "Post-ranking dedup removed %.0f%%: a broad query or a corpus of near copies",
+                    100 * result.dedup_ratio,
+                )
+            return result
+        hits = [(int(self.ids[j]), float(bm25[j])) for j in ranked]
+        if self.dedup.min_relevance_score is not None:
+            hits, _ = dedup_ranked(hits, None, self.dedup, k)
+        return Retrieval(hits, [], len(hits), bm25)
+
+    def novel(self, candidates: Sequence[int], read: Sequence[int]) -> list[int]:
+        """Keep the candidates that repeat none of the passages already ``read``.
+
+        A second hop must bring new evidence. Without embeddings, or with retrieval dedup off,
+        every candidate passes.
+        """
+        if self.embeddings is None or not self.dedup.retrieval_enabled or not read:
+            return list(candidates)
+        seen = self.embeddings[[self._row_of(i) for i in read]]
+        threshold = self.dedup.retrieval_similarity_threshold
+        return [i for i in candidates if float(np.max(seen @ self.embeddings[self._row_of(i)])) < threshold]
+
+    def save(self, directory: str | os.PathLike[str], name: str = "") -> None:
+        """Write the corpus and its index to ``directory``, so ``load`` needs no indexing.
+
+        Every array is a ``.npy`` file that ``load`` memory-maps: a saved corpus opens in about
+        the time it takes to read its vocabulary, whatever its size.
+        """
+        path = Path(directory)
+        path.mkdir(parents=True, exist_ok=True)
+        ing = self.ingestion
+        meta = {
+            "format": _CORPUS_FORMAT,
+            "name": name,
+            "passages": len(self),
+            "variant": self.variant,
+            "k1": self.k1,
+            "b": self.b,
+            "rrf_k": self.rrf_k,
+            "dropped": self.dropped,
+            "embedder": self.embedder.name if self.embedder is not None else None,
+            "dedup": asdict(self.dedup),
+        }
+        np.save(path / "ids.npy", np.asarray(self.ids, dtype=np.int64))
+        np.save(path / "salience.npy", self.salience)
+        np.save(path / "scoring.npy", self._scoring)
+        np.save(path / "df.npy", self._df)
+        self._store.save(path)
+        if self.embeddings is not None:
+            np.save(path / "embeddings.npy", self.embeddings)
+        np.savez(
+            path / "ingestion.npz",
+            kept=np.asarray(ing.kept, dtype=np.int64),
+            below=np.asarray(ing.below_salience, dtype=np.int64),
+            exact=np.asarray(list(ing.exact_duplicates.items()), dtype=np.int64).reshape(-1, 2),
+            near=np.asarray(list(ing.near_duplicates.items()), dtype=np.int64).reshape(-1, 2),
+            boosts=np.asarray(list(ing.boosts.items()), dtype=np.float64).reshape(-1, 2),
+        )
+        self._bm25.save(path / "bm25", show_progress=False)
+        # Written last: a folder without it is not a saved corpus (an interrupted save).
+        (path / "brag_corpus.json").write_text(json.dumps(meta), encoding="utf-8")
+
+    @staticmethod
+    def saved_name(directory: str | os.PathLike[str]) -> str:
+        """The name a folder written by ``save`` records (else the folder's); ValueError if not one."""
+        path = Path(directory)
+        try:
+            meta = json.loads((path / "brag_corpus.json").read_text(encoding="utf-8"))
+        except (OSError, json.JSONDecodeError) as err:
+            raise ValueError(f"{path}: not a saved BRAG corpus ({err})") from None
+        if not isinstance(meta, dict) or meta.get("format") != _CORPUS_FORMAT:
+            raise ValueError(f"{path}: not a saved BRAG corpus of format {_CORPUS_FORMAT}: index it again")
+        return meta.get("name") or path.resolve().name
+
+    @classmethod
+    def load(cls, directory: str | os.PathLike[str], embedder: Embedder | None = None) -> Corpus:
+        """Open a corpus written by ``save``, its arrays memory-mapped; pass the same embedder."""
+        path = Path(directory)
+        try:
+            meta = json.loads((path / "brag_corpus.json").read_text(encoding="utf-8"))
+            if meta.get("format") != _CORPUS_FORMAT:
+                raise ValueError(f"format {meta.get('format')!r}, expected {_CORPUS_FORMAT}: index it again")
+            ids = np.load(path / "ids.npy", mmap_mode="r")
+            salience = np.load(path / "salience.npy", mmap_mode="r")
+            scoring = np.load(path / "scoring.npy", mmap_mode="r")
+            df = np.load(path / "df.npy", mmap_mode="r")
+            store = _Passages.mapped(path, salience)
+            bm25 = bm25s.BM25.load(path / "bm25", mmap=True)
+            embeddings = np.load(path / "embeddings.npy", mmap_mode="r") if meta["embedder"] else None
+        except (OSError, json.JSONDecodeError, KeyError, ValueError) as err:
+            raise ValueError(f"{path}: not a saved BRAG corpus ({err})") from None
+        saved_with = meta["embedder"]
+        if (embedder.name if embedder is not None else None) != saved_with:
+            raise ValueError(f"{path}: saved with embedder {saved_with!r}; pass the same one to load it")
+        index = _Index(
+            ids, salience, store, embeddings, bm25, scoring, df, bm25.vocab_dict, meta["dropped"], None
+        )
+        index.ingestion_file = path / "ingestion.npz"
+        dedup = DedupConfig(**meta["dedup"])
+        settings = _Settings(meta["variant"], meta["k1"], meta["b"], meta["rrf_k"], dedup, embedder)
+        corpus = cls.__new__(cls)  # the saved state stands in for __init__'s build
+        corpus._open(index, settings, meta.get("name", ""))
+        return corpus
+
+    @property
+    def ingestion(self) -> IngestionResult:
+        """What ingestion dedup kept and removed (read from disk on first use after ``load``)."""
+        if self._ingestion is None:
+            assert self._ingestion_file is not None  # a loaded corpus reads it from its folder
+            with np.load(self._ingestion_file) as saved:
+                self._ingestion = IngestionResult(
+                    saved["kept"].tolist(),
+                    saved["below"].tolist(),
+                    {int(a): int(b) for a, b in saved["exact"]},
+                    {int(a): int(b) for a, b in saved["near"]},
+                    {int(a): float(b) for a, b in saved["boosts"]},
+                    {int(i): float(v) for i, v in zip(self.ids, self.salience, strict=True)},
+                )
+        return self._ingestion
+
+
+def cached_corpus(
+    path: str | os.PathLike[str], name: str = "", cache: Path | None = None, **settings: Any
+) -> Corpus:
+    """The corpus in a JSON file, indexed once and kept under ``cache`` (``BRAG_CACHE_DIR``).
+
+    The saved index is keyed by the file's SHA-256 and the BM25 settings, so a changed file or
+    setting is indexed again; every later call memory-maps it instead of indexing. Two processes
+    indexing at once each write a folder of their own, and the first renamed into place wins.
+    """
+    path = Path(path)
+    digest = hashlib.sha256()
+    with path.open("rb") as source:
+        while chunk := source.read(1 << 22):
+            digest.update(chunk)
+    key = json.dumps({"variant": "okapi", "k1": 1.5, "b": 0.75, **settings}, sort_keys=True)
+    slug = re.sub(r"[^a-z0-9]+", "-", (name or path.stem).lower()).strip("-") or "corpus"
+    folder = (cache or cache_dir()) / "corpora" / f"{slug}-{digest.hexdigest()[:16]}-{_digest(key)[:8]}"
+    try:
+        return Corpus.load(folder)
+    except ValueError:
+        pass  # not indexed yet, or a save that never finished
+    corpus = Corpus(read_json(path, str(path)), **settings)
+    scratch = folder.with_name(f"{folder.name}.{os.getpid()}.{time.time_ns()}.partial")
+    corpus.save(scratch, name=name)
+    try:
+        scratch.rename(folder)
+    except OSError:  # another process got there first: use its copy
+        shutil.rmtree(scratch, ignore_errors=True)
+    return Corpus.load(folder)
+
+
+def _digest(text: str) -> str:
+    return hashlib.sha256(text.encode()).hexdigest()
+
+
+def _top(scores: np.ndarray, k: int) -> list[int]:
+    """Row indices of the ``k`` highest scores, best first; equal scores keep input order."""
+    k = min(k, len(scores))
+    if k <= 0:
+        return []
+    # The k-th largest score; numpy selects the k-th smallest of the negation ~10x faster.
+    cut = -np.partition(-scores, k - 1)[k - 1]
+    above = np.flatnonzero(scores > cut)
+    tied = np.flatnonzero(scores == cut)[: k - len(above)]
+    pool = np.concatenate([above, tied])
+    return [int(j) for j in pool[np.lexsort((pool, -scores[pool]))]]
+
+
+def _remap(result: IngestionResult, ids: Sequence[int]) -> IngestionResult:
+    """The same result with positions among non-empty passages turned into input ids."""
+    return IngestionResult(
+        [ids[j] for j in result.kept],
+        [ids[j] for j in result.below_salience],
+        {ids[a]: ids[b] for a, b in result.exact_duplicates.items()},
+        {ids[a]: ids[b] for a, b in result.near_duplicates.items()},
+        {ids[a]: v for a, v in result.boosts.items()},
+        {ids[a]: v for a, v in result.salience.items()},
+    )
+
+
+# ------------------------------------------------------------------------------------------
+# Dedup: embeddings and near-duplicate removal (SPEC section 2)
+# ------------------------------------------------------------------------------------------
 
 
 @runtime_checkable
@@ -879,565 +1600,15 @@ def reciprocal_rank_fusion(rankings: Sequence[Sequence[int]], k: int = 60) -> di
     return fused
 
 
-@dataclass(frozen=True)
-class Retrieval:
-    """One search: the window, what post-ranking dedup removed, and the share removed."""
-
-    hits: list[tuple[int, float]]
-    removed: list[int]
-    considered: int
-    bm25: np.ndarray | None = None  # every kept passage's score, kept for the gate's signals
-    dense: np.ndarray | None = None
-
-    @property
-    def dedup_ratio(self) -> float:
-        """Share of the considered results that were cross-document duplicates."""
-        return len(self.removed) / self.considered if self.considered else 0.0
-
-
-def _progress(items: Sequence[Any], show: bool, what: str) -> Iterable[Any]:
-    """``items``, with a progress bar on stderr when asked (tqdm comes with bm25s)."""
-    if not show:
-        return items
-    from tqdm import tqdm
-
-    return tqdm(items, desc=what, unit=" passages", mininterval=1.0)
-
-
-# bm25s's scoring, per variant, on whole arrays at once: inverse document frequency of each
-# token from its document frequency df among n documents, and the term-frequency component of
-# each (document, token) pair (tests/test_corpus.py checks both against bm25s's own index).
-_IDF: dict[str, Callable[[np.ndarray, int], np.ndarray]] = {
-    "robertson": lambda df, n: np.log(np.maximum((n - df + 0.5) / (df + 0.5), 1.0)),
-    "lucene": lambda df, n: np.log(1 + (n - df + 0.5) / (df + 0.5)),
-    "atire": lambda df, n: np.log(n / df),
-    "bm25l": lambda df, n: np.log((n + 1) / (df + 0.5)),
-    "bm25+": lambda df, n: np.log((n + 1) / df),
-}
-
-
-def _tfc(method: str, tf: Any, length: Any, average: float, k1: float, b: float, delta: float) -> Any:
-    norm = 1 - b + b * length / average
-    if method in ("robertson", "lucene"):
-        return tf / (k1 * norm + tf)
-    if method == "atire":
-        return tf * (k1 + 1) / (tf + k1 * norm)
-    if method == "bm25l":
-        c = tf / norm
-        return (k1 + 1) * (c + delta) / (k1 + c + delta)
-    return (k1 + 1) * tf / (k1 * norm + tf) + delta  # bm25+
-
-
-def bm25_index(
-    ids: np.ndarray, lengths: np.ndarray, vocab: dict[str, int], variant: str, k1: float, b: float
-) -> bm25s.BM25:
-    """A bm25s index built from token ids with numpy alone, for any number of passages.
-
-    ``ids`` holds every passage's token ids one passage after another, ``lengths`` how many each
-    has. It gives the same scores as ``bm25s.BM25.index``, which walks the passages in Python
-    and keeps every passage's tokens as Python lists (about 10 GB for a million passages).
-    """
-    method, idf_method = BM25_VARIANTS[variant]
-    bm25 = bm25s.BM25(k1=k1, b=b, method=method, idf_method=idf_method)
-    n_docs, n_vocab = len(lengths), len(vocab)
-    docs = np.repeat(np.arange(n_docs, dtype=np.int64), lengths)
-    pairs, tf = np.unique(docs * n_vocab + ids, return_counts=True)  # (passage, token), doc-major
-    del docs
-    pair_doc, pair_token = np.divmod(pairs, n_vocab)
-    del pairs
-    df = np.bincount(pair_token, minlength=n_vocab)
-    average = float(lengths.mean())
-    idf = _IDF[idf_method](df.astype(np.float64), n_docs)
-    tfc = _tfc(method, tf.astype(np.float64), lengths[pair_doc], average, k1, b, bm25.delta)
-    scores = (idf[pair_token] * tfc).astype(np.float32)
-    bm25.nonoccurrence_array = None
-    if method in bm25.methods_requiring_nonoccurrence:
-        # A token's score in a passage without it, as bm25s computes it (at the average length).
-        absent = (idf * _tfc(method, 0.0, average, average, k1, b, bm25.delta)).astype(np.float32)
-        scores -= absent[pair_token]
-        bm25.nonoccurrence_array = absent
-    order = np.argsort(pair_token, kind="stable")  # token-major, passages ascending within a token
-    indptr = np.zeros(n_vocab + 1, dtype=np.int64)
-    np.cumsum(df, out=indptr[1:])
-    bm25.scores = {
-        "data": scores[order],
-        "indices": pair_doc[order].astype(np.int32),
-        "indptr": indptr,
-        "num_docs": n_docs,
-    }
-    bm25.vocab_dict = vocab
-    bm25.unique_token_ids_set = set(vocab.values())
-    return bm25
-
-
-def _scoring_tokens(bm25: bm25s.BM25) -> np.ndarray:
-    """Mark, per token id, whether the token adds to any passage's score.
-
-    A term in over half the passages has Robertson idf 0; skipping it at query time leaves every
-    score unchanged and saves summing its long posting list.
-    """
-    data, indptr = bm25.scores["data"], bm25.scores["indptr"]
-    has_score = np.zeros(len(indptr) - 1, dtype=bool)
-    nonempty = np.flatnonzero(np.diff(indptr) > 0)
-    if len(nonempty):
-        has_score[nonempty] = np.maximum.reduceat(data, indptr[nonempty]) > 0
-    return has_score
-
-
-@runtime_checkable
-class Retriever(Protocol):
-    """What BRAG needs from a passage index. :class:`Corpus` is one; a search service is another.
-
-    ``retrieve`` ranks passages for a query (``Retrieval.hits``: ids and scores, best first; a
-    retriever that cannot score every passage leaves ``Retrieval.bm25`` as None). The gate
-    reads the top scores, how rare a term is (``document_share``) and the passages' text.
-    """
-
-    def retrieve(self, query: str, k: int = 5) -> Retrieval:
-        """The top ``k`` passages for ``query``."""
-        ...
-
-    def __getitem__(self, passage_id: int) -> Passage:
-        """A passage by the id ``retrieve`` gave."""
-        ...
-
-    def __len__(self) -> int:
-        """How many passages there are."""
-        ...
-
-    def document_share(self, token: str) -> float:
-        """The share of passages that hold ``token``."""
-        ...
-
-    def novel(self, candidates: Sequence[int], read: Sequence[int]) -> list[int]:
-        """The candidates that repeat none of the passages already read."""
-        ...
-
-    def stats(self) -> dict[str, Any]:
-        """Figures for reports (passages, dedup ratios)."""
-        ...
-
-
-class _Passages:
-    """The kept passages by row: in memory, or read on demand from a memory-mapped file.
-
-    On disk: ``texts.npy`` holds every passage's title, text and document id as UTF-8 bytes, one
-    after another, and ``offsets.npy`` where each starts (row i: title, text, doc id, end).
-    """
-
-    def __init__(self, passages: Sequence[Passage], salience: np.ndarray) -> None:
-        self._list: Sequence[Passage] | None = passages
-        self._blob: np.ndarray | None = None
-        self._offsets: np.ndarray | None = None
-        self.salience = salience
-
-    @classmethod
-    def mapped(cls, directory: Path, salience: np.ndarray) -> _Passages:
-        store = cls([], salience)
-        store._list = None
-        store._blob = np.load(directory / "texts.npy", mmap_mode="r")
-        store._offsets = np.load(directory / "offsets.npy", mmap_mode="r")
-        return store
-
-    def __len__(self) -> int:
-        return len(self._list) if self._list is not None else len(self._offsets)
-
-    def __getitem__(self, row: int) -> Passage:
-        if self._list is not None:
-            return self._list[row]
-        title, text, doc, end = (int(x) for x in self._offsets[row])
-        raw = self._blob[title:end].tobytes()
-        text_at, doc_at = text - title, doc - title
-        return Passage(
-            raw[:text_at].decode(),
-            raw[text_at:doc_at].decode(),
-            raw[doc_at:].decode(),
-            float(self.salience[row]),
-        )
-
-    def save(self, directory: Path) -> None:
-        """Write ``texts.npy`` (the bytes) and ``offsets.npy``."""
-        offsets = np.zeros((len(self), 4), dtype=np.int64)
-        parts, at = [], 0
-        for row in range(len(self)):
-            p = self[row]
-            fields = [p.title.encode(), p.text.encode(), p.doc_id.encode()]
-            offsets[row, :3] = at, at + len(fields[0]), at + len(fields[0]) + len(fields[1])
-            at += sum(map(len, fields))
-            offsets[row, 3] = at
-            parts += fields
-        np.save(directory / "texts.npy", np.frombuffer(b"".join(parts), dtype=np.uint8))
-        np.save(directory / "offsets.npy", offsets)
-
-
-CORPUS_FORMAT = 3
-
-
-class Corpus:
-    """Passages with a BM25 index (bm25s) and ``search(query, k) -> [(passage_id, score)]``.
-
-    ``passage_id`` is the passage's position in the input. Empty passages are dropped (counted in
-    ``dropped``) and ingestion dedup removes duplicates within a document (``ingestion``); ids
-    of what is kept still point into the caller's list. With an ``embedder``, every kept passage
-    is embedded once and ``search`` ranks by Reciprocal Rank Fusion of BM25, dense similarity and,
-    when near duplicates boosted some passages, salience; then post-ranking dedup drops results
-    that repeat a better-ranked one. Without one, BM25 alone ranks and only exact copies go.
-    """
-
-    def __init__(
-        self,
-        passages: Any,
-        *,
-        variant: str = "okapi",
-        k1: float = 1.5,
-        b: float = 0.75,
-        embedder: Embedder | None = None,
-        dedup: DedupConfig | None = None,
-        rrf_k: int = 60,
-        show_progress: bool = False,
-    ) -> None:
-        if variant not in BM25_VARIANTS:
-            raise ValueError(f"variant: unknown BM25 variant {variant!r}; use one of {list(BM25_VARIANTS)}")
-        parsed = parse_passages(passages)
-        present = [i for i, p in enumerate(parsed) if p is not None]
-        if not present:
-            raise ValueError("corpus is empty: no passage has any text")
-        self.dropped = len(parsed) - len(present)
-        self.name = ""
-        self.variant, self.k1, self.b, self.rrf_k = variant, k1, b, rrf_k
-        self.dedup = dedup or DedupConfig()
-        self.embedder = embedder
-        segments = [parsed[i] for i in present]
-        vectors = embedder.embed([p.render() for p in segments]) if embedder is not None else None
-        if self.dedup.ingestion_enabled:
-            result = dedup_ingestion(segments, vectors, self.dedup)
-        else:
-            every = list(range(len(segments)))
-            result = IngestionResult(every, [], {}, {}, {}, {i: segments[i].salience for i in every})
-        self.ingestion = _remap(result, present)
-        self._log_ingestion(len(present))
-        kept = result.kept
-        if not kept:
-            raise ValueError("corpus is empty: every passage is below the salience threshold")
-        self.ids = np.array([present[j] for j in kept], dtype=np.int64)  # ascending: input order
-        self.salience = np.array([result.salience[j] for j in kept], dtype=np.float32)
-        self._store = _Passages([segments[j] for j in kept], self.salience)
-        self.embeddings = None if vectors is None else vectors[kept]
-        if self.embeddings is not None:
-            self.embeddings.setflags(write=False)  # embeddings are never modified after ingestion
-        vocab: dict[str, int] = {}
-        ids, lengths = array("i"), array("q")
-        for passage in _progress(self._store._list, show_progress, "tokenizing"):
-            words = tokenize(passage.render())
-            lengths.append(len(words))
-            ids.extend(vocab.setdefault(word, len(vocab)) for word in words)
-        if not vocab:
-            raise ValueError("corpus has nothing to search: no passage holds a word (letters or digits)")
-        token_ids, counts = np.frombuffer(ids, dtype=np.int32), np.frombuffer(lengths, dtype=np.int64)
-        self._bm25 = bm25_index(token_ids, counts, vocab, variant, k1, b)
-        del token_ids, counts, ids, lengths
-        self._vocab = vocab
-        self._scoring = _scoring_tokens(self._bm25)
-        self._df = np.diff(self._bm25.scores["indptr"])
-
-    def document_share(self, token: str) -> float:
-        """Share of the passages that contain ``token`` (0 when none does)."""
-        token_id = self._vocab.get(token)
-        return float(self._df[token_id]) / len(self.ids) if token_id is not None else 0.0
-
-    def _row_of(self, passage_id: int) -> int:
-        row = int(np.searchsorted(self.ids, passage_id))
-        if row >= len(self.ids) or self.ids[row] != passage_id:
-            raise KeyError(passage_id)
-        return row
-
-    def _log_ingestion(self, before: int) -> None:
-        ing = self.ingestion
-        log.info("Deduplication: %d → %d segments", before, len(ing.kept))
-        if ing.ratio > self.dedup.warn_ingestion_ratio:
-            log.warning(
-                "Ingestion dedup removed %.0f%% of the segments: boilerplate or automated text?",
-                100 * ing.ratio,
-            )
-        if ing.boosts and max(ing.boosts.values()) > self.dedup.warn_boost:
-            log.warning(
-                "A salience boost of %.2f exceeds %.2f: check the concept is not spam",
-                max(ing.boosts.values()),
-                self.dedup.warn_boost,
-            )
-
-    def stats(self) -> dict[str, Any]:
-        """Corpus-level dedup metrics for reports."""
-        boosts = list(self.ingestion.boosts.values())
-        return {
-            "passages": len(self.ids),
-            "dropped_empty": self.dropped,
-            "dedup_ratio_ingestion": round(self.ingestion.ratio, 6),
-            "avg_salience_boost": round(sum(boosts) / len(boosts), 6) if boosts else 0.0,
-            "max_salience_boost": round(max(boosts), 6) if boosts else 0.0,
-            "embedder": self.embedder.name if self.embedder is not None else None,
-        }
-
-    def fingerprint(self) -> str:
-        """SHA-256 of what retrieval depends on: the kept passages, their ids and the BM25 settings."""
-        if getattr(self, "_fingerprint", None) is None:
-            digest = hashlib.sha256(json.dumps([self.variant, self.k1, self.b, self.rrf_k]).encode())
-            for row, i in enumerate(self.ids):
-                digest.update(f"\0{i}\0{self._store[row].render()}".encode())
-            self._fingerprint = digest.hexdigest()
-        return self._fingerprint
-
-    def memory_bytes(self) -> int:
-        """An estimate of the memory the corpus holds: index arrays, vocabulary, passages, vectors."""
-        arrays = sum(a.nbytes for a in self._bm25.scores.values() if isinstance(a, np.ndarray))
-        arrays += self._df.nbytes + self.salience.nbytes + self._scoring.nbytes
-        if self.embeddings is not None:
-            arrays += self.embeddings.nbytes
-        # CPython: a str is about 50 bytes plus its characters; a Passage and its dict entries ~250.
-        text = sum(len(self._store[row].title) + len(self._store[row].text) + 350 for row in range(len(self)))
-        vocabulary = 120 * len(self._vocab)
-        return int(arrays + text + vocabulary + self.ids.nbytes)
-
-    def __len__(self) -> int:
-        """Number of kept passages."""
-        return len(self.ids)
-
-    def __getitem__(self, passage_id: int) -> Passage:
-        return self._store[self._row_of(passage_id)]
-
-    def scores(self, query: str) -> np.ndarray:
-        """BM25 score of every kept passage (in the order of ``ids``) for ``query``."""
-        scoring = self._scoring
-        token_ids = [i for i in (self._vocab.get(t) for t in tokenize(query)) if i is not None and scoring[i]]
-        if not token_ids:
-            return np.zeros(len(self.ids), dtype=np.float32)
-        return self._bm25.get_scores_from_ids(token_ids)
-
-    def search(self, query: str, k: int = 5) -> list[tuple[int, float]]:
-        """Top-``k`` passages, best first; equal scores keep input order.
-
-        Zero-score passages fill the window when fewer than ``k`` match, so a small document
-        set is always read in full.
-        """
-        return self.retrieve(query, k).hits
-
-    def retrieve(self, query: str, k: int = 5) -> Retrieval:
-        """``search`` with what post-ranking dedup removed on the way."""
-        k = min(k, len(self.ids))
-        if k <= 0:
-            return Retrieval([], [], 0)
-        bm25 = self.scores(query)
-        if self.embeddings is None:
-            ranked = _top(bm25, k)
-        else:
-            pool = max(4 * k, 50)  # deep enough that dedup still leaves k
-            dense = self.embeddings @ self.embedder.embed([query])[0]
-            lists = [[j for j in _top(bm25, pool) if bm25[j] > 0], _top(dense, pool)]
-            if self.ingestion.boosts:
-                lists.append(_top(self.salience, pool))
-            fused = reciprocal_rank_fusion(lists, self.rrf_k)
-            best = len(lists) / (self.rrf_k + 1)  # first in every list: fused score 1.0
-            ranked = sorted(fused, key=lambda j: (-fused[j], j))
-            scores = {j: fused[j] / best for j in ranked}
-            vectors = None
-            if self.dedup.retrieval_enabled:
-                vectors = {j: self.embeddings[j] for j in ranked}
-            hits, removed = dedup_ranked([(j, scores[j]) for j in ranked], vectors, self.dedup, k)
-            if removed:
-                log.info(
-                    "Post-ranking deduplication: %d → %d (removed %d cross-doc duplicates)",
-                    len(hits) + len(removed),
-                    len(hits),
-                    len(removed),
-                )
-            result = Retrieval(
-                [(int(self.ids[j]), float(s)) for j, s in hits],
-                [int(self.ids[j]) for j in removed],
-                len(hits) + len(removed),
-                bm25,
-                dense,
-            )
-            if result.dedup_ratio > self.dedup.warn_retrieval_ratio:
-                log.warning(
-                    "Post-ranking dedup removed %.0f%%: a broad query or a corpus of near copies",
-                    100 * result.dedup_ratio,
-                )
-            return result
-        hits = [(int(self.ids[j]), float(bm25[j])) for j in ranked]
-        if self.dedup.min_relevance_score is not None:
-            hits, _ = dedup_ranked(hits, None, self.dedup, k)
-        return Retrieval(hits, [], len(hits), bm25)
-
-    def novel(self, candidates: Sequence[int], read: Sequence[int]) -> list[int]:
-        """Keep the candidates that repeat none of the passages already ``read``.
-
-        A second hop must bring new evidence. Without embeddings, or with retrieval dedup off,
-        every candidate passes.
-        """
-        if self.embeddings is None or not self.dedup.retrieval_enabled or not read:
-            return list(candidates)
-        seen = self.embeddings[[self._row_of(i) for i in read]]
-        threshold = self.dedup.retrieval_similarity_threshold
-        return [i for i in candidates if float(np.max(seen @ self.embeddings[self._row_of(i)])) < threshold]
-
-    def save(self, directory: str | os.PathLike[str], name: str = "") -> None:
-        """Write the corpus and its index to ``directory``, so ``load`` needs no indexing.
-
-        Every array is a ``.npy`` file that ``load`` memory-maps: a saved corpus opens in about
-        the time it takes to read its vocabulary, whatever its size.
-        """
-        path = Path(directory)
-        path.mkdir(parents=True, exist_ok=True)
-        ing = self.ingestion
-        meta = {
-            "format": CORPUS_FORMAT,
-            "name": name,
-            "passages": len(self),
-            "variant": self.variant,
-            "k1": self.k1,
-            "b": self.b,
-            "rrf_k": self.rrf_k,
-            "dropped": self.dropped,
-            "embedder": self.embedder.name if self.embedder is not None else None,
-            "dedup": asdict(self.dedup),
-        }
-        np.save(path / "ids.npy", np.asarray(self.ids, dtype=np.int64))
-        np.save(path / "salience.npy", self.salience)
-        np.save(path / "scoring.npy", self._scoring)
-        np.save(path / "df.npy", self._df)
-        self._store.save(path)
-        if self.embeddings is not None:
-            np.save(path / "embeddings.npy", self.embeddings)
-        np.savez(
-            path / "ingestion.npz",
-            kept=np.asarray(ing.kept, dtype=np.int64),
-            below=np.asarray(ing.below_salience, dtype=np.int64),
-            exact=np.asarray(list(ing.exact_duplicates.items()), dtype=np.int64).reshape(-1, 2),
-            near=np.asarray(list(ing.near_duplicates.items()), dtype=np.int64).reshape(-1, 2),
-            boosts=np.asarray(list(ing.boosts.items()), dtype=np.float64).reshape(-1, 2),
-        )
-        self._bm25.save(path / "bm25", show_progress=False)
-        # Written last: a folder without it is not a saved corpus (an interrupted save).
-        (path / "brag_corpus.json").write_text(json.dumps(meta), encoding="utf-8")
-
-    @classmethod
-    def load(cls, directory: str | os.PathLike[str], embedder: Embedder | None = None) -> Corpus:
-        """Open a corpus written by ``save``, its arrays memory-mapped; pass the same embedder."""
-        path = Path(directory)
-        try:
-            meta = json.loads((path / "brag_corpus.json").read_text(encoding="utf-8"))
-            if meta.get("format") != CORPUS_FORMAT:
-                raise ValueError(f"format {meta.get('format')!r}, expected {CORPUS_FORMAT}: index it again")
-            ids = np.load(path / "ids.npy", mmap_mode="r")
-            salience = np.load(path / "salience.npy", mmap_mode="r")
-            scoring = np.load(path / "scoring.npy", mmap_mode="r")
-            df = np.load(path / "df.npy", mmap_mode="r")
-            store = _Passages.mapped(path, salience)
-            bm25 = bm25s.BM25.load(path / "bm25", mmap=True)
-            embeddings = np.load(path / "embeddings.npy", mmap_mode="r") if meta["embedder"] else None
-        except (OSError, json.JSONDecodeError, KeyError, ValueError) as err:
-            raise ValueError(f"{path}: not a saved BRAG corpus ({err})") from None
-        saved_with = meta["embedder"]
-        if (embedder.name if embedder is not None else None) != saved_with:
-            raise ValueError(f"{path}: saved with embedder {saved_with!r}; pass the same one to load it")
-        self = cls.__new__(cls)
-        self.variant, self.k1, self.b, self.rrf_k = meta["variant"], meta["k1"], meta["b"], meta["rrf_k"]
-        self.dropped, self.embedder, self.name = meta["dropped"], embedder, meta.get("name", "")
-        self.dedup = DedupConfig(**meta["dedup"])
-        self.ids, self.salience, self._store, self.embeddings = ids, salience, store, embeddings
-        self._bm25, self._scoring, self._df = bm25, scoring, df
-        self._vocab = bm25.vocab_dict
-        self._ingestion, self._ingestion_file = None, path / "ingestion.npz"
-        return self
-
-    @property
-    def ingestion(self) -> IngestionResult:
-        """What ingestion dedup kept and removed (read from disk on first use after ``load``)."""
-        if self._ingestion is None:
-            with np.load(self._ingestion_file) as saved:
-                self._ingestion = IngestionResult(
-                    saved["kept"].tolist(),
-                    saved["below"].tolist(),
-                    {int(a): int(b) for a, b in saved["exact"]},
-                    {int(a): int(b) for a, b in saved["near"]},
-                    {int(a): float(b) for a, b in saved["boosts"]},
-                    {int(i): float(v) for i, v in zip(self.ids, self.salience, strict=True)},
-                )
-        return self._ingestion
-
-    @ingestion.setter
-    def ingestion(self, value: IngestionResult) -> None:
-        self._ingestion = value
-
-
-def cached_corpus(
-    path: str | os.PathLike[str], name: str = "", cache: Path | None = None, **settings: Any
-) -> Corpus:
-    """The corpus in a JSON file, indexed once and kept under ``cache`` (``BRAG_CACHE_DIR``).
-
-    The saved index is keyed by the file's SHA-256 and the BM25 settings, so a changed file or
-    setting is indexed again; every later call memory-maps it instead of indexing. Two processes
-    indexing at once each write a folder of their own, and the first renamed into place wins.
-    """
-    path = Path(path)
-    digest = hashlib.sha256()
-    with path.open("rb") as source:
-        while chunk := source.read(1 << 22):
-            digest.update(chunk)
-    key = json.dumps({"variant": "okapi", "k1": 1.5, "b": 0.75, **settings}, sort_keys=True)
-    slug = re.sub(r"[^a-z0-9]+", "-", (name or path.stem).lower()).strip("-") or "corpus"
-    folder = (cache or cache_dir()) / "corpora" / f"{slug}-{digest.hexdigest()[:16]}-{_digest(key)[:8]}"
-    try:
-        return Corpus.load(folder)
-    except ValueError:
-        pass  # not indexed yet, or a save that never finished
-    corpus = Corpus(read_json(path, str(path)), **settings)
-    scratch = folder.with_name(f"{folder.name}.{os.getpid()}.{time.time_ns()}.partial")
-    corpus.save(scratch, name=name)
-    try:
-        scratch.rename(folder)
-    except OSError:  # another process got there first: use its copy
-        shutil.rmtree(scratch, ignore_errors=True)
-    return Corpus.load(folder)
-
-
-def _digest(text: str) -> str:
-    return hashlib.sha256(text.encode()).hexdigest()
-
-
-def _top(scores: np.ndarray, k: int) -> list[int]:
-    """Row indices of the ``k`` highest scores, best first; equal scores keep input order."""
-    k = min(k, len(scores))
-    if k <= 0:
-        return []
-    # The k-th largest score; numpy selects the k-th smallest of the negation ~10x faster.
-    cut = -np.partition(-scores, k - 1)[k - 1]
-    above = np.flatnonzero(scores > cut)
-    tied = np.flatnonzero(scores == cut)[: k - len(above)]
-    pool = np.concatenate([above, tied])
-    return [int(j) for j in pool[np.lexsort((pool, -scores[pool]))]]
-
-
-def _remap(result: IngestionResult, ids: Sequence[int]) -> IngestionResult:
-    """The same result with positions among non-empty passages turned into input ids."""
-    return IngestionResult(
-        [ids[j] for j in result.kept],
-        [ids[j] for j in result.below_salience],
-        {ids[a]: ids[b] for a, b in result.exact_duplicates.items()},
-        {ids[a]: ids[b] for a, b in result.near_duplicates.items()},
-        {ids[a]: v for a, v in result.boosts.items()},
-        {ids[a]: v for a, v in result.salience.items()},
-    )
-
-
 # ------------------------------------------------------------------------------------------
-# Weak-retrieval gate: cheap signals of a retrieval window, no LLM (SPEC section 3)
+# Gate: cheap signals of a weak retrieval window, no LLM (SPEC section 3)
 # ------------------------------------------------------------------------------------------
+
 
 _NUMBER = re.compile(r"\d")
 
 
-def salient_terms(question: str, corpus: Retriever, rare_share: float = 0.01) -> set[str]:
+def _salient_terms(question: str, corpus: Retriever, rare_share: float = 0.01) -> set[str]:
     """Terms a window must mention to hold the evidence for ``question``.
 
     Named entities (capitalised words after the first), numbers, and rare terms: found in at
@@ -1477,7 +1648,7 @@ def window_signals(
         "top_gap": float(top[0] - top[1]) if len(top) > 1 else 0.0,
         "score_variance": float(np.var(top[:k])),
     }
-    terms = salient_terms(question, corpus)
+    terms = _salient_terms(question, corpus)
     signals["salient_terms"] = float(len(terms))  # more named things, more passages needed
     if terms:
         seen = set().union(*(tokenize(corpus[i].render()) for i in window)) if window else set()
@@ -1516,62 +1687,6 @@ class Gate:
         """The verdict for a window's signals; None when none of the gate's signals is present."""
         verdicts = [s.orientation * signals[s.name] <= s.threshold for s in self.signals if s.name in signals]
         return any(verdicts) if verdicts else None
-
-
-def data_dir() -> Path | None:
-    """The evaluation data directory: ``BRAG_DATA_DIR``, else ``../shared/data`` when present."""
-    configured = os.environ.get("BRAG_DATA_DIR")
-    if configured:
-        return Path(configured)
-    fallback = HERE.parent / "shared" / "data"
-    return fallback if fallback.is_dir() else None
-
-
-@contextmanager
-def atomic_file(path: str | os.PathLike[str]) -> Iterator[BinaryIO]:
-    """A file to write that replaces ``path`` only when the block ends without an error.
-
-    It is a temporary file in the same folder, flushed to disk and then renamed over the target,
-    so readers see the old file or the new one, never a part; on an error it is removed.
-    """
-    path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd, temporary = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
-    # mkstemp makes the file private (0600); the result keeps the old file's mode, else 0644
-    try:
-        mode = path.stat().st_mode & 0o777
-    except FileNotFoundError:
-        mode = 0o644
-    try:
-        with os.fdopen(fd, "wb") as out:
-            os.fchmod(out.fileno(), mode)
-            yield out
-            out.flush()
-            os.fsync(out.fileno())
-        os.replace(temporary, path)
-    finally:
-        if os.path.exists(temporary):
-            os.unlink(temporary)
-    directory = os.open(path.parent, os.O_RDONLY)
-    try:
-        os.fsync(directory)  # the rename itself survives a power cut
-    finally:
-        os.close(directory)
-
-
-def write_atomic(path: str | os.PathLike[str], text: str) -> None:
-    """Write ``text`` to ``path`` so that readers see the old file or the new one, never a part."""
-    with atomic_file(path) as out:
-        out.write(text.encode("utf-8"))
-
-
-def cache_dir() -> Path:
-    """Where BRAG keeps files it builds once: ``BRAG_CACHE_DIR``, else ``~/.cache/brag``."""
-    configured = os.environ.get("BRAG_CACHE_DIR")
-    if configured:
-        return Path(configured).expanduser()
-    base = os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache"
-    return Path(base) / "brag"
 
 
 # ------------------------------------------------------------------------------------------
@@ -1723,14 +1838,12 @@ class Calibration:
 
 
 CALIBRATION_VERSION = 1
-MIN_ETA = 1e-6
-MAX_SAMPLES = 20
 
 
-def _shown(value: Any, width: int = 40) -> str:
-    """A value as an error message may echo it: its repr, cut short."""
-    text = repr(value)
-    return text if len(text) <= width else text[: width - 1] + "…"
+_MIN_ETA = 1e-6
+
+
+_MAX_SAMPLES = 20
 
 
 def _number(value: Any, where: str, low: float, high: float, *, open_low: bool = False) -> float:
@@ -1760,62 +1873,74 @@ def calibration_from_dict(data: Any) -> Calibration:
             f"calibration: unsupported version {_shown(version)} (expected {CALIBRATION_VERSION})"
         )
     # Below this η the likelihood ratios overflow; no fitted calibration comes near it.
-    eta = _number(data.get("eta"), "eta", MIN_ETA, 1.0)
+    eta = _number(data.get("eta"), "eta", _MIN_ETA, 1.0)
     raw = data.get("actions")
     if not isinstance(raw, Mapping):
         raise ValueError("calibration: 'actions' must be an object with R1, R2 and CB")
-    actions: dict[str, ActionPrior] = {}
     for name in ACTIONS:
-        entry = raw.get(name)
-        if not isinstance(entry, Mapping):
+        if not isinstance(raw.get(name), Mapping):
             raise ValueError(f"calibration: actions.{name} is missing")
-        q = _number(entry.get("q"), f"actions.{name}.q", 0.0, 1.0)
-        if name != "CB":
-            weak = None
-            if entry.get("weak") is not None:
-                raw_weak = entry["weak"]
-                if not isinstance(raw_weak, Mapping):
-                    raise ValueError(f"calibration: actions.{name}.weak must be an object with q and rho")
-                weak_q = _number(raw_weak.get("q"), f"actions.{name}.weak.q", 0.0, 1.0)
-                weak = ActionPrior(weak_q, *_beta(raw_weak.get("rho"), f"actions.{name}.weak.rho"))
-            same = new = None
-            if name == "R2" and (entry.get("same") is not None or entry.get("new") is not None):
-                raw_same, raw_new = entry.get("same"), entry.get("new")
-                if not isinstance(raw_same, Mapping) or not isinstance(raw_new, Mapping):
-                    raise ValueError("calibration: actions.R2 needs both 'same' {pi, rho} and 'new' {rho}")
-                pi = _number(raw_same.get("pi"), "actions.R2.same.pi", 0.0, 1.0)
-                same = Branch(pi, *_beta(raw_same.get("rho"), "actions.R2.same.rho"))
-                new = Branch(1.0 - pi, *_beta(raw_new.get("rho"), "actions.R2.new.rho"))
-            rho = _beta(entry.get("rho"), f"actions.{name}.rho")
-            actions[name] = ActionPrior(q, *rho, weak=weak, same=same, new=new)
-            continue
-        levels_raw = entry.get("levels")
-        if not isinstance(levels_raw, Mapping) or not levels_raw:
-            raise ValueError("calibration: actions.CB.levels must map each agreement level g to {pi, kappa}")
-        levels = []
-        for key, lv in levels_raw.items():
-            if not str(key).isdigit() or not isinstance(lv, Mapping):
-                raise ValueError(
-                    f"calibration: actions.CB.levels.{_shown(key)} is not a level g -> {{pi, kappa}}"
-                )
-            where = f"actions.CB.levels.{key}"
-            pi = _number(lv.get("pi"), f"{where}.pi", 0.0, 1.0)
-            levels.append(Level(int(key), pi, *_beta(lv.get("kappa"), f"{where}.kappa")))
-        levels.sort(key=lambda lv: lv.g)
-        m = levels[-1].g
-        if [lv.g for lv in levels] != list(range(1, m + 1)):
-            raise ValueError(f"calibration: actions.CB.levels must be exactly 1..{m}")
-        if m > MAX_SAMPLES:  # m is how many samples every CB call asks for
-            raise ValueError(f"calibration: CB has {m} agreement levels; at most {MAX_SAMPLES} are allowed")
-        if abs(sum(lv.pi for lv in levels) - 1.0) > 1e-3:
-            raise ValueError("calibration: actions.CB.levels pi values must sum to 1")
-        # A mean reliability near 1 is allowed; the Beta prior keeps it finite.
-        actions[name] = ActionPrior(q, 1.0, 1.0, tuple(levels))
+    actions = {name: _read_action(name, raw[name]) for name in ("R1", "R2")}
+    actions["CB"] = _closed_book_from_dict(raw["CB"])
+    m = actions["CB"].levels[-1].g
     if "m" in data and data["m"] != m:
         raise ValueError(f"calibration: m = {_shown(data['m'])} but CB has {m} agreement levels")
     gate, details = _gate_from_dict(data.get("gate"))
     meta = {k: v for k, v in data.items() if k not in ("version", "eta", "actions", "m", "gate")}
     return Calibration(eta=eta, actions=actions, m=m, meta=meta, gate=gate, gate_details=details)
+
+
+def _read_action(name: str, entry: Mapping[str, Any]) -> ActionPrior:
+    """R1's or R2's entry: q, ρ, and the weak-window and (R2) repeat/new branches when present."""
+    q = _number(entry.get("q"), f"actions.{name}.q", 0.0, 1.0)
+    weak = None
+    if entry.get("weak") is not None:
+        raw_weak = entry["weak"]
+        if not isinstance(raw_weak, Mapping):
+            raise ValueError(f"calibration: actions.{name}.weak must be an object with q and rho")
+        weak_q = _number(raw_weak.get("q"), f"actions.{name}.weak.q", 0.0, 1.0)
+        weak = ActionPrior(weak_q, *_beta(raw_weak.get("rho"), f"actions.{name}.weak.rho"))
+    same = new = None
+    if name == "R2" and (entry.get("same") is not None or entry.get("new") is not None):
+        same, new = _second_hop_branches(entry.get("same"), entry.get("new"))
+    rho = _beta(entry.get("rho"), f"actions.{name}.rho")
+    return ActionPrior(q, *rho, weak=weak, same=same, new=new)
+
+
+def _second_hop_branches(raw_same: Any, raw_new: Any) -> tuple[Branch, Branch]:
+    """R2's two vote types: it repeats an earlier read's answer (share pi), or names another."""
+    if not isinstance(raw_same, Mapping) or not isinstance(raw_new, Mapping):
+        raise ValueError("calibration: actions.R2 needs both 'same' {pi, rho} and 'new' {rho}")
+    pi = _number(raw_same.get("pi"), "actions.R2.same.pi", 0.0, 1.0)
+    same = Branch(pi, *_beta(raw_same.get("rho"), "actions.R2.same.rho"))
+    return same, Branch(1.0 - pi, *_beta(raw_new.get("rho"), "actions.R2.new.rho"))
+
+
+def _closed_book_from_dict(entry: Mapping[str, Any]) -> ActionPrior:
+    """CB's entry: q and one {pi, kappa} per agreement level g = 1..m."""
+    q = _number(entry.get("q"), "actions.CB.q", 0.0, 1.0)
+    levels_raw = entry.get("levels")
+    if not isinstance(levels_raw, Mapping) or not levels_raw:
+        raise ValueError("calibration: actions.CB.levels must map each agreement level g to {pi, kappa}")
+    levels = []
+    for key, lv in levels_raw.items():
+        if not str(key).isdigit() or not isinstance(lv, Mapping):
+            raise ValueError(
+                f"calibration: actions.CB.levels.{_shown(key)} is not a level g -> {{pi, kappa}}"
+            )
+        where = f"actions.CB.levels.{key}"
+        pi = _number(lv.get("pi"), f"{where}.pi", 0.0, 1.0)
+        levels.append(Level(int(key), pi, *_beta(lv.get("kappa"), f"{where}.kappa")))
+    levels.sort(key=lambda lv: lv.g)
+    m = levels[-1].g
+    if [lv.g for lv in levels] != list(range(1, m + 1)):
+        raise ValueError(f"calibration: actions.CB.levels must be exactly 1..{m}")
+    if m > _MAX_SAMPLES:  # m is how many samples every CB call asks for
+        raise ValueError(f"calibration: CB has {m} agreement levels; at most {_MAX_SAMPLES} are allowed")
+    if abs(sum(lv.pi for lv in levels) - 1.0) > 1e-3:
+        raise ValueError("calibration: actions.CB.levels pi values must sum to 1")
+    # A mean reliability near 1 is allowed; the Beta prior keeps it finite.
+    return ActionPrior(q, 1.0, 1.0, tuple(levels))
 
 
 def _gate_from_dict(raw: Any) -> tuple[Gate | None, dict[str, Any]]:
@@ -1892,15 +2017,18 @@ def calibration_status(calibration: Calibration, model: str) -> str:
 # Prompts and follow-up queries
 # ------------------------------------------------------------------------------------------
 
+
 # Worked examples go in as earlier chat turns, which is how chat models learn a format; a
-# completion-only backend flattens the same turns into one few-shot prompt (llms.plain_prompt).
-READ_INSTRUCTIONS = (
+# completion-only backend flattens the same turns into one few-shot prompt (llm_worker.plain_prompt).
+_READ_INSTRUCTIONS = (
     "Answer the question from the passages with a short answer (a name, date, number or short "
     "phrase), or NONE if the passages do not contain it. Then write a follow-up search query "
     "for the missing fact."
 )
+
+
 # (passages, question, reply) per worked example.
-READ_EXAMPLES: tuple[tuple[str, str, str], ...] = (
+_READ_EXAMPLES: tuple[tuple[str, str, str], ...] = (
     (
         "[1] Lebensraum\nLebensraum is a concept coined by Friedrich Ratzel. "
         "It was adopted by the Nazi Party.",
@@ -1918,10 +2046,16 @@ READ_EXAMPLES: tuple[tuple[str, str, str], ...] = (
         "Answer: Finland\nFollow-up query: Lake Orla Finland",
     ),
 )
+
+
 # A reply ends at a blank line or where the model starts writing another worked example.
 READ_STOP = ["\n\n", "\nPassages:", "\nQuestion:"]
+
+
 CLOSED_BOOK_INSTRUCTIONS = "Answer the question with a short answer (a name, date, number or short phrase)."
-CLOSED_BOOK_EXAMPLES: tuple[tuple[str, str], ...] = (
+
+
+_CLOSED_BOOK_EXAMPLES: tuple[tuple[str, str], ...] = (
     ("What is the capital of France?", "Answer: Paris"),
     ("Who wrote Hamlet?", "Answer: William Shakespeare"),
     ("In which year did World War II end?", "Answer: 1945"),
@@ -1942,13 +2076,13 @@ def _chat(instructions: str, examples: Iterable[tuple[str, str]], final: str) ->
 def read_messages(question: str, passages: Sequence[Passage]) -> list[dict[str, str]]:
     """The R1/R2 prompt: worked examples, then the passages and the question."""
     body = "\n".join(f"[{i}] {p.render()}" for i, p in enumerate(passages, 1)) or "(no passages found)"
-    examples = [(_read_turn(b, q), reply) for b, q, reply in READ_EXAMPLES]
-    return _chat(READ_INSTRUCTIONS, examples, _read_turn(body, question))
+    examples = [(_read_turn(b, q), reply) for b, q, reply in _READ_EXAMPLES]
+    return _chat(_READ_INSTRUCTIONS, examples, _read_turn(body, question))
 
 
 def closed_book_messages(question: str) -> list[dict[str, str]]:
     """The CB prompt: worked examples, then the question alone."""
-    examples = [(f"Question: {q}", reply) for q, reply in CLOSED_BOOK_EXAMPLES]
+    examples = [(f"Question: {q}", reply) for q, reply in _CLOSED_BOOK_EXAMPLES]
     return _chat(CLOSED_BOOK_INSTRUCTIONS, examples, f"Question: {question}")
 
 
@@ -1988,7 +2122,7 @@ def expand_query(question: str, passages: Sequence[Passage], max_terms: int = 4)
 
 
 # ------------------------------------------------------------------------------------------
-# Runner
+# Runner: BRAG.run -> _Run.loop
 # ------------------------------------------------------------------------------------------
 
 
@@ -2035,13 +2169,63 @@ def closed_book_mode(samples: Sequence[str]) -> tuple[str, int]:
     return groups.texts[best], counts[best]
 
 
-SECOND_HOP_MODELS = ("conditional", "independent")
-POLICIES = ("lookahead", "rate")
+_SECOND_HOP_MODELS = ("conditional", "independent")
+
+
+_POLICIES = ("lookahead", "rate")
+
+
 # Second-hop reads (R2) a question may take at most; the stop rule decides how many it takes.
-# Two reach both passages of a two-hop question through a bridge the first read could not name
-# (the perfect-reader check: 47 of 60 HotpotQA questions with one, 55 with two), and cost
-# nothing where they do not pay (bench/results/controller.md). Calibration runs this many.
+# Two reach both passages of a two-hop question through a bridge the first read could not name,
+# and cost nothing where they do not pay: bench/results/controller.md has the measurements.
+# Calibration runs this many.
 DEFAULT_HOPS = 2
+
+
+# What the policy sees in one state: each action's information rate D, D per unit cost, and the
+# outlook of its next vote (what it may answer, and with which likelihood ratio).
+_PolicyState = tuple[dict[str, float], dict[str, float], dict[str, VoteOutlook]]
+
+
+def _policy_tables(
+    cal: Calibration, m: int, costs: Mapping[str, float], rule: str, second_hop: str
+) -> dict[tuple[bool, bool, bool], _PolicyState]:
+    """The policy's view in each of its 8 states, computed once per controller.
+
+    A state is (R1's window weak, R2's window weak, some read answered already): the gate's
+    verdicts change which reliabilities apply, and an earlier answer splits R2 into its
+    "repeats" and "new answer" branches.
+    """
+    priors = cal.source_priors(m)
+    rates = cal.rates(rule)
+
+    def ratio(source: str) -> float:  # raw: Beliefs applies the floor
+        a, b = priors[source]
+        return _likelihood_ratio(a / (a + b), cal.eta, "spec")
+
+    cb = cal.actions["CB"]
+    cb_outlook = VoteOutlook(
+        cb.q, tuple((lv.pi, _likelihood_ratio(lv.mean, cal.eta, "spec")) for lv in cb.levels)
+    )
+    tables = {}
+    for w1, w2, answered in itertools.product((False, True), repeat=3):
+        if second_hop == "conditional":
+            r2 = rates["R2_after_answer" if answered else "R2_after_none"]
+            r2_outlook = VoteOutlook(cal.actions["R2"].q, ((1.0, ratio("R2_new")),), ratio("R2_same"))
+        else:
+            r2 = rates["R2_weak" if w2 else "R2"]
+            r2_prior = cal.actions["R2"].on_weak_window() if w2 else cal.actions["R2"]
+            r2_outlook = VoteOutlook(r2_prior.q, ((1.0, ratio("R2_weak" if w2 else "R2")),))
+        r1_prior = cal.actions["R1"].on_weak_window() if w1 else cal.actions["R1"]
+        state = {"R1": rates["R1_weak" if w1 else "R1"], "R2": r2, "CB": rates["CB"]}
+        per_cost = {a: rate / costs[a] for a, rate in state.items()}
+        outlooks = {
+            "R1": VoteOutlook(r1_prior.q, ((1.0, ratio("R1_weak" if w1 else "R1")),)),
+            "R2": r2_outlook,
+            "CB": cb_outlook,
+        }
+        tables[w1, w2, answered] = (state, per_cost, outlooks)
+    return tables
 
 
 @dataclass
@@ -2083,58 +2267,25 @@ class BRAG:
                 raise ValueError(f"{name} must be a positive integer, got {value!r}")
         if set(self.costs) != set(ACTIONS) or min(self.costs.values()) <= 0:
             raise ValueError("costs must give a positive cost for each of R1, R2 and CB")
-        if self.rule not in RULES or self.second_hop not in SECOND_HOP_MODELS or self.policy not in POLICIES:
-            choices = f"rule in {RULES}, second_hop in {SECOND_HOP_MODELS}, policy in {POLICIES}"
+        if (
+            self.rule not in _RULES
+            or self.second_hop not in _SECOND_HOP_MODELS
+            or self.policy not in _POLICIES
+        ):
+            choices = f"rule in {_RULES}, second_hop in {_SECOND_HOP_MODELS}, policy in {_POLICIES}"
             raise ValueError(f"settings must be {choices}")
-        cal = self.calibration
-        priors = cal.source_priors(self.m)
-        self._vote_model = VoteModel(priors, cal.eta, rule=self.rule)
-        rates = cal.rates(self.rule)
-
-        def ratio(source: str) -> float:  # raw: Beliefs applies the floor
-            a, b = priors[source]
-            return likelihood_ratio(a / (a + b), cal.eta, "spec")
-
-        cb = cal.actions["CB"]
-        cb_outlook = VoteOutlook(
-            cb.q, tuple((lv.pi, likelihood_ratio(lv.mean, cal.eta, "spec")) for lv in cb.levels)
+        self._vote_model = VoteModel(
+            self.calibration.source_priors(self.m), self.calibration.eta, rule=self.rule
         )
-        # What the policy sees in each state (R1's window weak, R2's window weak, some read
-        # answered already): the rates D, D / c, and each action's vote outlook.
-        self._tables = {}
-        for w1, w2, answered in itertools.product((False, True), repeat=3):
-            if self.second_hop == "conditional":
-                r2 = rates["R2_after_answer" if answered else "R2_after_none"]
-                r2_outlook = VoteOutlook(cal.actions["R2"].q, ((1.0, ratio("R2_new")),), ratio("R2_same"))
-            else:
-                r2 = rates["R2_weak" if w2 else "R2"]
-                r2_prior = cal.actions["R2"].on_weak_window() if w2 else cal.actions["R2"]
-                r2_outlook = VoteOutlook(r2_prior.q, ((1.0, ratio("R2_weak" if w2 else "R2")),))
-            r1_prior = cal.actions["R1"].on_weak_window() if w1 else cal.actions["R1"]
-            state = {"R1": rates["R1_weak" if w1 else "R1"], "R2": r2, "CB": rates["CB"]}
-            per_cost = {a: rate / self.costs[a] for a, rate in state.items()}
-            outlooks = {
-                "R1": VoteOutlook(r1_prior.q, ((1.0, ratio("R1_weak" if w1 else "R1")),)),
-                "R2": r2_outlook,
-                "CB": cb_outlook,
-            }
-            self._tables[w1, w2, answered] = (state, per_cost, outlooks)
+        self._tables = _policy_tables(self.calibration, self.m, self.costs, self.rule, self.second_hop)
 
-    def run(
-        self,
-        question: str,
-        corpus: Retriever,
-        on_step: Callable[[dict[str, Any]], None] | None = None,
-        actions: Sequence[str] | None = None,
-    ) -> tuple[str, dict[str, Any]]:
-        """Answer ``question`` from ``corpus``; ``on_step`` sees each decision before it runs.
+    def run(self, question: str, corpus: Retriever, **options: Any) -> tuple[str, dict[str, Any]]:
+        """Answer ``question`` from ``corpus``: the final ``(answer, report)`` of :meth:`stream`.
 
-        ``actions`` replaces the policy with a fixed schedule (e.g. ``["R1", "R2"]``, run in that
-        order, an unavailable one skipped): calibration and the baselines use it, and the report
-        keeps the same shape. Raises ValueError on bad input, and RunAborted carrying the
-        partial report when an LLM call fails.
+        ``options`` are ``stream``'s (``on_step``, ``actions``). Raises ValueError on bad input,
+        and RunAborted carrying the partial report when an LLM call fails.
         """
-        *_, last = self.stream(question, corpus, on_step, actions)
+        *_, last = self.stream(question, corpus, **options)
         return last
 
     def stream(
@@ -2145,6 +2296,10 @@ class BRAG:
         actions: Sequence[str] | None = None,
     ) -> Iterator[tuple[str, dict[str, Any]]]:
         """``run``, step by step: ``(best answer so far, report so far)``, then the final pair.
+
+        ``on_step`` sees each decision before its action runs. ``actions`` replaces the policy
+        with a fixed schedule (e.g. ``["R1", "R2"]``, run in that order, an unavailable one
+        skipped): calibration and the baselines use it, and the report keeps the same shape.
 
         One pair after each decision, before its action runs (``report["finished"]`` is False).
         """
@@ -2168,8 +2323,67 @@ class BRAG:
         yield run.answer(), run.report(run.stop_reason)
 
 
+@dataclass
+class _Usage:
+    """What one run's LLM calls cost so far, summed call by call."""
+
+    calls: int = 0
+    requests: int = 0  # HTTP requests (or local generations) behind the calls
+    prompt_tokens: int = 0
+    completion_tokens: int = 0
+    cached_calls: int = 0
+    tokens_estimated: bool = False
+    # llm_seconds: what the calls took when made (a cache keeps the original latency);
+    # llm_wait_s: time this run spent waiting on the backend (near zero on cache hits).
+    llm_seconds: float = 0.0
+    llm_wait_s: float = 0.0
+    llm_seconds_known: bool = True
+
+    def add(self, result: Completion, waited: float) -> None:
+        """Count one call that returned ``result`` after ``waited`` seconds."""
+        self.llm_wait_s += waited
+        if result.cached:
+            self.llm_seconds += result.seconds or 0.0
+            self.llm_seconds_known &= result.seconds is not None
+        else:
+            self.llm_seconds += waited if result.seconds is None else result.seconds
+        self.calls += 1
+        self.requests += result.requests
+        self.prompt_tokens += result.prompt_tokens
+        self.completion_tokens += result.completion_tokens
+        self.cached_calls += int(result.cached)
+        self.tokens_estimated |= result.estimated
+
+    def since(self, before: _Usage) -> dict[str, Any]:
+        """One step's cost: what was added after ``before`` (a copy taken then)."""
+        return {
+            "llm_calls": self.calls - before.calls,
+            "prompt_tokens": self.prompt_tokens - before.prompt_tokens,
+            "completion_tokens": self.completion_tokens - before.completion_tokens,
+            "llm_seconds": round(self.llm_seconds - before.llm_seconds, 6),
+        }
+
+    def totals(self) -> dict[str, Any]:
+        """The report's totals for the calls."""
+        return {
+            "llm_calls": self.calls,
+            "llm_requests": self.requests,
+            "cached_calls": self.cached_calls,
+            "prompt_tokens": self.prompt_tokens,
+            "completion_tokens": self.completion_tokens,
+            "tokens_estimated": self.tokens_estimated,
+        }
+
+
 class _Run:
-    """The state of one question: votes, candidates, what each action saw."""
+    """The state of one question, and the loop that answers it.
+
+    ``loop`` alternates two layers until the policy stops: ``_decide`` prices every available
+    action against the posterior and picks one (or stop), ``_act`` runs it through the
+    ``do_R1`` / ``do_R2`` / ``do_CB`` action and counts its cost. Each action asks the LLM
+    (``ask``), turns the reply into a vote (``vote``) and records what it saw; ``report``
+    assembles the report from all of it at any point.
+    """
 
     def __init__(
         self,
@@ -2195,12 +2409,12 @@ class _Run:
         window = [i for i, _ in self.first_hop.hits]
         self.gate_view = {"R1": self.judge("R1", question, window, self.first_hop)}
         self.steps: list[dict[str, Any]] = []
-        self.calls = self.requests = self.prompt_tokens = self.completion_tokens = self.cached_calls = 0
-        self.tokens_estimated = False
-        # llm_seconds: what the calls took when made (a cache keeps the original latency);
-        # llm_wait_s: time this run spent waiting on the backend (near zero on cache hits).
-        self.llm_seconds = self.llm_wait_s = 0.0
-        self.llm_seconds_known = True
+        self.usage = _Usage()
+        self.actions: dict[str, Callable[[], dict[str, Any]]] = {
+            "R1": self.do_R1,
+            "R2": self.do_R2,
+            "CB": self.do_CB,
+        }
         self.policy_us = 0.0
         self.started = time.perf_counter()
         self.stop_reason = ""
@@ -2209,6 +2423,7 @@ class _Run:
         self.residual = 1.0
 
     def available(self) -> list[str]:
+        """The actions left: R1 and CB up to ``max_uses``, R2 up to ``hops`` once a read found more."""
         brag, uses = self.brag, self.uses
         hop_ready = uses["R1"] > 0 and self.next_hop is not None and bool(self.next_hop[2])
         return [
@@ -2219,65 +2434,80 @@ class _Run:
 
     def loop(self) -> Iterator[dict[str, Any]]:
         """Decide, yield the step, act; until the policy (or the schedule) stops."""
-        brag = self.brag
         while True:
-            t0 = time.perf_counter()
-            self.probs, self.residual = self.beliefs.probabilities(len(self.candidates.texts))
-            available = self.available()
-            rates, rate_per_cost, outlooks = brag._tables[
-                self.weak["R1"], self.weak["R2"], bool(self.read_answers)
-            ]
-            p_err = error_probability(self.probs)
-            if brag.policy == "rate":  # SPEC: P_err * D / c
-                gains = {a: p_err * rate_per_cost[a] for a in available}
-            else:
-                eta = brag.calibration.eta
-                n = len(self.candidates.texts)
-                gains = {
-                    a: expected_gain(self.beliefs, n, eta, outlooks[a], self.read_answers) / brag.costs[a]
-                    for a in available
-                }
-            decision = choose_action(gains, available, brag.lam)
-            if self.schedule is not None:
-                while self.schedule and self.schedule[0] not in available:
-                    self.schedule.pop(0)
-                chosen = self.schedule.pop(0) if self.schedule else None
-                decision = Decision(chosen, decision.score, None if chosen else "schedule done")
-            us = (time.perf_counter() - t0) * 1e6 + self.update_us
-            self.update_us = 0.0
-            self.policy_us += us
-            step = {
-                "step": len(self.steps) + 1,
-                "posterior": self.posterior_view(),
-                "rates": dict(rates),
-                "available": available,
-                # What the stop rule compares with lambda, for each action it could take.
-                "scores": {a: round(gain, 6) for a, gain in gains.items()},
-                "score": decision.score,
-                "action": decision.action,
-                "policy_us": round(us, 2),
-            }
-            self.steps.append(step)
-            if self.on_step is not None:
-                self.on_step(step)
-            if decision.action is None:
-                self.stop_reason = decision.stop_reason or ""
-                yield step
-                return
+            step = self._decide()
             yield step
-            self.current = decision.action
-            before = (self.calls, self.prompt_tokens, self.completion_tokens, self.llm_seconds)
-            step["observation"] = getattr(self, f"do_{decision.action}")()
-            step["cost"] = {
-                "llm_calls": self.calls - before[0],
-                "prompt_tokens": self.prompt_tokens - before[1],
-                "completion_tokens": self.completion_tokens - before[2],
-                "llm_seconds": round(self.llm_seconds - before[3], 6),
-            }
-            self.uses[decision.action] += 1
-            self.current = None
+            if step["action"] is None:
+                return
+            self._act(step)
+
+    def _decide(self) -> dict[str, Any]:
+        """Price each available action, pick one or stop, and record the step (not yet acted on)."""
+        t0 = time.perf_counter()
+        self.probs, self.residual = self.beliefs.probabilities(len(self.candidates.texts))
+        available = self.available()
+        rates, _, _ = self._state()
+        gains = self._gains(available)
+        decision = self._follow_schedule(choose_action(gains, available, self.brag.lam), available)
+        us = (time.perf_counter() - t0) * 1e6 + self.update_us
+        self.update_us = 0.0
+        self.policy_us += us
+        step = {
+            "step": len(self.steps) + 1,
+            "posterior": self.posterior_view(),
+            "rates": dict(rates),
+            "available": available,
+            # What the stop rule compares with lambda, for each action it could take.
+            "scores": {a: round(gain, 6) for a, gain in gains.items()},
+            "score": decision.score,
+            "action": decision.action,
+            "policy_us": round(us, 2),
+        }
+        self.steps.append(step)
+        if self.on_step is not None:
+            self.on_step(step)
+        if decision.action is None:
+            self.stop_reason = decision.stop_reason or ""
+        return step
+
+    def _state(self) -> _PolicyState:
+        """What the policy sees now: the windows the gate judged weak, and whether a read answered."""
+        return self.brag._tables[self.weak["R1"], self.weak["R2"], bool(self.read_answers)]
+
+    def _gains(self, available: list[str]) -> dict[str, float]:
+        """Each available action's score: its expected drop in P(error) per unit cost."""
+        brag = self.brag
+        _, rate_per_cost, outlooks = self._state()
+        if brag.policy == "rate":  # SPEC: P_err * D / c
+            p_err = error_probability(self.probs)
+            return {a: p_err * rate_per_cost[a] for a in available}
+        n, eta = len(self.candidates.texts), brag.calibration.eta
+        return {
+            a: expected_gain(self.beliefs, n, eta, outlooks[a], self.read_answers) / brag.costs[a]
+            for a in available
+        }
+
+    def _follow_schedule(self, decision: Decision, available: list[str]) -> Decision:
+        """A fixed schedule (calibration, baselines) overrides the policy's choice, not its score."""
+        if self.schedule is None:
+            return decision
+        while self.schedule and self.schedule[0] not in available:
+            self.schedule.pop(0)
+        chosen = self.schedule.pop(0) if self.schedule else None
+        return Decision(chosen, decision.score, None if chosen else "schedule done")
+
+    def _act(self, step: dict[str, Any]) -> None:
+        """Run the step's action and record what it saw and what it cost."""
+        action = step["action"]
+        self.current = action
+        before = replace(self.usage)
+        step["observation"] = self.actions[action]()
+        step["cost"] = self.usage.since(before)
+        self.uses[action] += 1
+        self.current = None
 
     def ask(self, messages: list[dict[str, str]], **kwargs: Any) -> Completion:
+        """One LLM call, its reply texts bounded and its cost counted."""
         t0 = time.perf_counter()
         result = self.brag.llm.complete(messages, seed=self.brag.seed, **kwargs)
         waited = time.perf_counter() - t0
@@ -2285,21 +2515,11 @@ class _Run:
             raise TypeError(f"LLM backend returned {type(result).__name__}, expected Completion")
         if any(len(text) > MAX_REPLY_CHARS for text in result.texts):
             result = replace(result, texts=[text[:MAX_REPLY_CHARS] for text in result.texts])
-        self.llm_wait_s += waited
-        if result.cached:
-            self.llm_seconds += result.seconds or 0.0
-            self.llm_seconds_known &= result.seconds is not None
-        else:
-            self.llm_seconds += waited if result.seconds is None else result.seconds
-        self.calls += 1
-        self.requests += result.requests
-        self.prompt_tokens += result.prompt_tokens
-        self.completion_tokens += result.completion_tokens
-        self.cached_calls += int(result.cached)
-        self.tokens_estimated |= result.estimated
+        self.usage.add(result, waited)
         return result
 
     def vote(self, source: str, answer: str) -> int | None:
+        """Add an answer to the posterior as a vote of type ``source``; its candidate (None: no answer)."""
         if is_no_answer(answer):
             return None
         index = self.candidates.index(answer)
@@ -2360,6 +2580,7 @@ class _Run:
         self.gate_view["R2"] = self.judge("R2", self.follow_up, self.read_ids + novel[: self.brag.k], found)
 
     def do_R1(self) -> dict[str, Any]:
+        """Read the question's own top passages."""
         found = self.first_hop
         window = [i for i, _ in found.hits]
         seen = self.read(window)
@@ -2372,6 +2593,7 @@ class _Run:
         return seen
 
     def do_R2(self) -> dict[str, Any]:
+        """Read the passages read so far plus the new ones the latest follow-up query found."""
         assert self.next_hop is not None  # R2 is only available after a read found new passages
         found, fresh, novel = self.next_hop
         new = novel[: self.brag.k]
@@ -2393,10 +2615,12 @@ class _Run:
         return seen
 
     def note_answer(self, candidate: int | None) -> None:
+        """Remember that a read voted for ``candidate`` (it conditions the next hop's vote type)."""
         if candidate is not None:
             self.read_answers.add(candidate)
 
     def do_CB(self) -> dict[str, Any]:
+        """Sample ``m`` closed-book answers; their mode is one vote, typed by how many agree."""
         m = self.brag.m
         reply = self.ask(
             closed_book_messages(self.question),
@@ -2414,6 +2638,7 @@ class _Run:
         }
 
     def posterior_view(self) -> dict[str, Any]:
+        """The posterior as the report shows it: each candidate, the residual and P(error)."""
         counts = Counter(v.candidate for v in self.votes)
         candidates = [
             {"answer": text, "p": round(p, 6), "votes": counts[i]}
@@ -2426,12 +2651,14 @@ class _Run:
         }
 
     def answer(self) -> str:
+        """The most probable candidate so far (ties: the earliest), or "" before any."""
         if not self.probs:
             return ""
         best = max(range(len(self.probs)), key=lambda i: (self.probs[i], -i))
         return self.candidates.texts[best]
 
     def report(self, stop_reason: str, finished: bool = True) -> dict[str, Any]:
+        """The report as it stands: every step so far, the totals and the configuration."""
         answer = self.answer()
         brag = self.brag
         return {
@@ -2446,16 +2673,11 @@ class _Run:
             "gate": self.gate_view,
             "corpus": self.corpus.stats(),
             "totals": {
-                "llm_calls": self.calls,
-                "llm_requests": self.requests,
-                "cached_calls": self.cached_calls,
-                "prompt_tokens": self.prompt_tokens,
-                "completion_tokens": self.completion_tokens,
-                "tokens_estimated": self.tokens_estimated,
+                **self.usage.totals(),
                 "wall_time_s": round(time.perf_counter() - self.started, 6),
-                "llm_seconds": round(self.llm_seconds, 6),
-                "llm_seconds_known": self.llm_seconds_known,
-                "llm_wait_s": round(self.llm_wait_s, 6),
+                "llm_seconds": round(self.usage.llm_seconds, 6),
+                "llm_seconds_known": self.usage.llm_seconds_known,
+                "llm_wait_s": round(self.usage.llm_wait_s, 6),
                 "policy_us": round(self.policy_us, 2),
             },
             "config": {
@@ -2479,11 +2701,83 @@ class _Run:
 
 
 # ------------------------------------------------------------------------------------------
+# Files: data, cache and atomic writes
+# ------------------------------------------------------------------------------------------
+
+
+def data_dir() -> Path | None:
+    """The evaluation data directory: ``BRAG_DATA_DIR``, else ``../shared/data`` when present."""
+    configured = os.environ.get("BRAG_DATA_DIR")
+    if configured:
+        return Path(configured)
+    fallback = _HERE.parent / "shared" / "data"
+    return fallback if fallback.is_dir() else None
+
+
+@contextmanager
+def atomic_file(path: str | os.PathLike[str]) -> Iterator[BinaryIO]:
+    """A file to write that replaces ``path`` only when the block ends without an error.
+
+    It is a temporary file in the same folder, flushed to disk and then renamed over the target,
+    so readers see the old file or the new one, never a part; on an error it is removed.
+    """
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd, temporary = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
+    # mkstemp makes the file private (0600); the result keeps the old file's mode, else 0644
+    try:
+        mode = path.stat().st_mode & 0o777
+    except FileNotFoundError:
+        mode = 0o644
+    try:
+        with os.fdopen(fd, "wb") as out:
+            os.fchmod(out.fileno(), mode)
+            yield out
+            out.flush()
+            os.fsync(out.fileno())
+        os.replace(temporary, path)
+    finally:
+        if os.path.exists(temporary):
+            os.unlink(temporary)
+    directory = os.open(path.parent, os.O_RDONLY)
+    try:
+        os.fsync(directory)  # the rename itself survives a power cut
+    finally:
+        os.close(directory)
+
+
+def write_atomic(path: str | os.PathLike[str], text: str) -> None:
+    """Write ``text`` to ``path`` so that readers see the old file or the new one, never a part."""
+    with atomic_file(path) as out:
+        out.write(text.encode("utf-8"))
+
+
+def package_dir(name: str) -> Path | None:
+    """The folder of an installed package, found without importing it (None when absent)."""
+    try:
+        spec = importlib.util.find_spec(name)
+    except (ImportError, ValueError):
+        return None
+    if spec is None or not spec.submodule_search_locations:
+        return None
+    return Path(next(iter(spec.submodule_search_locations)))
+
+
+def cache_dir() -> Path:
+    """Where BRAG keeps files it builds once: ``BRAG_CACHE_DIR``, else ``~/.cache/brag``."""
+    configured = os.environ.get("BRAG_CACHE_DIR")
+    if configured:
+        return Path(configured).expanduser()
+    base = os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache"
+    return Path(base) / "brag"
+
+
+# ------------------------------------------------------------------------------------------
 # Command line: index a collection once, serve it memory-mapped
 # ------------------------------------------------------------------------------------------
 
 
-def read_collection(path: Path) -> list[Any]:
+def _read_collection(path: Path) -> list[Any]:
     """Passages from a JSON list or a JSON Lines file (a string or a {title, text} per line).
 
     JSON Lines become Passages line by line, so a large file never holds both forms at once.
@@ -2496,7 +2790,7 @@ def read_collection(path: Path) -> list[Any]:
             if line.strip():
                 item = parse_json(line, f"{path}, line {number}")
                 try:
-                    (passage,) = parse_passages([item])
+                    (passage,) = _parse_passages([item])
                 except ValueError as err:
                     raise ValueError(f"{path}, line {number}: {str(err).split(': ', 1)[-1]}") from None
                 passages.append(passage or Passage("", ""))  # kept, so ids stay line numbers
@@ -2520,7 +2814,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     started = time.perf_counter()
     try:
         print(f"reading {args.docs}", file=sys.stderr, flush=True)
-        passages = read_collection(args.docs)
+        passages = _read_collection(args.docs)
         print(f"indexing {len(passages):,} passages", file=sys.stderr, flush=True)
         corpus = Corpus(passages, variant=args.variant, k1=args.k1, b=args.b, show_progress=True)
         del passages

@@ -349,69 +349,91 @@ def fit(outcomes: Sequence[Outcome], m: int, hops: int = 1) -> dict[str, Any]:
     from pairs of votes that do not read the same passages (R1 and CB), because a second hop
     repeats its first hop's wrong answer far more often than independent sources do.
     """
-    n = len(outcomes)
     counts: dict[str, Any] = {}
     actions: dict[str, Any] = {}
     diagnostics: dict[str, Any] = {}
-    for action in ("R1", "R2", "CB"):
-        answered = sum(bool(o.answers[action]) for o in outcomes)
-        correct = sum(o.correct[action] for o in outcomes)
-        counts[action] = {"n": n, "answered": answered, "correct": correct}
-        diagnostics[action] = {
-            "answer_rate": round(answered / n, 4) if n else 0.0,
-            "answer_rate_ci95": wilson(answered, n),
-            "accuracy": round(correct / n, 4) if n else 0.0,
-            "accuracy_ci95": wilson(correct, n),
-            "precision": round(correct / answered, 4) if answered else 0.0,
-            "precision_ci95": wilson(correct, answered),
+    for action in brag.ACTIONS:
+        counts[action], diagnostics[action] = _answer_counts(outcomes, action)
+    for action in ("R1", "R2"):
+        actions[action] = _fit_read(outcomes, action, counts[action])
+    actions["CB"] = _fit_closed_book(outcomes, m, counts["CB"])
+    eta, counts["eta"], diagnostics["wrong_answer_repeats"] = _fit_eta(outcomes)
+    same, new, second = fit_second_hop(outcomes, hops, eta)
+    actions["R2"].update({"same": same, "new": new})
+    counts["R2"]["hops"] = second
+    return {"eta": round(eta, 6), "actions": actions, "counts": counts, "diagnostics": diagnostics}
+
+
+def _answer_counts(outcomes: Sequence[Outcome], action: str) -> tuple[dict[str, Any], dict[str, Any]]:
+    """How often ``action`` answered and was right, and those rates with their intervals."""
+    n = len(outcomes)
+    answered = sum(bool(o.answers[action]) for o in outcomes)
+    correct = sum(o.correct[action] for o in outcomes)
+    diagnostics = {
+        "answer_rate": round(answered / n, 4) if n else 0.0,
+        "answer_rate_ci95": wilson(answered, n),
+        "accuracy": round(correct / n, 4) if n else 0.0,
+        "accuracy_ci95": wilson(correct, n),
+        "precision": round(correct / answered, 4) if answered else 0.0,
+        "precision_ci95": wilson(correct, answered),
+    }
+    return {"n": n, "answered": answered, "correct": correct}, diagnostics
+
+
+def _fit_read(outcomes: Sequence[Outcome], action: str, counts: dict[str, Any]) -> dict[str, Any]:
+    """R1's or R2's q and ρ, shrunk toward the prior; split by the gate's verdict when it ran."""
+    q = shrunk(counts["answered"], counts["n"], PRIOR["q"][action])
+    rho = shrunk(counts["correct"], counts["answered"], PRIOR["rho"][action])
+    fitted: dict[str, Any] = {"q": round(q, 6), "rho": _beta(rho)}
+    judged = [o for o in outcomes if o.weak.get(action) is not None]
+    if not judged:
+        return fitted
+    for verdict, key in ((False, "strong"), (True, "weak")):  # each shrunk toward the whole
+        part = [o for o in judged if o.weak[action] is verdict]
+        part_answered = sum(bool(o.answers[action]) for o in part)
+        part_correct = sum(o.correct[action] for o in part)
+        counts[key] = {"n": len(part), "answered": part_answered, "correct": part_correct}
+        entry = {
+            "q": round(shrunk(part_answered, len(part), q), 6),
+            "rho": _beta(shrunk(part_correct, part_answered, rho)),
         }
-        q = shrunk(answered, n, PRIOR["q"][action])
-        if action != "CB":
-            rho = shrunk(correct, answered, PRIOR["rho"][action])
-            actions[action] = {"q": round(q, 6), "rho": _beta(rho)}
-            judged = [o for o in outcomes if o.weak.get(action) is not None]
-            if judged:  # the gate ran: separate (q, rho) for strong and weak windows
-                for verdict, key in ((False, "strong"), (True, "weak")):
-                    part = [o for o in judged if o.weak[action] is verdict]
-                    part_answered = sum(bool(o.answers[action]) for o in part)
-                    part_correct = sum(o.correct[action] for o in part)
-                    counts[action][key] = {"n": len(part), "answered": part_answered, "correct": part_correct}
-                    entry = {
-                        "q": round(shrunk(part_answered, len(part), q), 6),
-                        "rho": _beta(shrunk(part_correct, part_answered, rho)),
-                    }
-                    if verdict:
-                        actions[action]["weak"] = entry
-                    else:
-                        actions[action].update(entry)
-    levels = {}
-    cb_answered = counts["CB"]["answered"]
-    counts["CB"]["levels"] = {}
+        if verdict:
+            fitted["weak"] = entry
+        else:
+            fitted.update(entry)
+    return fitted
+
+
+def _fit_closed_book(outcomes: Sequence[Outcome], m: int, counts: dict[str, Any]) -> dict[str, Any]:
+    """CB's q, and per agreement level g its share pi and reliability κ (isotonic in g)."""
+    cb_answered = counts["answered"]
+    counts["levels"] = {}
     tallies = []
     for g in range(1, m + 1):
         at_g = [o for o in outcomes if o.answers["CB"] and o.agreement == g]
         right = sum(o.correct["CB"] for o in at_g)
-        counts["CB"]["levels"][str(g)] = {"n": len(at_g), "correct": right}
+        counts["levels"][str(g)] = {"n": len(at_g), "correct": right}
         tallies.append((right, len(at_g)))
+    levels = {}
     for g, kappa in enumerate(closed_book_reliabilities(tallies), 1):
         pi = (tallies[g - 1][1] + 1) / (cb_answered + m)
         levels[str(g)] = {"pi": round(pi, 6), "kappa": _beta(kappa)}
     total = sum(v["pi"] for v in levels.values())
     for v in levels.values():  # rounding may leave the sum a hair off 1
         v["pi"] = round(v["pi"] / total, 6)
-    actions["CB"] = {"q": round(shrunk(cb_answered, n, PRIOR["q"]["CB"]), 6), "levels": levels}
+    return {"q": round(shrunk(cb_answered, counts["n"], PRIOR["q"]["CB"]), 6), "levels": levels}
+
+
+def _fit_eta(outcomes: Sequence[Outcome]) -> tuple[float, dict[str, int], dict[str, Any]]:
+    """η from R1-CB pairs of wrong votes, with the counts and every pair's repeat rate."""
     repeats = wrong_repeats(outcomes)
     trials, hits = repeats["CB repeats R1"]
     eta = (hits + ETA_PRIOR[0]) / (trials + sum(ETA_PRIOR))
-    counts["eta"] = {"wrong_vote_trials": trials, "repeats": hits}
-    diagnostics["wrong_answer_repeats"] = {
+    rates = {
         pair: {"both_wrong": t, "same": h, "rate": round(h / t, 4) if t else None}
         for pair, (t, h) in repeats.items()
     }
-    same, new, second = fit_second_hop(outcomes, hops, eta)
-    actions["R2"].update({"same": same, "new": new})
-    counts["R2"]["hops"] = second
-    return {"eta": round(eta, 6), "actions": actions, "counts": counts, "diagnostics": diagnostics}
+    return eta, {"wrong_vote_trials": trials, "repeats": hits}, rates
 
 
 def wrong_repeats(outcomes: Sequence[Outcome]) -> dict[str, tuple[int, int]]:
@@ -563,22 +585,61 @@ def fit_gate(
     target_recall: float | None = None,
     max_signals: int = 2,
 ) -> dict[str, Any]:
-    """Fit the gate section of a calibration.
+    """Fit the gate section of a calibration, in four steps.
 
-    AUC per signal; the kept, oriented signals with thresholds (Youden's J, or a target recall);
-    and a logistic combination of them for comparison.
+    AUC per signal (:func:`_signal_aucs`); the strongest signals that are not redundant
+    (:func:`_select_signals`); an orientation and threshold for each, by Youden's J or a
+    target recall (:func:`_thresholds`); and a logistic combination for comparison
+    (:func:`_logistic_fit`).
     """
     weak = np.array([w for _, w in rows], dtype=bool)
     if len(rows) < MIN_QUESTIONS or weak.all() or not weak.any():
         raise ValueError(f"gate calibration needs {MIN_QUESTIONS}+ windows, some weak and some strong")
     names = sorted({name for signals, _ in rows for name in signals})
     table = {n: np.array([s.get(n, np.nan) for s, _ in rows]) for n in names}
-    aucs = {}
-    for name in names:
-        present = ~np.isnan(table[name])
-        if weak[present].any() and (~weak[present]).any():
-            aucs[name] = auc(table[name][present], weak[present])
+    aucs = _signal_aucs(table, weak)
     ranked = sorted(aucs, key=lambda n: -max(aucs[n], 1 - aucs[n]))
+    kept, dropped = _select_signals(ranked, aucs, table, min_separation, max_correlation, max_signals)
+    signals = _thresholds(kept, aucs, table, weak, target_recall)
+    gate = brag.Gate(
+        tuple(brag.GateSignal(s["name"], s["orientation"], s["threshold"], s["auc"]) for s in signals), k
+    )
+    fires = np.array([bool(gate.fires(s)) for s, _ in rows])
+    everywhere = [n for n in names if all(n in s for s, _ in rows)]
+    return {
+        "k": k,
+        "signals": signals,
+        "rule": "weak when any kept signal fires",
+        "n": len(rows),
+        "weak_rate": round(float(weak.mean()), 4),
+        "auc": {name: round(value, 4) for name, value in aucs.items()},
+        "dropped": dropped,
+        "tpr": round(float(fires[weak].mean()), 4),
+        "fpr": round(float(fires[~weak].mean()), 4),
+        "logistic": _logistic_fit(rows, weak, kept if len(kept) >= 2 else ranked[:2]),
+        "logistic_all_signals": _logistic_fit(rows, weak, everywhere),
+    }
+
+
+def _signal_aucs(table: Mapping[str, np.ndarray], weak: np.ndarray) -> dict[str, float]:
+    """Each signal's AUC for telling weak windows from strong ones, where it was measured."""
+    aucs = {}
+    for name, values in table.items():
+        present = ~np.isnan(values)
+        if weak[present].any() and (~weak[present]).any():
+            aucs[name] = auc(values[present], weak[present])
+    return aucs
+
+
+def _select_signals(
+    ranked: Sequence[str],
+    aucs: Mapping[str, float],
+    table: Mapping[str, np.ndarray],
+    min_separation: float,
+    max_correlation: float,
+    max_signals: int,
+) -> tuple[list[str], dict[str, str]]:
+    """The strongest signals that separate well and do not repeat a stronger one; why others went."""
     kept: list[str] = []
     dropped: dict[str, str] = {}
     for name in ranked:
@@ -599,6 +660,17 @@ def fit_gate(
                 kept.append(name)
             else:
                 dropped[name] = f"only the {max_signals} strongest signals are combined"
+    return kept, dropped
+
+
+def _thresholds(
+    kept: Sequence[str],
+    aucs: Mapping[str, float],
+    table: Mapping[str, np.ndarray],
+    weak: np.ndarray,
+    target_recall: float | None,
+) -> list[dict[str, Any]]:
+    """Each kept signal oriented so that lower means weaker, with its threshold and its rates."""
     signals = []
     for name in kept:
         orientation = 1.0 if aucs[name] < 0.5 else -1.0  # lower oriented value = weaker
@@ -618,36 +690,20 @@ def fit_gate(
                 "fpr": round(fpr, 4),
             }
         )
-    gate = brag.Gate(
-        tuple(brag.GateSignal(s["name"], s["orientation"], s["threshold"], s["auc"]) for s in signals), k
-    )
-    fires = np.array([bool(gate.fires(s)) for s, _ in rows])
+    return signals
 
-    def combine(features: list[str]) -> dict[str, Any] | None:
-        complete = [i for i, (s, _) in enumerate(rows) if all(f in s for f in features)]
-        if not features or not complete:
-            return None
-        x = np.array([[rows[i][0][f] for f in features] for i in complete])
-        model = {"features": features, **fit_logistic(x, weak[complete].astype(float))}
-        model["auc_calibration"] = round(auc(logistic_scores(model, x), weak[complete]), 4)
-        return model
 
-    everywhere = [n for n in names if all(n in s for s, _ in rows)]
-    logistic = combine(kept if len(kept) >= 2 else ranked[:2])
-    logistic_all = combine(everywhere)
-    return {
-        "k": k,
-        "signals": signals,
-        "rule": "weak when any kept signal fires",
-        "n": len(rows),
-        "weak_rate": round(float(weak.mean()), 4),
-        "auc": {name: round(value, 4) for name, value in aucs.items()},
-        "dropped": dropped,
-        "tpr": round(float(fires[weak].mean()), 4),
-        "fpr": round(float(fires[~weak].mean()), 4),
-        "logistic": logistic,
-        "logistic_all_signals": logistic_all,
-    }
+def _logistic_fit(
+    rows: Sequence[tuple[Mapping[str, float], bool]], weak: np.ndarray, features: list[str]
+) -> dict[str, Any] | None:
+    """A logistic regression of weakness on ``features``, over the windows that have them all."""
+    complete = [i for i, (s, _) in enumerate(rows) if all(f in s for f in features)]
+    if not features or not complete:
+        return None
+    x = np.array([[rows[i][0][f] for f in features] for i in complete])
+    model = {"features": features, **fit_logistic(x, weak[complete].astype(float))}
+    model["auc_calibration"] = round(auc(logistic_scores(model, x), weak[complete]), 4)
+    return model
 
 
 def calibrate(
@@ -751,6 +807,22 @@ def main(argv: Sequence[str] | None = None) -> int:
         return main_gate(argv[1:])
     import llms
 
+    args = _parser(llms.CACHE_MODES).parse_args(argv)
+    try:
+        result = _calibrate_from_args(args)
+    except (ValueError, llms.LLMError, brag.RunAborted) as err:
+        print(f"calibrate: {err}", file=sys.stderr)
+        return 2
+    brag.write_atomic(args.out, json.dumps(result, indent=1) + "\n")
+    Path(f"{args.out}.progress.jsonl").unlink(missing_ok=True)
+    print(
+        f"wrote {args.out}: eta {result['eta']}, "
+        + ", ".join(f"{a} acc {result['diagnostics'][a]['accuracy']:.2f}" for a in brag.ACTIONS)
+    )
+    return 0
+
+
+def _parser(cache_modes: Sequence[str]) -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(description="Fit a BRAG calibration from labelled questions.")
     parser.add_argument(
         "--questions", required=True, help="labelled questions (any layout of ../shared/data)"
@@ -769,56 +841,49 @@ def main(argv: Sequence[str] | None = None) -> int:
     )
     parser.add_argument("--f1", type=float, default=0.8, help="token F1 that counts as correct")
     parser.add_argument("--cache", default="bench/cache/llm.sqlite", help="SQLite response cache")
-    parser.add_argument("--cache-mode", default="read-write", choices=llms.CACHE_MODES)
+    parser.add_argument("--cache-mode", default="read-write", choices=cache_modes)
     parser.add_argument("--out", required=True)
     parser.add_argument("--name", help="corpus name to record (default: the corpus file name)")
-    args = parser.parse_args(argv)
+    return parser
 
+
+def _calibrate_from_args(args: argparse.Namespace) -> dict[str, Any]:
+    """Read the questions and the corpus, run every action with a progress bar, and fit."""
     from tqdm import tqdm
 
-    try:
-        items = select(read_labelled(args.questions), args.split)
-        corpus = brag.Corpus(Path(args.corpus).read_text(encoding="utf-8"))
-        llm = llms.CachedLLM(
-            llms.make_llm(args.model, provider=args.provider), args.cache, mode=args.cache_mode
-        )
-        bar = tqdm(total=len(items), desc="calibrating", unit="q")
+    import llms
 
-        def progress(done: int, total: int) -> None:
-            bar.set_postfix(calls=llm.hits + llm.misses, cache_hits=llm.hits, refresh=False)
-            bar.update(done - bar.n)
+    items = select(read_labelled(args.questions), args.split)
+    corpus = brag.Corpus(Path(args.corpus).read_text(encoding="utf-8"))
+    llm = llms.CachedLLM(llms.make_llm(args.model, provider=args.provider), args.cache, mode=args.cache_mode)
+    bar = tqdm(total=len(items), desc="calibrating", unit="q")
 
-        result = calibrate(
-            items,
-            corpus,
-            llm,
-            k=args.k,
-            m=args.m,
-            hops=args.hops,
-            f1_threshold=args.f1,
-            progress_path=f"{args.out}.progress.jsonl",
-            on_progress=progress,
-            workers=args.workers,
-            meta={
-                "name": Path(args.out).stem,
-                "model_spec": args.model,
-                "corpus": args.name or Path(args.corpus).name,
-                "questions_file": Path(args.questions).name,
-                "split": args.split,
-                "note": f"fitted by calibrate.py on questions {args.split} of {Path(args.questions).name}",
-            },
-        )
-        bar.close()
-    except (ValueError, llms.LLMError, brag.RunAborted) as err:
-        print(f"calibrate: {err}", file=sys.stderr)
-        return 2
-    brag.write_atomic(args.out, json.dumps(result, indent=1) + "\n")
-    Path(f"{args.out}.progress.jsonl").unlink(missing_ok=True)
-    print(
-        f"wrote {args.out}: eta {result['eta']}, "
-        + ", ".join(f"{a} acc {result['diagnostics'][a]['accuracy']:.2f}" for a in brag.ACTIONS)
+    def progress(done: int, total: int) -> None:
+        bar.set_postfix(calls=llm.hits + llm.misses, cache_hits=llm.hits, refresh=False)
+        bar.update(done - bar.n)
+
+    result = calibrate(
+        items,
+        corpus,
+        llm,
+        k=args.k,
+        m=args.m,
+        hops=args.hops,
+        f1_threshold=args.f1,
+        progress_path=f"{args.out}.progress.jsonl",
+        on_progress=progress,
+        workers=args.workers,
+        meta={
+            "name": Path(args.out).stem,
+            "model_spec": args.model,
+            "corpus": args.name or Path(args.corpus).name,
+            "questions_file": Path(args.questions).name,
+            "split": args.split,
+            "note": f"fitted by calibrate.py on questions {args.split} of {Path(args.questions).name}",
+        },
     )
-    return 0
+    bar.close()
+    return result
 
 
 if __name__ == "__main__":

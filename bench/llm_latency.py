@@ -30,6 +30,7 @@ sys.path.insert(0, str(ROOT))
 
 import brag  # noqa: E402
 import calibrate  # noqa: E402
+import llm_worker  # noqa: E402
 import llms  # noqa: E402
 
 # Calibration questions (the benchmark tests only on later ones) and their corpora.
@@ -104,11 +105,13 @@ def latency(repeats: int) -> tuple[list[str], list[str]]:
     # Weight repacking, in this process with the worker's own loading and generation code.
     path = str(llms.weights_file(llms.QWEN_CODER))
     for extra in (True, False):
-        model = llms._load_llama({"path": path, "n_ctx": 4096, "n_threads": None, "extra_buffers": extra})
+        model = llm_worker.load_llama(
+            {"path": path, "n_ctx": 4096, "n_threads": None, "extra_buffers": extra}
+        )
         request = {"n": 1, "temperature": 0.0, "format": "chat", **read_kw}
 
         def generate(m: list[dict[str, str]], model: Any = model, request: dict = request) -> brag.Completion:
-            out = llms._generate(model, {**request, "messages": m})
+            out = llm_worker.generate(model, {**request, "messages": m})
             return brag.Completion(out["texts"], out["prompt_tokens"], out["completion_tokens"])
 
         label = f"Qwen, chat, repacking {'on' if extra else 'off (as the runner loads it)'}"

@@ -851,33 +851,24 @@ def probes() -> list[Probe]:
             lambda lab, r: None if r.endswith("nothing written") else r,
             watch="",
         ),
-        Probe(
-            "response size: a 40 MB body from an allowed endpoint",
-            "model=<hostile>, 40 MB chat completion",
-            "listed",
-            lambda lab: call(lab, "listed", brag_args("BIGBODY?", model=lab.hostile.url + "#m")),
-            error_matching("BRAG_MAX_RESPONSE_BYTES"),
-            watch="",
-            max_rss_growth=100,
-        ),
-        Probe(
-            "response size: a gzip body that expands to 40 MB",
-            "model=<hostile>, 40 kB gzip, Content-Encoding: gzip",
-            "listed",
-            lambda lab: call(lab, "listed", brag_args("GZIPBOMB?", model=lab.hostile.url + "#m")),
-            error_matching("BRAG_MAX_RESPONSE_BYTES"),
-            watch="",
-            max_rss_growth=100,
-        ),
-        Probe(
-            "response size: 200,000 choices",
-            "model=<hostile>, 200,000 choices",
-            "listed",
-            lambda lab: call(lab, "listed", brag_args("CHOICES?", model=lab.hostile.url + "#m")),
-            error_matching("BRAG_MAX_RESPONSE_BYTES"),
-            watch="",
-            max_rss_growth=100,
-        ),
+        *[
+            Probe(
+                f"response size: {how}",
+                f"model=<hostile>, {sent}",
+                "listed",
+                lambda lab, keyword=keyword: call(
+                    lab, "listed", brag_args(keyword, model=lab.hostile.url + "#m")
+                ),
+                error_matching("BRAG_MAX_RESPONSE_BYTES"),
+                watch="",
+                max_rss_growth=100,
+            )
+            for how, sent, keyword in (
+                ("a 40 MB body from an allowed endpoint", "40 MB chat completion", "BIGBODY?"),
+                ("a gzip body that expands to 40 MB", "40 kB gzip, Content-Encoding: gzip", "GZIPBOMB?"),
+                ("200,000 choices", "200,000 choices", "CHOICES?"),
+            )
+        ],
         Probe(
             "response size: a 550 kB answer and follow-up query reach the report and the UI",
             "model=<hostile>, answer of 50,000 words",

@@ -1,0 +1,110 @@
+"""The embedded model's worker process: llama-cpp-python behind a pipe, and nothing else.
+
+``llms.LocalRunner`` starts it as ``python -c "import llm_worker; llm_worker.main(...)"``. It
+imports only the standard library and, once it runs, llama-cpp-python, so a worker starts
+without loading brag, numpy, bm25s or the HTTP stack (``bench/worker_startup.py`` measures it).
+A native crash in it costs the request in flight, not the server.
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+from multiprocessing.connection import Connection
+from typing import Any
+
+
+def plain_prompt(messages: list[dict[str, str]]) -> str:
+    """Chat messages as one few-shot completion prompt.
+
+    The instructions, then each exchange as a block with the reply right under what was asked;
+    the prompt ends on a new line after the last question, so the model writes the reply in the
+    pattern of the examples ("Answer: ...").
+    """
+    blocks: list[str] = []
+    for message in messages:
+        content = message.get("content", "").strip()
+        if message.get("role") == "assistant" and blocks:
+            blocks[-1] += "\n" + content
+        elif content:
+            blocks.append(content)
+    return "\n\n".join(blocks) + "\n"
+
+
+def main(argv: list[str]) -> None:
+    """The worker process: load the model, then answer requests until the parent goes away."""
+    requests = Connection(int(argv[0]), writable=False)
+    replies = Connection(int(argv[1]), readable=False)
+    config = json.loads(argv[2])
+    try:
+        model = load_llama(config)
+    except Exception as err:  # a corrupt or foreign file
+        replies.send({"error": f"{type(err).__name__}: {err}"})
+        return
+    replies.send({"ready": True})
+    while True:
+        try:
+            request = requests.recv()
+        except (EOFError, OSError):
+            return  # the parent closed the pipe or died
+        try:
+            replies.send(generate(model, request))
+        except Exception as err:  # e.g. a prompt longer than the context
+            replies.send({"error": str(err)})
+
+
+def load_llama(config: dict[str, Any]) -> Any:
+    """The model in ``config["path"]``, loaded by llama-cpp-python (imported only here)."""
+    import llama_cpp
+    import llama_cpp.llama_cpp as native
+
+    # llama.cpp repacks weights into "extra buffer types", and on hosts that advertise Intel AMX
+    # but fault on it, that is where it crashes (SIGSEGV in ggml_backend_amx_mul_mat), whatever
+    # the build. Repacking bought nothing measurable here (bench/results/llm_latency.md), so the
+    # runner always turns it off; only that benchmark turns it on. Llama() takes no argument
+    # for it, so the defaults are amended in this process.
+    defaults = native.llama_model_default_params
+    extra_buffers = bool(config.get("extra_buffers", False))
+
+    def model_params() -> Any:
+        params = defaults()
+        if hasattr(params, "use_extra_bufts"):
+            params.use_extra_bufts = extra_buffers
+        return params
+
+    native.llama_model_default_params = model_params
+    threads = config["n_threads"]
+    return llama_cpp.Llama(
+        model_path=config["path"],
+        n_ctx=config["n_ctx"],
+        n_threads=threads,
+        n_threads_batch=threads,
+        flash_attn=True,  # about 25 % faster on 2,000-token reads here
+        verbose=False,
+    )
+
+
+def generate(model: Any, request: dict[str, Any]) -> dict[str, Any]:
+    """``n`` samples (seeds seed, seed + 1, ...) in the requested prompt format."""
+    texts, prompt_tokens, completion_tokens = [], 0, 0
+    seed = request["seed"]
+    for i in range(request["n"]):
+        kwargs = {
+            "max_tokens": request["max_tokens"],
+            "temperature": request["temperature"],
+            "stop": request["stop"],
+            "seed": None if seed is None else seed + i,
+        }
+        if request["format"] == "chat":
+            out = model.create_chat_completion(messages=request["messages"], **kwargs)
+            texts.append(out["choices"][0]["message"]["content"] or "")
+        else:
+            out = model.create_completion(plain_prompt(request["messages"]), **kwargs)
+            texts.append(out["choices"][0]["text"])
+        prompt_tokens += out["usage"]["prompt_tokens"]
+        completion_tokens += out["usage"]["completion_tokens"]
+    return {"texts": texts, "prompt_tokens": prompt_tokens, "completion_tokens": completion_tokens}
+
+
+if __name__ == "__main__":
+    main(sys.argv[1:])
