@@ -2239,6 +2239,8 @@ class BRAG:
     (README, method section): the defaults keep every vote from counting against itself, read
     R2 against the answers before it, and price each action by its expected drop in P_err;
     ``rule="spec", second_hop="independent", policy="rate", hops=1`` is SPEC as first written.
+    ``min_calls`` (default 1) calls are made whatever their price, so every question gets an
+    answer when any action gives one; ``min_calls=0`` (with the settings above) prices strictly.
     """
 
     llm: LLM
@@ -2255,6 +2257,7 @@ class BRAG:
     rule: str = "floored"
     second_hop: str = "conditional"
     policy: str = "lookahead"
+    min_calls: int = 1
 
     def __post_init__(self) -> None:
         if self.calibration is None:
@@ -2262,8 +2265,9 @@ class BRAG:
         self.calibration = load_calibration(self.calibration)
         if not (isinstance(self.lam, (int, float)) and self.lam >= 0):
             raise ValueError(f"lam must be a number >= 0, got {self.lam!r}")
-        for name, value in (("k", self.k), ("m", self.m), ("max_uses", self.max_uses), ("hops", self.hops)):
-            if not isinstance(value, int) or value < (0 if name == "hops" else 1):
+        counts = (("k", self.k), ("m", self.m), ("max_uses", self.max_uses), ("hops", self.hops))
+        for name, value in (*counts, ("min_calls", self.min_calls)):
+            if not isinstance(value, int) or value < (0 if name in ("hops", "min_calls") else 1):
                 raise ValueError(f"{name} must be a positive integer, got {value!r}")
         if set(self.costs) != set(ACTIONS) or min(self.costs.values()) <= 0:
             raise ValueError("costs must give a positive cost for each of R1, R2 and CB")
@@ -2418,6 +2422,9 @@ class _Run:
         self.policy_us = 0.0
         self.started = time.perf_counter()
         self.stop_reason = ""
+        self.floor_reason: str | None = (
+            None  # why the policy alone would have stopped, if the floor overrode it
+        )
         self.current: str | None = None
         self.probs: list[float] = []
         self.residual = 1.0
@@ -2449,6 +2456,9 @@ class _Run:
         rates, _, _ = self._state()
         gains = self._gains(available)
         decision = self._follow_schedule(choose_action(gains, available, self.brag.lam), available)
+        floor = self._below_the_floor(decision, gains, available)
+        if floor is not None:
+            decision, self.floor_reason = floor, decision.stop_reason
         us = (time.perf_counter() - t0) * 1e6 + self.update_us
         self.update_us = 0.0
         self.policy_us += us
@@ -2461,6 +2471,7 @@ class _Run:
             "scores": {a: round(gain, 6) for a, gain in gains.items()},
             "score": decision.score,
             "action": decision.action,
+            "floor": floor is not None,  # taken only because the run had made too few calls
             "policy_us": round(us, 2),
         }
         self.steps.append(step)
@@ -2468,7 +2479,26 @@ class _Run:
             self.on_step(step)
         if decision.action is None:
             self.stop_reason = decision.stop_reason or ""
+            if self.floor_reason:
+                self.stop_reason += (
+                    f"; the first {self.brag.min_calls} call(s) were made by the min_calls floor "
+                    f"({self.floor_reason})"
+                )
         return step
+
+    def _below_the_floor(
+        self, decision: Decision, gains: Mapping[str, float], available: list[str]
+    ) -> Decision | None:
+        """Until ``min_calls`` calls are made, the best available action runs even at a gain <= λ.
+
+        A person who asks a question expects an answer; ``min_calls=0`` keeps strict pricing.
+        """
+        if decision.action is not None or self.schedule is not None or not available:
+            return None
+        if self.usage.calls >= self.brag.min_calls:
+            return None
+        best = max(available, key=lambda a: (gains[a], -available.index(a)))  # ties: the earlier
+        return Decision(best, gains[best], None)
 
     def _state(self) -> _PolicyState:
         """What the policy sees now: the windows the gate judged weak, and whether a read answered."""
@@ -2689,6 +2719,7 @@ class _Run:
                 "rule": brag.rule,
                 "second_hop": brag.second_hop,
                 "policy": brag.policy,
+                "min_calls": brag.min_calls,
                 "calibration": {
                     **{
                         key: brag.calibration.meta.get(key)

@@ -40,6 +40,7 @@ class Variant:
     second_hop: str
     policy: str
     hops: int
+    min_calls: int = 0  # 1: the first call is made whatever its price (BRAG's default)
 
 
 VARIANTS = (
@@ -48,6 +49,7 @@ VARIANTS = (
     Variant("floored + conditional R2", "floored", "conditional", "rate", 1),
     Variant("+ lookahead", "floored", "conditional", "lookahead", 1),
     Variant("+ lookahead, 2 hops", "floored", "conditional", "lookahead", 2),
+    Variant("+ one call at least", "floored", "conditional", "lookahead", 2, min_calls=1),
 )
 HOPS = 2  # the second hops calibration ran on every question (bench/calibrate_all.sh)
 FIXED = ("CB", "R1", "R1 → R2", "reads until an answer (≤ 3)")
@@ -119,6 +121,7 @@ def run_dataset(key: str, root: Path, llm: brag.LLM, n: int, k_folds: int) -> di
                     second_hop=variant.second_hop,
                     policy=variant.policy,
                     hops=variant.hops,
+                    min_calls=variant.min_calls,
                 )
                 for i in fold:
                     answer, report = controller.run(items[i].question, corpus)

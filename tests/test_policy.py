@@ -100,13 +100,15 @@ TOWER = [
 def test_larger_lambda_never_makes_more_calls(cb_answers):
     corpus = Corpus(TOWER)
     question = "Where was the architect of the Glass Tower born?"
-    calls = []
-    for lam in [0.0, 0.001, 0.01, 0.05, 0.1, 0.2, 0.5, 1.0, 2.0]:
-        llm = ScriptedLLM(read=tower_llm, closed_book=lambda p, n: cb_answers[:n])
-        _, report = BRAG(llm, calibration=PRIORS, lam=lam, k=1).run(question, corpus)
-        calls.append(report["totals"]["llm_calls"])
-    assert calls == sorted(calls, reverse=True)
-    assert 3 <= calls[0] <= 2 + DEFAULT_HOPS and calls[-1] == 0  # R1, a hop and CB at least; then none
+    for floor in (0, 1):
+        calls = []
+        for lam in [0.0, 0.001, 0.01, 0.05, 0.1, 0.2, 0.5, 1.0, 2.0]:
+            llm = ScriptedLLM(read=tower_llm, closed_book=lambda p, n: cb_answers[:n])
+            _, report = BRAG(llm, calibration=PRIORS, lam=lam, k=1, min_calls=floor).run(question, corpus)
+            calls.append(report["totals"]["llm_calls"])
+        assert calls == sorted(calls, reverse=True)
+        # R1, a hop and CB at least; then none, or the one call the floor makes.
+        assert 3 <= calls[0] <= 2 + DEFAULT_HOPS and calls[-1] == floor
 
 
 # ------------------------------------------------------------------ invariants, as property tests
@@ -187,9 +189,10 @@ def test_a_run_never_takes_an_action_with_no_expected_gain(cal, lam):
     _, report = BRAG(llm, calibration=cal, lam=lam, k=1, hops=2).run(
         "Where was the architect of the Glass Tower born?", Corpus(TOWER)
     )
-    for step in report["steps"]:
-        if step["action"]:
+    for i, step in enumerate(report["steps"]):
+        if step["action"] and not step["floor"]:
             assert step["score"] > lam and step["score"] > 0
+        assert not step["floor"] or i == 0  # the floor (min_calls=1) only ever forces the first call
 
 
 words = st.text(alphabet=st.characters(categories=["Lu", "Ll", "Nd"]), min_size=1, max_size=8)
@@ -269,3 +272,32 @@ def test_a_tie_is_broken_by_any_informative_vote_and_more_answers_gain_more():
     nothing_yet, _ = beliefs_after([], TYPES, 0.2)
     weak, strong = (expected_gain(nothing_yet, 0, 0.2, VoteOutlook(1.0, ((1.0, r),))) for r in (2.0, 20.0))
     assert 0 < weak < strong  # before any answer, a more reliable first read is worth more
+
+
+@pytest.mark.parametrize("lam", [0.5, 5.0])
+def test_the_min_calls_floor_makes_the_best_first_call_even_below_lambda_and_says_so(lam):
+    llm = ScriptedLLM(read=tower_llm, closed_book=lambda p, n: ["Oslo"] * n)
+    question = "Where was the architect of the Glass Tower born?"
+    answer, report = BRAG(llm, calibration=PRIORS, lam=lam, k=1).run(question, Corpus(TOWER))
+    first, last = report["steps"][0], report["steps"][-1]
+    # The first step's pick is its best score, though that score is at or below lambda.
+    assert first["floor"] and first["action"] == max(first["scores"], key=first["scores"].get)
+    assert first["score"] == pytest.approx(max(first["scores"].values()), abs=1e-6) and first["score"] <= lam
+    assert report["totals"]["llm_calls"] == 1 and last["action"] is None
+    assert "min_calls floor" in report["stop_reason"] and f"<= lambda {lam:g}" in report["stop_reason"]
+    assert answer == (first["observation"]["answer"] or "")  # what that one call said, if anything
+
+
+def test_min_calls_zero_keeps_strict_pricing_and_no_floor_when_the_policy_calls_anyway():
+    llm = ScriptedLLM(read=tower_llm, closed_book=lambda p, n: ["Oslo"] * n)
+    question = "Where was the architect of the Glass Tower born?"
+    answer, report = BRAG(llm, calibration=PRIORS, lam=5.0, k=1, min_calls=0).run(question, Corpus(TOWER))
+    assert answer == "" and report["totals"]["llm_calls"] == 0 and "floor" not in report["stop_reason"]
+    _, report = BRAG(llm, calibration=PRIORS, lam=0.0, k=1).run(question, Corpus(TOWER))
+    assert not any(step["floor"] for step in report["steps"]) and "floor" not in report["stop_reason"]
+
+
+def test_a_fixed_schedule_is_never_overridden_by_the_floor():
+    llm = ScriptedLLM(read=tower_llm)
+    _, report = BRAG(llm, calibration=PRIORS, lam=5.0, k=1).run("Where?", Corpus(TOWER), actions=[])
+    assert report["totals"]["llm_calls"] == 0 and report["stop_reason"] == "schedule done"
