@@ -60,9 +60,10 @@ CORPORA: dict[str, tuple[str, tuple[str, ...], str]] = {
     "2WikiMultihopQA": ("2wikimultihopqa", ("2wikimultihopqa_corpus.json",), "2wikimultihopqa_corpus.json"),
     "MuSiQue": ("musique", ("musique_corpus.json", "musique_migres200_corpus.json"), "musique_corpus.json"),
 }
+# The first is one the default model answers right (bench/results/examples.md).
 EXAMPLES = [
-    ["Where was the architect of the Glass Tower born?", DEMO],
     ["Which political party used the idea coined by Friedrich Ratzel?", DEMO],
+    ["Where was the architect of the Glass Tower born?", DEMO],
     ["In which city was the author of The Silent Orchard born?", DEMO],
     ["Into which sea does the river that flows through Marie Curie's birthplace flow?", DEMO],
 ]
@@ -1291,6 +1292,13 @@ def progress_markdown(report: dict[str, Any]) -> str:
     return f"{doing} · {calls} LLM call(s) so far · {elapsed:.1f} s"
 
 
+def trust_line(report: dict[str, Any]) -> str:
+    """How far to trust the answer (``report["confidence"]``): in bold when it is a guess."""
+    confidence = report.get("confidence") or {}
+    summary = str(confidence.get("summary") or f"P(correct) ≈ {1 - float(report['p_err']):.0%}")
+    return f"**{summary[0].upper()}{summary[1:]}**" if confidence.get("guess") else summary
+
+
 def render(answer: str, report: dict[str, Any] | None) -> tuple[Any, ...]:
     """What the page shows for a report, while the run goes on and when it is done."""
     if not report or not isinstance(report, dict):
@@ -1304,9 +1312,7 @@ def render(answer: str, report: dict[str, Any] | None) -> tuple[Any, ...]:
     if not finished:
         headline = f"### Best so far: {answer}" if answer else "### Working…"
     elif answer:
-        headline = (
-            f"## {answer}\n\nP(correct) ≈ {1 - report['p_err']:.0%} · corpus: {report.get('corpus', '')}"
-        )
+        headline = f"## {answer}\n\n{trust_line(report)} · corpus: {report.get('corpus', '')}"
     else:
         headline = "## No answer found\n\nNo action returned an answer the controller could vote for."
     if finished:

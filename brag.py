@@ -125,6 +125,7 @@ __all__ = [  # noqa: RUF022
     "ACTIONS",
     "BRAG",
     "DEFAULT_HOPS",
+    "GUESS_BELOW",
     "RunAborted",
     "closed_book_mode",
     # Files
@@ -2379,6 +2380,28 @@ class _Usage:
         }
 
 
+# Below this P(correct) an answer is reported as a guess, in the report and on the page.
+GUESS_BELOW = 0.5
+
+
+def _appears_in(answer: str, texts: Iterable[str]) -> bool:
+    """Whether ``answer`` (normalised) stands in any of ``texts`` as whole words."""
+    wanted = normalize_answer(answer)
+    if not wanted or wanted in ("yes", "no"):
+        return wanted in ("yes", "no")  # a yes/no answer is never quoted; it cannot be checked
+    return any(f" {wanted} " in f" {normalize_answer(text)} " for text in texts)
+
+
+def _confidence_summary(p_correct: float, runner_up: dict[str, Any] | None, supported: bool) -> str:
+    """One sentence a person can act on: a guess or not, the runner-up, and the corpus's say."""
+    parts = [f"a guess: {p_correct:.0%}" if p_correct < GUESS_BELOW else f"P(correct) ≈ {p_correct:.0%}"]
+    if runner_up is not None and p_correct < GUESS_BELOW:
+        parts.append(f"runner-up: {runner_up['answer']} ({runner_up['p']:.0%})")
+    if not supported:
+        parts.append("no passage read contains this answer: the corpus does not seem to hold it")
+    return "; ".join(parts)
+
+
 class _Run:
     """The state of one question, and the loop that answers it.
 
@@ -2680,6 +2703,34 @@ class _Run:
             "p_err": round(error_probability(self.probs), 6),
         }
 
+    def confidence(self, answer: str) -> dict[str, Any]:
+        """How far to trust ``answer``, in words as well as numbers.
+
+        ``guess`` when P(correct) is below ``GUESS_BELOW``; the runner-up candidate; and whether
+        any passage read contains the answer (``supported``), which a read-based answer that the
+        corpus does not hold lacks.
+        """
+        if not answer:
+            return {"p_correct": 0.0, "guess": True, "runner_up": None, "supported": False, "summary": ""}
+        ranked = sorted(range(len(self.probs)), key=lambda i: (-self.probs[i], i))
+        p_correct = 1.0 - error_probability(self.probs)
+        runner_up = None
+        if len(ranked) > 1:
+            second = ranked[1]
+            runner_up = {"answer": self.candidates.texts[second], "p": round(self.probs[second], 6)}
+        supported = _appears_in(answer, self._passages_read())
+        return {
+            "p_correct": round(p_correct, 6),
+            "guess": p_correct < GUESS_BELOW,
+            "runner_up": runner_up,
+            "supported": supported,
+            "summary": _confidence_summary(p_correct, runner_up, supported),
+        }
+
+    def _passages_read(self) -> list[str]:
+        ids = {p["id"] for step in self.steps for p in (step.get("observation") or {}).get("passages", [])}
+        return [self.corpus[i].render() for i in sorted(ids)]
+
     def answer(self) -> str:
         """The most probable candidate so far (ties: the earliest), or "" before any."""
         if not self.probs:
@@ -2697,6 +2748,7 @@ class _Run:
             "answered": bool(answer),
             "finished": finished,
             "note": "" if answer or not finished else "no candidate answer: every action returned NONE",
+            "confidence": self.confidence(answer),
             "p_err": round(error_probability(self.probs), 6),
             "steps": [dict(step) for step in self.steps],  # a snapshot: later steps do not change it
             "stop_reason": stop_reason,

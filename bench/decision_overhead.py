@@ -1,116 +1,109 @@
-"""Median time of one controller step between LLM calls, no LLM.
+"""Median time of one controller decision, timed exactly as ``_Run.loop`` makes it, no LLM.
 
-A step is what the runner does between two LLM calls: add the vote just observed to the
-posterior (``Beliefs.add``), read the posterior (``Beliefs.probabilities``), and choose the next
-action or stop (``error_probability`` + ``choose_action``; the information rates are fixed per
-calibration). States are drawn like real runs: 1-6 candidates, up to 4 votes of types R1, R2 and
-CB_g, with the actions already taken removed from the available set.
+A decision is ``_Run._decide``: fold in the vote just observed (``Beliefs.add``), read the
+posterior, score every available action (the one-vote lookahead's ``expected_gain``, or SPEC's
+``P_err · D / c`` for ``policy="rate"``) and choose. The runner times each decision itself and
+reports it per step as ``policy_us``; this script collects those over ``--runs`` runs of the
+app's first Demo question, over the Demo corpus, with the shipped HotpotQA calibration of the
+embedded model and a scripted LLM whose replies vary from run to run (so the posterior states
+do). λ = 0, so every run takes every action it can (about five decisions a run).
 
-    python bench/decision_overhead.py [--states 20000] [--rounds 7]
+    python bench/decision_overhead.py [--runs 300] [--rounds 5]
 """
 
 from __future__ import annotations
 
 import argparse
 import platform
-import random
 import statistics
 import sys
-import time
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT))
 
-from brag import (
-    ACTIONS,
-    Beliefs,
-    Vote,
-    VoteModel,
-    choose_action,
-    error_probability,
-    load_calibration,
-)
+import brag  # noqa: E402
 
-State = tuple[Beliefs, Vote, int, list[str]]
+ANSWERS = ["Bergen", "Oslo", "NONE", "Lina Berg", "Trondheim"]
+TARGET_US = 13.0  # the seed's reported decision time
 
 
-def random_votes(rng: random.Random, m: int) -> tuple[list[Vote], int, list[str]]:
-    n_candidates = rng.randint(1, 6)
-    sources = rng.sample(["R1", "R2", "CB"], rng.randint(1, 3))
-    votes = []
-    for source in sources:
-        name = f"CB_{rng.randint(1, m)}" if source == "CB" else source
-        votes.append(Vote(name, rng.randrange(n_candidates)))
-    while len(votes) < rng.randint(len(votes), 4):  # repeated uses (max_uses > 1)
-        votes.append(Vote("R1", rng.randrange(n_candidates)))
-    available = [a for a in ACTIONS if a not in sources]
-    return votes, n_candidates, available
+class VariedLLM:
+    """Replies that depend on the run and the call, so the runs reach different posteriors."""
+
+    name = "scripted"
+
+    def __init__(self, run: int) -> None:
+        self.run, self.calls = run, 0
+
+    def complete(self, messages, *, n=1, temperature=0.0, max_tokens=64, stop=None, seed=None):
+        """A read names one of ANSWERS; closed-book samples spread over them."""
+        self.calls += 1
+        pick = (self.run * 7 + self.calls * 3) % len(ANSWERS)
+        if messages[0]["content"] == brag.CLOSED_BOOK_INSTRUCTIONS:
+            texts = [ANSWERS[(pick + i * (self.run % 3)) % len(ANSWERS)] for i in range(n)]
+        else:
+            texts = [f"Answer: {ANSWERS[pick]}\nFollow-up query: Lina Berg birthplace"]
+        return brag.Completion(texts, 100, 5 * n)
 
 
-def prepare(model: VoteModel, drawn: list[tuple[list[Vote], int, list[str]]]) -> list[State]:
-    """Posterior states holding every vote but the last, which the timed step adds."""
-    states = []
-    for votes, n, available in drawn:
-        beliefs = model.beliefs()
-        for vote in votes[:-1]:
-            beliefs.add(vote)
-        states.append((beliefs, votes[-1], n, available))
-    return states
+def decision_times(policy: str, runs: int, corpus: brag.Corpus, calibration: brag.Calibration) -> list[float]:
+    question = "Where was the architect of the Glass Tower born?"
+    times = []
+    for run in range(runs):
+        controller = brag.BRAG(VariedLLM(run), calibration=calibration, lam=0.0, policy=policy)
+        _, report = controller.run(question, corpus)
+        times += [step["policy_us"] for step in report["steps"]]
+    return times
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--states", type=int, default=20000)
-    parser.add_argument("--rounds", type=int, default=7)
-    default_out = Path(__file__).parent / "results" / "decision_overhead.md"
-    parser.add_argument("--out", type=Path, default=default_out)
+    parser.add_argument("--runs", type=int, default=300)
+    parser.add_argument("--rounds", type=int, default=5)
+    parser.add_argument("--out", type=Path, default=ROOT / "bench" / "results" / "decision_overhead.md")
     args = parser.parse_args()
-
-    cal = load_calibration()
-    model = VoteModel(cal.source_priors(cal.m), cal.eta)
-    rate_per_cost = cal.rates()  # every action costs one call
-    rng = random.Random(0)
-    drawn = [random_votes(rng, cal.m) for _ in range(args.states)]
-    timer = time.perf_counter_ns
-
-    # This machine's speed drifts between runs, so time several rounds and report the median round.
-    round_medians, all_samples = [], []
-    for _ in range(args.rounds + 1):  # the first round warms up and is not counted
-        samples = []
-        for beliefs, vote, n, available in prepare(model, drawn):
-            t0 = timer()
-            beliefs.add(vote)
-            probs, _ = beliefs.probabilities(n)
-            choose_action(error_probability(probs), rate_per_cost, available, 0.05)
-            samples.append((timer() - t0) / 1000)
-        round_medians.append(statistics.median(samples))
-        all_samples += samples
-    round_medians, all_samples = round_medians[1:], all_samples[len(drawn) :]
-    overhead = [-(timer() - timer()) for _ in range(10000)]
-    clock_us = statistics.median(overhead) / 1000
-    median = statistics.median(round_medians)
-    fastest = min(round_medians)
-    p95 = statistics.quantiles(all_samples, n=20)[-1]
+    corpus = brag.Corpus((ROOT / "data" / "demo_corpus.json").read_text(encoding="utf-8"))
+    calibration = brag.load_calibration(brag.CALIBRATIONS_DIR / "qwen2.5-coder-0.5b-hotpotqa.json")
+    rows = []
+    for policy in ("lookahead", "rate"):
+        decision_times(policy, 20, corpus, calibration)  # warm-up
+        # This machine's speed drifts, so several rounds; the median round is reported.
+        rounds = [decision_times(policy, args.runs, corpus, calibration) for _ in range(args.rounds)]
+        medians = [statistics.median(r) for r in rounds]
+        every = [t for r in rounds for t in r]
+        rows.append(
+            (
+                policy,
+                len(rounds[0]),
+                statistics.median(medians),
+                min(medians),
+                statistics.quantiles(every, n=20)[-1],
+                medians,
+            )
+        )
     command = "python bench/decision_overhead.py"
-    if (args.states, args.rounds) != (20000, 7):
-        command += f" --states {args.states} --rounds {args.rounds}"
-    text = f"""# Decision overhead
-
-Command: `{command}`
-Machine: {platform.machine()}, 2 cores, Python {platform.python_version()}
-
-| states × rounds | median µs / step (median round) | fastest round | p95 µs | timer µs | original | target |
-|---|---|---|---|---|---|---|
-| {len(drawn)} × {args.rounds} | {median:.2f} | {fastest:.2f} | {p95:.2f} | {clock_us:.3f} | ~13 | ≤ 5 |
-
-Round medians (µs): {", ".join(f"{m:.2f}" for m in round_medians)}
-
-A step is everything the controller does between two LLM calls: `Beliefs.add` (the vote just
-observed), `Beliefs.probabilities`, `error_probability` and `choose_action`. States: 1–6
-candidates, up to 4 votes of types R1, R2 and CB_g, seeded (`random.Random(0)`).
-"""
-    args.out.write_text(text, encoding="utf-8")
-    print(text)
+    if (args.runs, args.rounds) != (300, 5):
+        command += f" --runs {args.runs} --rounds {args.rounds}"
+    lines = [
+        "# Decision overhead",
+        "",
+        f"Command: `{command}`",
+        f"Machine: {platform.machine()}, 2 cores, Python {platform.python_version()}",
+        "",
+        "| policy | decisions per round | median µs per decision (median round) | fastest round | p95 µs "
+        "| target |",
+        "|---|---|---|---|---|---|",
+    ]
+    for policy, count, median, fastest, p95, _ in rows:
+        target = (
+            f"≤ {TARGET_US:g}: {'met' if median <= TARGET_US else 'missed'}" if policy == "lookahead" else ""
+        )
+        lines.append(f"| {policy} | {count} | {median:.2f} | {fastest:.2f} | {p95:.2f} | {target} |")
+    lines += [""] + [f"Round medians, {p} (µs): {', '.join(f'{m:.2f}' for m in ms)}" for p, *_, ms in rows]
+    lines += ["", __doc__.split("\n\n")[1].replace("\n", " ").strip(), ""]
+    args.out.write_text("\n".join(lines), encoding="utf-8")
+    print("\n".join(lines))
 
 
 if __name__ == "__main__":

@@ -54,6 +54,7 @@ def row(source: str, question: str, gold: str, answer: str, report: dict[str, An
         "calls": report["totals"]["llm_calls"],
         "seconds": seconds,
         "calibration": report["config"]["calibration"]["name"],
+        "trust": report["confidence"]["summary"],
     }
 
 
@@ -93,13 +94,14 @@ def main(argv: list[str] | None = None) -> int:
         "",
         f"**{right} of {len(rows)} right** (exact match after SQuAD normalisation).",
         "",
-        "| source | question | gold | answer | right | actions | calls | s |",
-        "|---|---|---|---|---|---|---|---|",
+        "| source | question | gold | answer | right | what the report says | actions | calls | s |",
+        "|---|---|---|---|---|---|---|---|---|",
     ]
     for r in rows:
         lines.append(
             f"| {r['source']} | {r['question']} | {r['gold']} | {r['answer'] or '(none)'} | "
-            f"{'✓' if r['right'] else '✗'} | {r['actions']} | {r['calls']} | {r['seconds']:.1f} |"
+            f"{'✓' if r['right'] else '✗'} | {r['trust']} | {r['actions']} | {r['calls']} | "
+            f"{r['seconds']:.1f} |"
         )
     args.out.write_text("\n".join(lines) + "\n", encoding="utf-8")
     print("\n".join(lines))

@@ -712,3 +712,23 @@ def test_a_perfect_reader_answers_at_least_80_percent_over_the_app(shared_data):
             right += brag.exact_match(answer, item.gold)
     assert "uncalibrated" in report["calibration"]["status"]
     assert right >= 0.8 * len(items), right
+
+
+def test_a_guess_is_said_plainly_in_the_headline_with_its_runner_up():
+    import app as brag_app
+
+    report = fake_report()
+    report["confidence"] = {
+        "p_correct": 0.19,
+        "guess": True,
+        "runner_up": {"answer": "Bergen", "p": 0.12},
+        "supported": False,
+        "summary": "a guess: 19%; runner-up: Bergen (12%); no passage read contains this answer: "
+        "the corpus does not seem to hold it",
+    }
+    _, headline, *_ = brag_app.render("Oslo", report)
+    assert "## Oslo" in headline and "**A guess: 19%; runner-up: Bergen (12%)" in headline
+    assert "the corpus does not seem to hold it**" in headline
+    report["confidence"] = {**report["confidence"], "guess": False, "summary": "P(correct) ≈ 81%"}
+    _, headline, *_ = brag_app.render("Oslo", report)
+    assert "P(correct) ≈ 81% · corpus:" in headline and "**" not in headline.split("\n\n")[1]

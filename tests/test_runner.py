@@ -253,3 +253,51 @@ def test_a_perfect_reader_answers_at_least_80_percent_with_the_prior_it_gets(sha
     status = answers[0][1]["config"]["calibration"]["status"]
     assert "uncalibrated" in status and "run /calibrate" in status
     assert right >= 0.8 * len(items), right
+
+
+def weak_reads() -> dict:
+    """The hand-set priors with reads right one time in five."""
+    calibration = brag.load_calibration(PRIORS).to_dict()
+    for action in ("R1", "R2"):
+        calibration["actions"][action]["rho"] = {"a": 2.0, "b": 8.0}
+    return calibration
+
+
+def test_an_answer_no_passage_holds_is_a_guess_with_its_runner_up_and_the_report_says_so():
+    # "Who wrote Hamlet?" over a corpus that never mentions Hamlet: the read names someone
+    # anyway, and closed-book names someone else.
+    llm = ScriptedLLM(
+        read=lambda prompt: "Answer: Charles Babbage\nFollow-up query: Hamlet author",
+        closed_book=lambda prompt, n: ["William Shakespeare", "William Shakespeare", "NONE", "Oslo", "x"][:n],
+    )
+    controller = BRAG(llm, calibration=weak_reads(), k=2)
+    answer, report = controller.run("Who wrote Hamlet?", Corpus(PASSAGES), actions=["R1", "CB"])
+    confidence, candidates = report["confidence"], report["steps"][-1]["posterior"]["candidates"]
+    best, second = sorted(candidates, key=lambda c: -c["p"])[:2]
+    assert answer == best["answer"] and confidence["p_correct"] == pytest.approx(best["p"], abs=1e-6)
+    assert confidence["guess"] is True and confidence["supported"] is False  # neither name is in PASSAGES
+    assert confidence["runner_up"] == {"answer": second["answer"], "p": second["p"]}
+    assert confidence["summary"] == (
+        f"a guess: {best['p']:.0%}; runner-up: {second['answer']} ({second['p']:.0%}); "
+        "no passage read contains this answer: the corpus does not seem to hold it"
+    )
+
+
+def test_a_weak_single_read_is_called_a_guess_and_a_read_answer_in_its_passage_is_supported():
+    llm = ScriptedLLM(read=two_hop_reader)
+    controller = BRAG(llm, calibration=weak_reads(), k=5)
+    answer, report = controller.run(QUESTION, Corpus(PASSAGES), actions=["R1"])
+    confidence = report["confidence"]
+    assert answer == "Bergen" and confidence["supported"] is True  # "born in Bergen" was read
+    assert confidence["guess"] is True and confidence["p_correct"] < brag.GUESS_BELOW
+    assert confidence["summary"] == f"a guess: {confidence['p_correct']:.0%}"  # one candidate: no runner-up
+    assert confidence["runner_up"] is None
+
+
+def test_a_confident_answer_is_not_called_a_guess():
+    llm = ScriptedLLM(read=two_hop_reader, closed_book=lambda prompt, n: ["Bergen"] * n)
+    answer, report = BRAG(llm, calibration=PRIORS, k=5, lam=0.0).run(QUESTION, Corpus(PASSAGES))
+    confidence = report["confidence"]
+    assert answer == "Bergen" and confidence["supported"] is True
+    assert confidence["p_correct"] >= brag.GUESS_BELOW and confidence["guess"] is False
+    assert confidence["summary"] == f"P(correct) ≈ {confidence['p_correct']:.0%}"
