@@ -550,7 +550,12 @@ class VoteOutlook:
 
 
 def expected_gain(
-    beliefs: Beliefs, n_candidates: int, eta: float, outlook: VoteOutlook, repeatable: Collection[int] = ()
+    beliefs: Beliefs,
+    n_candidates: int,
+    eta: float,
+    outlook: VoteOutlook,
+    repeatable: Collection[int] = (),
+    posterior: tuple[list[float], float] | None = None,
 ) -> float:
     """The expected drop in P_err from one more vote: a one-step lookahead.
 
@@ -558,29 +563,83 @@ def expected_gain(
     particular wrong one with (1 - rho) eta; every kind and target of vote is weighted by its
     predictive probability, and the posterior after it is the one :class:`Beliefs` would reach.
     It is what the stop rule prices: lambda is the price of one call in units of answer error.
+    ``posterior`` is ``beliefs.probabilities(n_candidates)`` when the caller has it already.
     """
-    probs, residual = beliefs.probabilities(n_candidates)
-    log_w = beliefs.log_w
-    best = max(probs, default=0.0)
-    order = sorted(range(len(probs)), key=lambda i: -probs[i])
-    runner_up = probs[order[1]] if len(order) > 1 else 0.0
+    probs, residual = posterior if posterior is not None else beliefs.probabilities(n_candidates)
+    first, best, runner_up = _top_two(probs)
+    same = outlook.same_ratio
+    same_terms = _vote_terms(same, eta) if same is not None and repeatable else None
     expected = (1 - outlook.q) * best
+    by_ratio: dict[float, tuple[float, float]] = {}  # CB's levels often share a ratio
     for share, ratio in outlook.outcomes:
-        total, covered = 0.0, 0.0
-        for j, pj in enumerate(probs):
-            lr = outlook.same_ratio if outlook.same_ratio is not None and j in repeatable else ratio
-            rho = lr * eta / (1 + lr * eta)
-            chance = pj * rho + (1 - pj) * (1 - rho) * eta  # the vote names candidate j
-            grown = pj * math.exp(beliefs.weight_after(j, math.log(lr)) - log_w[j])
-            other = runner_up if j == order[0] else best
-            total += chance * max(grown, other) / (1 - pj + grown)
-            covered += chance
-        fresh = residual * ratio * eta  # a vote for an answer not seen yet: its weight
-        total += max(0.0, 1 - covered) * max(best, fresh) / (1 + fresh)
+        sums = by_ratio.get(ratio)
+        if sums is None:
+            sums = by_ratio[ratio] = _after_one_vote(
+                beliefs, probs, residual, eta, ratio, same_terms, repeatable, (first, best, runner_up)
+            )
+        total, covered = sums
         # eta is a per-answer likelihood, so with many candidates the chances of naming each
         # can sum past 1; the outcomes must form a distribution for this to be an expectation
         expected += outlook.q * share * total / max(1.0, covered)
     return max(0.0, expected - best)
+
+
+def _after_one_vote(
+    beliefs: Beliefs,
+    probs: list[float],
+    residual: float,
+    eta: float,
+    ratio: float,
+    same_terms: tuple[float, float] | None,
+    repeatable: Collection[int],
+    top: tuple[int, float, float],
+) -> tuple[float, float]:
+    """One kind of vote's expected P(leader) after it (unnormalised) and its chance mass.
+
+    ``expected_gain`` divides one by the other. ``Beliefs.weight_after`` is inlined: this loop
+    is most of a decision's time.
+    """
+    first, best, runner_up = top
+    log_w, favour, weakest = beliefs.log_w, beliefs.favour, beliefs.weakest_best
+    known = len(favour)
+    rho_new, log_new = _vote_terms(ratio, eta)
+    exp = math.exp
+    total, covered = 0.0, 0.0
+    for j, pj in enumerate(probs):
+        rho, log_lr = same_terms if same_terms is not None and j in repeatable else (rho_new, log_new)
+        chance = pj * rho + (1 - pj) * (1 - rho) * eta  # the vote names candidate j
+        if j >= known:  # a new candidate: the vote's own ratio
+            after = log_lr
+        elif log_lr >= 0:
+            after = (favour[j] or 0.0) + log_lr
+        else:
+            held = favour[j]
+            after = held if held is not None else max(weakest[j], log_lr)
+        grown = pj * exp(after - log_w[j])
+        other = runner_up if j == first else best
+        total += chance * max(grown, other) / (1 - pj + grown)
+        covered += chance
+    fresh = residual * ratio * eta  # a vote for an answer not seen yet: its weight
+    total += max(0.0, 1 - covered) * max(best, fresh) / (1 + fresh)
+    return total, covered
+
+
+def _vote_terms(ratio: float, eta: float) -> tuple[float, float]:
+    """A vote of likelihood ratio ``ratio``: its reliability ρ = rη / (1 + rη), and ln r."""
+    return ratio * eta / (1 + ratio * eta), math.log(ratio)
+
+
+def _top_two(probs: Sequence[float]) -> tuple[int, float, float]:
+    """The leading candidate (ties: the earliest), its probability, and the runner-up's."""
+    first, best, runner_up = -1, 0.0, 0.0
+    for j, pj in enumerate(probs):
+        if first < 0 or pj > best:
+            if first >= 0:
+                runner_up = best
+            first, best = j, pj
+        elif pj > runner_up:
+            runner_up = pj
+    return first, best, runner_up
 
 
 class Decision(NamedTuple):
@@ -2535,8 +2594,9 @@ class _Run:
             p_err = error_probability(self.probs)
             return {a: p_err * rate_per_cost[a] for a in available}
         n, eta = len(self.candidates.texts), brag.calibration.eta
+        now = (self.probs, self.residual)  # what _decide just read: the same posterior
         return {
-            a: expected_gain(self.beliefs, n, eta, outlooks[a], self.read_answers) / brag.costs[a]
+            a: expected_gain(self.beliefs, n, eta, outlooks[a], self.read_answers, now) / brag.costs[a]
             for a in available
         }
 

@@ -6,7 +6,7 @@ posterior, score every available action (the one-vote lookahead's ``expected_gai
 reports it per step as ``policy_us``; this script collects those over ``--runs`` runs of the
 app's first Demo question, over the Demo corpus, with the shipped HotpotQA calibration of the
 embedded model and a scripted LLM whose replies vary from run to run (so the posterior states
-do). λ = 0, so every run takes every action it can (about five decisions a run).
+do). λ = 0, so a run goes on as long as some action has any expected gain.
 
     python bench/decision_overhead.py [--runs 300] [--rounds 5]
 """
