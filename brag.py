@@ -105,6 +105,7 @@ __all__ = [  # noqa: RUF022
     "CALIBRATIONS_DIR",
     "CALIBRATION_VERSION",
     "PRIOR_CALIBRATION_PATH",
+    "ActionCost",
     "ActionPrior",
     "Branch",
     "Calibration",
@@ -125,6 +126,9 @@ __all__ = [  # noqa: RUF022
     "ACTIONS",
     "BRAG",
     "DEFAULT_HOPS",
+    "action_costs",
+    "priced",
+    "COST_UNITS",
     "GUESS_BELOW",
     "RunAborted",
     "closed_book_mode",
@@ -1811,8 +1815,22 @@ class ActionPrior(_BetaMean):
 
 
 @dataclass(frozen=True)
+class ActionCost:
+    """What one run of an action cost on average when calibration measured it."""
+
+    prompt_tokens: float
+    completion_tokens: float
+    requests: float
+    seconds: float | None  # None when the latencies were not known
+
+
+@dataclass(frozen=True)
 class Calibration:
-    """Population-level hyperpriors: per-action (q, rho), CB levels (pi_g, kappa_g) and eta."""
+    """Population-level hyperpriors: per-action (q, rho), CB levels (pi_g, kappa_g) and eta.
+
+    ``costs``: what each action cost when calibration ran it (None for the hand-set prior and
+    for calibrations fitted before costs were recorded).
+    """
 
     eta: float
     actions: dict[str, ActionPrior]
@@ -1820,6 +1838,7 @@ class Calibration:
     meta: dict[str, Any] = field(default_factory=dict)
     gate: Gate | None = None
     gate_details: dict[str, Any] = field(default_factory=dict)  # AUCs, n, logistic fit
+    costs: dict[str, ActionCost] | None = None
 
     def branches(self) -> tuple[Branch, Branch]:
         """R2's (same, new) outcomes; without them, both are R2's own reliability."""
@@ -1887,6 +1906,7 @@ class Calibration:
         if self.gate is not None:
             gate = {"k": self.gate.k, "signals": [asdict(signal) for signal in self.gate.signals]}
             gate = {**self.gate_details, **gate}
+        costs = {a: asdict(c) for a, c in self.costs.items()} if self.costs is not None else None
         return {
             **self.meta,
             "version": CALIBRATION_VERSION,
@@ -1894,6 +1914,7 @@ class Calibration:
             "eta": self.eta,
             "actions": actions,
             "gate": gate,
+            **({"costs": costs} if costs is not None else {}),
         }
 
 
@@ -1946,8 +1967,31 @@ def calibration_from_dict(data: Any) -> Calibration:
     if "m" in data and data["m"] != m:
         raise ValueError(f"calibration: m = {_shown(data['m'])} but CB has {m} agreement levels")
     gate, details = _gate_from_dict(data.get("gate"))
-    meta = {k: v for k, v in data.items() if k not in ("version", "eta", "actions", "m", "gate")}
-    return Calibration(eta=eta, actions=actions, m=m, meta=meta, gate=gate, gate_details=details)
+    costs = _costs_from_dict(data.get("costs"))
+    meta = {k: v for k, v in data.items() if k not in ("version", "eta", "actions", "m", "gate", "costs")}
+    return Calibration(eta=eta, actions=actions, m=m, meta=meta, gate=gate, gate_details=details, costs=costs)
+
+
+def _costs_from_dict(raw: Any) -> dict[str, ActionCost] | None:
+    """The measured cost of each action, when the calibration recorded them."""
+    if raw is None:
+        return None
+    if not isinstance(raw, Mapping) or set(raw) != set(ACTIONS):
+        raise ValueError("calibration: costs must give R1, R2 and CB")
+    costs = {}
+    for name in ACTIONS:
+        entry = raw[name]
+        if not isinstance(entry, Mapping):
+            raise ValueError(f"calibration: costs.{name} must be an object")
+        where = f"costs.{name}"
+        numbers = [
+            _number(entry.get(key), f"{where}.{key}", 0.0, 1e9)
+            for key in ("prompt_tokens", "completion_tokens", "requests")
+        ]
+        seconds = entry.get("seconds")
+        seconds = None if seconds is None else _number(seconds, f"{where}.seconds", 0.0, 1e6)
+        costs[name] = ActionCost(*numbers, seconds)
+    return costs
 
 
 def _read_action(name: str, entry: Mapping[str, Any]) -> ActionPrior:
@@ -2242,6 +2286,88 @@ _POLICIES = ("lookahead", "rate")
 DEFAULT_HOPS = 2
 
 
+# How an action is priced (``BRAG(cost=...)``): every cost is relative to one R1 read, so that
+# lambda keeps its meaning, the price of one read in units of answer error.
+COST_UNITS = ("calls", "tokens", "seconds", "usd")
+# On a CPU a generated token takes about as long as this many prompt tokens (estimates only).
+_DECODE_WEIGHT = 6.0
+
+
+def action_costs(
+    calibration: Calibration,
+    unit: str = "calls",
+    *,
+    k: int = 5,
+    m: int = 5,
+    output_ratio: float = 4.0,
+    prices: tuple[float, float] | None = None,
+) -> tuple[dict[str, float], str]:
+    """Each action's cost relative to one R1 read (c_R1 = 1), and where the figures come from.
+
+    ``calls``: every action 1 (SPEC's). ``tokens``: prompt plus ``output_ratio`` × completion
+    tokens. ``seconds``: LLM latency. ``usd``: ``prices`` = (input, output) dollars per million
+    tokens. The figures are the calibration's measured means; a calibration without them (the
+    hand-set prior, older files) falls back to estimates from the prompts' sizes, and says so.
+    """
+    if unit not in COST_UNITS:
+        raise ValueError(f"cost must be one of {COST_UNITS}, got {unit!r}")
+    if unit == "calls":
+        return dict.fromkeys(ACTIONS, 1.0), "every action counts as one call"
+    if unit == "usd" and (prices is None or len(prices) != 2 or min(prices) < 0 or max(prices) <= 0):
+        raise ValueError("cost='usd' needs prices=(input, output) in dollars per million tokens")
+    if not output_ratio > 0:
+        raise ValueError(f"output_ratio must be positive, got {output_ratio!r}")
+    measured = calibration.costs
+    usable = measured is not None and (unit != "seconds" or all(c.seconds for c in measured.values()))
+    if usable:
+        assert measured is not None
+        base, source = measured, "measured by calibration"
+    else:
+        base, source = _estimated_costs(k, m), "estimated from prompt sizes: the calibration measured none"
+    raw = {a: _price(base[a], unit, output_ratio, prices) for a in ACTIONS}
+    return {a: max(raw[a] / raw["R1"], 1e-3) for a in ACTIONS}, source
+
+
+def _price(cost: ActionCost, unit: str, output_ratio: float, prices: tuple[float, float] | None) -> float:
+    if unit == "seconds":
+        return cost.seconds if cost.seconds is not None else _seconds_estimate(cost)
+    if unit == "usd":
+        assert prices is not None
+        return (cost.prompt_tokens * prices[0] + cost.completion_tokens * prices[1]) / 1e6
+    return cost.prompt_tokens + output_ratio * cost.completion_tokens
+
+
+def _seconds_estimate(cost: ActionCost) -> float:
+    return (cost.prompt_tokens + _DECODE_WEIGHT * cost.completion_tokens) / 1000
+
+
+def _estimated_costs(k: int, m: int) -> dict[str, ActionCost]:
+    """Costs from the prompts' own sizes, for k passages of a hundred words each."""
+    passage = Passage("A title", " ".join(["word"] * 100))
+    question = "In which city was the person this question is about born?"
+
+    def tokens(messages: list[dict[str, str]]) -> float:
+        return sum(len(message["content"]) for message in messages) / 4  # about 4 characters a token
+
+    reads = {"R1": tokens(read_messages(question, [passage] * k))}
+    reads["R2"] = tokens(read_messages(question, [passage] * (2 * k)))  # old and new passages
+    estimated = {a: ActionCost(t, 12.0, 1.0, None) for a, t in reads.items()}
+    estimated["CB"] = ActionCost(tokens(closed_book_messages(question)), 4.0 * m, 1.0, None)
+    return {a: replace(c, seconds=_seconds_estimate(c)) for a, c in estimated.items()}
+
+
+def priced(
+    usage: Mapping[str, Any], unit: str, output_ratio: float, prices: tuple[float, float] | None
+) -> float:
+    """What one step's calls cost in ``unit`` (absolute, not relative to a read)."""
+    if unit == "calls":
+        return float(usage["llm_calls"])
+    if unit == "seconds":
+        return float(usage["llm_seconds"])
+    cost = ActionCost(usage["prompt_tokens"], usage["completion_tokens"], usage["llm_calls"], None)
+    return _price(cost, unit, output_ratio, prices)
+
+
 # What the policy sees in one state: each action's information rate D, D per unit cost, and the
 # outlook of its next vote (what it may answer, and with which likelihood ratio).
 _PolicyState = tuple[dict[str, float], dict[str, float], dict[str, VoteOutlook]]
@@ -2311,7 +2437,10 @@ class BRAG:
     temperature: float = 0.7
     max_uses: int = 1
     hops: int = DEFAULT_HOPS
-    costs: Mapping[str, float] = field(default_factory=lambda: {"R1": 1.0, "R2": 1.0, "CB": 1.0})
+    cost: str = "calls"
+    output_ratio: float = 4.0
+    prices: tuple[float, float] | None = None
+    costs: Mapping[str, float] | None = None  # explicit relative costs; None: from ``cost``
     seed: int = 0
     max_tokens: int = 48
     rule: str = "floored"
@@ -2329,6 +2458,17 @@ class BRAG:
         for name, value in (*counts, ("min_calls", self.min_calls)):
             if not isinstance(value, int) or value < (0 if name in ("hops", "min_calls") else 1):
                 raise ValueError(f"{name} must be a positive integer, got {value!r}")
+        if self.costs is None:
+            self.costs, self._cost_source = action_costs(
+                self.calibration,
+                self.cost,
+                k=self.k,
+                m=self.m,
+                output_ratio=self.output_ratio,
+                prices=self.prices,
+            )
+        else:
+            self._cost_source = "given"
         if set(self.costs) != set(ACTIONS) or min(self.costs.values()) <= 0:
             raise ValueError("costs must give a positive cost for each of R1, R2 and CB")
         if (
@@ -2422,9 +2562,11 @@ class _Usage:
         """One step's cost: what was added after ``before`` (a copy taken then)."""
         return {
             "llm_calls": self.calls - before.calls,
+            "requests": self.requests - before.requests,
             "prompt_tokens": self.prompt_tokens - before.prompt_tokens,
             "completion_tokens": self.completion_tokens - before.completion_tokens,
             "llm_seconds": round(self.llm_seconds - before.llm_seconds, 6),
+            "llm_seconds_known": self.llm_seconds_known,
         }
 
     def totals(self) -> dict[str, Any]:
@@ -2616,6 +2758,8 @@ class _Run:
         before = replace(self.usage)
         step["observation"] = self.actions[action]()
         step["cost"] = self.usage.since(before)
+        brag = self.brag
+        step["cost"]["priced"] = round(priced(step["cost"], brag.cost, brag.output_ratio, brag.prices), 9)
         self.uses[action] += 1
         self.current = None
 
@@ -2832,6 +2976,11 @@ class _Run:
                 "second_hop": brag.second_hop,
                 "policy": brag.policy,
                 "min_calls": brag.min_calls,
+                "cost": {
+                    "unit": brag.cost,
+                    "per_action": {a: round(c, 6) for a, c in (brag.costs or {}).items()},
+                    "source": brag._cost_source,
+                },
                 "calibration": {
                     **{
                         key: brag.calibration.meta.get(key)

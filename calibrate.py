@@ -169,6 +169,7 @@ class Outcome:
     calls: int = 0
     weak: dict[str, bool | None] = field(default_factory=dict)  # the gate's verdict per window
     hops: list[dict[str, Any]] = field(default_factory=list)
+    usage: dict[str, list[dict[str, Any]]] = field(default_factory=dict)  # each run's cost, per action
 
 
 def observe_one(item: Labelled, corpus: brag.Corpus, controller: brag.BRAG, f1_threshold: float) -> Outcome:
@@ -180,11 +181,13 @@ def observe_one(item: Labelled, corpus: brag.Corpus, controller: brag.BRAG, f1_t
     weak: dict[str, bool | None] = {}
     reads: list[tuple[str, bool]] = []  # (answer, right) of every read so far
     hops: list[dict[str, Any]] = []
+    usage: dict[str, list[dict[str, Any]]] = {}
     for step in report["steps"]:
         seen = step.get("observation") or {}
         action = step["action"]
         if action is None:
             continue
+        usage.setdefault(action, []).append(step["cost"])
         answer = seen.get("answer", "") or ""
         right = is_correct(answer, item.gold, f1_threshold)
         if action == "R2":
@@ -208,7 +211,7 @@ def observe_one(item: Labelled, corpus: brag.Corpus, controller: brag.BRAG, f1_t
             answers[action] = answer
     answers["R2"] = hops[0]["answer"] if hops else ""
     correct = {a: is_correct(answers[a], item.gold, f1_threshold) for a in answers}
-    return Outcome(item.id, answers, correct, agreement, report["totals"]["llm_calls"], weak, hops)
+    return Outcome(item.id, answers, correct, agreement, report["totals"]["llm_calls"], weak, hops, usage)
 
 
 def progress_key(
@@ -361,7 +364,31 @@ def fit(outcomes: Sequence[Outcome], m: int, hops: int = 1) -> dict[str, Any]:
     same, new, second = fit_second_hop(outcomes, hops, eta)
     actions["R2"].update({"same": same, "new": new})
     counts["R2"]["hops"] = second
-    return {"eta": round(eta, 6), "actions": actions, "counts": counts, "diagnostics": diagnostics}
+    fitted = {"eta": round(eta, 6), "actions": actions, "counts": counts, "diagnostics": diagnostics}
+    costs = fit_costs(outcomes)
+    return {**fitted, "costs": costs} if costs is not None else fitted
+
+
+def fit_costs(outcomes: Sequence[Outcome]) -> dict[str, dict[str, float | None]] | None:
+    """Each action's mean prompt and completion tokens, requests and LLM seconds per run.
+
+    None when some action was never run or no run recorded its usage (progress files written
+    before costs were). Seconds are None when any call's latency was unknown.
+    """
+    costs: dict[str, dict[str, float | None]] = {}
+    for action in brag.ACTIONS:
+        runs = [u for o in outcomes for u in o.usage.get(action, [])]
+        if not runs:
+            return None
+        mean = {
+            key: round(sum(u[key] for u in runs) / len(runs), 4)
+            for key in ("prompt_tokens", "completion_tokens")
+        }
+        requests = sum(u.get("requests", u["llm_calls"]) for u in runs) / len(runs)
+        known = all(u.get("llm_seconds_known", True) for u in runs)
+        seconds = round(sum(u["llm_seconds"] for u in runs) / len(runs), 4) if known else None
+        costs[action] = {**mean, "requests": round(requests, 4), "seconds": seconds}
+    return costs
 
 
 def _answer_counts(outcomes: Sequence[Outcome], action: str) -> tuple[dict[str, Any], dict[str, Any]]:

@@ -8,9 +8,10 @@ cd "$(dirname "$0")/.."
 DATA="${BRAG_DATA_DIR:-../shared/data}"
 PY="${PYTHON:-python}"
 HOPS="${HOPS:-2}"  # brag.DEFAULT_HOPS
+CACHE_MODE="${CACHE_MODE:-read-write}"  # replay: refit from the cache alone, no LLM
 OUT=data/calibrations
 fit() {  # corpus-name questions corpus file-stem
-  "$PY" calibrate.py --model local --split 0:60 --hops "$HOPS" --name "$1" \
+  "$PY" calibrate.py --model local --split 0:60 --hops "$HOPS" --cache-mode "$CACHE_MODE" --name "$1" \
     --questions "$DATA/$2" --corpus "$DATA/$3" --out "$OUT/qwen2.5-coder-0.5b-$4.json"
 }
 fit HotpotQA hotpotqa/hotpotqa_ircot500.json hotpotqa/hotpotqa_ircot500_corpus.json hotpotqa

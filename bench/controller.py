@@ -41,6 +41,7 @@ class Variant:
     policy: str
     hops: int
     min_calls: int = 0  # 1: the first call is made whatever its price (BRAG's default)
+    cost: str = "calls"  # the unit actions are priced in (BRAG(cost=...))
 
 
 VARIANTS = (
@@ -50,6 +51,8 @@ VARIANTS = (
     Variant("+ lookahead", "floored", "conditional", "lookahead", 1),
     Variant("+ lookahead, 2 hops", "floored", "conditional", "lookahead", 2),
     Variant("+ one call at least", "floored", "conditional", "lookahead", 2, min_calls=1),
+    Variant("+ priced in tokens", "floored", "conditional", "lookahead", 2, min_calls=1, cost="tokens"),
+    Variant("+ priced in seconds", "floored", "conditional", "lookahead", 2, min_calls=1, cost="seconds"),
 )
 HOPS = 2  # the second hops calibration ran on every question (bench/calibrate_all.sh)
 FIXED = ("CB", "R1", "R1 → R2", "reads until an answer (≤ 3)")
@@ -62,6 +65,7 @@ class Row:
     right: bool
     calls: int
     overruled: bool = False
+    seconds: float = 0.0  # LLM seconds, as measured when the calls were made
 
 
 def folds(n: int, k: int) -> list[list[int]]:
@@ -73,8 +77,10 @@ def folds(n: int, k: int) -> list[list[int]]:
 def fixed_rows(item: calibrate.Labelled, report: dict[str, Any]) -> dict[str, Row]:
     """The fixed strategies, read off one run of R1, the hops and CB (each call made once)."""
     steps = [s for s in report["steps"] if s["action"]]
-    reads = [s["observation"]["answer"] for s in steps if s["action"] in ("R1", "R2")]
-    cb = next(s["observation"]["answer"] for s in steps if s["action"] == "CB")
+    read_steps = [s for s in steps if s["action"] in ("R1", "R2")]
+    reads = [s["observation"]["answer"] for s in read_steps]
+    took = [s["cost"]["llm_seconds"] for s in read_steps]
+    cb_step = next(s for s in steps if s["action"] == "CB")
     first = next((i for i, a in enumerate(reads) if a), len(reads) - 1)
     two = reads[1] if len(reads) > 1 else reads[0]
 
@@ -82,10 +88,10 @@ def fixed_rows(item: calibrate.Labelled, report: dict[str, Any]) -> dict[str, Ro
         return brag.exact_match(answer, item.gold)
 
     return {
-        "CB": Row(em(cb), 1),
-        "R1": Row(em(reads[0]), 1),
-        "R1 → R2": Row(em(two), min(2, len(reads))),
-        "reads until an answer (≤ 3)": Row(em(reads[first]), first + 1),
+        "CB": Row(em(cb_step["observation"]["answer"]), 1, seconds=cb_step["cost"]["llm_seconds"]),
+        "R1": Row(em(reads[0]), 1, seconds=took[0]),
+        "R1 → R2": Row(em(two), min(2, len(reads)), seconds=sum(took[:2])),
+        "reads until an answer (≤ 3)": Row(em(reads[first]), first + 1, seconds=sum(took[: first + 1])),
     }
 
 
@@ -93,7 +99,7 @@ def brag_row(item: calibrate.Labelled, answer: str, report: dict[str, Any]) -> R
     reads = [s["observation"].get("answer") for s in report["steps"] if s["action"] in ("R1", "R2")]
     right = brag.exact_match(answer, item.gold)
     own = any(a and brag.exact_match(a, item.gold) for a in reads)
-    return Row(right, report["totals"]["llm_calls"], own and not right)
+    return Row(right, report["totals"]["llm_calls"], own and not right, report["totals"]["llm_seconds"])
 
 
 def run_dataset(key: str, root: Path, llm: brag.LLM, n: int, k_folds: int) -> dict[str, Any]:
@@ -122,6 +128,7 @@ def run_dataset(key: str, root: Path, llm: brag.LLM, n: int, k_folds: int) -> di
                     policy=variant.policy,
                     hops=variant.hops,
                     min_calls=variant.min_calls,
+                    cost=variant.cost,
                 )
                 for i in fold:
                     answer, report = controller.run(items[i].question, corpus)
@@ -137,21 +144,27 @@ def summary(rows: list[Row]) -> tuple[float, float, int]:
     )
 
 
+def seconds(rows: list[Row]) -> float:
+    return float(np.mean([r.seconds for r in rows]))
+
+
 def table(result: dict[str, Any]) -> list[str]:
     rows = result["rows"]
     lines = [
         f"## {result['name']} ({result['n']} calibration questions, cross-validated)",
         "",
-        "| method | λ | Acc (EM) | LLM calls | wrong though one of its reads was right |",
-        "|---|---|---|---|---|",
+        "| method | λ | Acc (EM) | LLM calls | LLM s | wrong though one of its reads was right |",
+        "|---|---|---|---|---|---|",
     ]
     for method in FIXED:
         acc, calls, _ = summary(rows[method])
-        lines.append(f"| {method} | | {acc:.3f} | {calls:.2f} | |")
+        lines.append(f"| {method} | | {acc:.3f} | {calls:.2f} | {seconds(rows[method]):.2f} | |")
     for variant in VARIANTS:
         for lam in LAMBDAS:
-            acc, calls, overruled = summary(rows[f"{variant.name} λ={lam}"])
-            lines.append(f"| {variant.name} | {lam} | {acc:.3f} | {calls:.2f} | {overruled} |")
+            name = f"{variant.name} λ={lam}"
+            acc, calls, overruled = summary(rows[name])
+            took = seconds(rows[name])
+            lines.append(f"| {variant.name} | {lam} | {acc:.3f} | {calls:.2f} | {took:.2f} | {overruled} |")
     return [*lines, ""]
 
 
@@ -182,7 +195,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--datasets", nargs="+", default=list(DATASETS), choices=list(DATASETS))
     parser.add_argument("--n", type=int, default=60, help="calibration questions per dataset")
     parser.add_argument("--folds", type=int, default=5)
-    parser.add_argument("--choose", default=VARIANTS[-1].name, help="the variant the verdicts are for")
+    parser.add_argument(
+        "--choose", default="+ one call at least", help="the variant the verdicts are for (the default)"
+    )
     parser.add_argument("--cache", default=str(ROOT / "bench" / "cache" / "llm.sqlite"))
     parser.add_argument("--out", type=Path, default=ROOT / "bench" / "results" / "controller.md")
     args = parser.parse_args(argv)

@@ -176,7 +176,14 @@ def run_question(
 
 
 def run_dataset(
-    ds: Dataset, root: Path, llm: brag.LLM, n: int | None, k: int, m: int, workers: int = 1
+    ds: Dataset,
+    root: Path,
+    llm: brag.LLM,
+    n: int | None,
+    k: int,
+    m: int,
+    workers: int = 1,
+    cost: str = "calls",
 ) -> dict[str, Any]:
     everything = calibrate.read_labelled(root / ds.questions)
     size = n if n is not None else ds.test_size
@@ -186,7 +193,7 @@ def run_dataset(
     fixed = brag.BRAG(llm, calibration=cal, lam=0.0, k=k, m=m, hops=3)
     calibration_items = everything[: ds.calibration_size]
     best, on_calibration = best_fixed_on_calibration(calibration_items, corpus, fixed, workers)
-    controllers = {lam: brag.BRAG(llm, calibration=cal, lam=lam, k=k, m=m) for lam in LAMBDAS}
+    controllers = {lam: brag.BRAG(llm, calibration=cal, lam=lam, k=k, m=m, cost=cost) for lam in LAMBDAS}
     started = time.perf_counter()
 
     def one(numbered: tuple[int, calibrate.Labelled]) -> dict[str, Any]:
@@ -471,6 +478,9 @@ def main(argv: list[str] | None = None) -> int:
         help="test questions per dataset (default: 200, MuSiQue all left); musique=80 sets one",
     )
     parser.add_argument("--k", type=int, default=5)
+    parser.add_argument(
+        "--cost", default="calls", choices=brag.COST_UNITS, help="how BRAG prices an action (default calls)"
+    )
     parser.add_argument("--workers", type=int, default=1, help="questions at once (for an endpoint)")
     parser.add_argument("--m", type=int, default=5)
     parser.add_argument("--cache", default=str(ROOT / "bench" / "cache" / "llm.sqlite"))
@@ -496,7 +506,9 @@ def main(argv: list[str] | None = None) -> int:
     results = []
     for key in args.datasets:
         try:
-            result = run_dataset(DATASETS[key], root, llm, sizes.get(key), args.k, args.m, args.workers)
+            result = run_dataset(
+                DATASETS[key], root, llm, sizes.get(key), args.k, args.m, args.workers, args.cost
+            )
         except (brag.RunAborted, llms.LLMError) as err:
             print(f"run: {DATASETS[key].name}: {err}", file=sys.stderr)
             return 2

@@ -318,3 +318,43 @@ def test_shipped_calibrations_state_their_model_data_and_split(path):
     assert len(raw["split_ids"]) == raw["n_questions"] >= 60
     assert cal.m == raw["m"] and 0 < cal.eta < 1 and raw["hops"] >= 1
     assert brag.shipped_calibration(raw["model"], raw["corpus"]) == cal
+
+
+class TokenCountingLLM:
+    """Every request reports a prompt of 40 tokens per 160 characters and 3 tokens per sample."""
+
+    name = "counting"
+
+    def complete(self, messages, *, n=1, temperature=0.0, max_tokens=64, stop=None, seed=None):
+        prompt = sum(len(m["content"]) for m in messages) // 4
+        closed_book = messages[0]["content"] == brag.CLOSED_BOOK_INSTRUCTIONS
+        texts = ["Oslo"] * n if closed_book else ["Answer: Oslo\nFollow-up query: Oslo"]
+        return Completion(texts, prompt, 3 * n, seconds=0.001 * prompt + 0.02 * n)
+
+
+def test_calibration_records_what_each_action_cost_and_the_controller_prices_by_it():
+    result = calibrate.calibrate(labelled(30), CORPUS, TokenCountingLLM(), k=2, m=5)
+    costs = result["costs"]
+    assert set(costs) == {"R1", "R2", "CB"}
+    assert costs["CB"]["completion_tokens"] == 15 and costs["R1"]["completion_tokens"] == 3
+    assert costs["R1"]["requests"] == costs["CB"]["requests"] == 1
+    # A second hop reads its first hop's passages and new ones: a longer prompt.
+    assert costs["R2"]["prompt_tokens"] > costs["R1"]["prompt_tokens"] > costs["CB"]["prompt_tokens"]
+    for action, cost in costs.items():  # the latencies the backend reported, averaged
+        expected = 0.001 * cost["prompt_tokens"] + 0.02 * (5 if action == "CB" else 1)
+        assert cost["seconds"] == pytest.approx(expected, abs=1e-3)
+    cal = brag.load_calibration(result)  # the costs survive the JSON round trip
+    tokens, source = brag.action_costs(cal, "tokens", output_ratio=4.0)
+    r1, cb = costs["R1"], costs["CB"]
+    assert source == "measured by calibration" and tokens["R1"] == 1.0
+    assert tokens["CB"] == pytest.approx(
+        (cb["prompt_tokens"] + 4 * cb["completion_tokens"])
+        / (r1["prompt_tokens"] + 4 * r1["completion_tokens"])
+    )
+    seconds, _ = brag.action_costs(cal, "seconds")
+    assert seconds["CB"] == pytest.approx(cb["seconds"] / r1["seconds"])
+    usd, _ = brag.action_costs(cal, "usd", prices=(1.0, 10.0))
+    assert usd["CB"] == pytest.approx(
+        (cb["prompt_tokens"] + 10 * cb["completion_tokens"])
+        / (r1["prompt_tokens"] + 10 * r1["completion_tokens"])
+    )

@@ -8,6 +8,7 @@ from conftest import PRIORS, ScriptedLLM, last_block
 from hypothesis import example, given, settings
 from hypothesis import strategies as st
 
+import brag
 from brag import (
     BRAG,
     DEFAULT_HOPS,
@@ -301,3 +302,54 @@ def test_a_fixed_schedule_is_never_overridden_by_the_floor():
     llm = ScriptedLLM(read=tower_llm)
     _, report = BRAG(llm, calibration=PRIORS, lam=5.0, k=1).run("Where?", Corpus(TOWER), actions=[])
     assert report["totals"]["llm_calls"] == 0 and report["stop_reason"] == "schedule done"
+
+
+def test_calls_price_every_action_alike_and_a_calibration_without_costs_falls_back_to_estimates():
+    prior = brag.load_calibration(PRIORS)
+    assert prior.costs is None
+    assert brag.action_costs(prior, "calls") == (
+        {"R1": 1.0, "R2": 1.0, "CB": 1.0},
+        "every action counts as one call",
+    )
+    for unit, options in (("tokens", {}), ("seconds", {}), ("usd", {"prices": (0.2, 0.8)})):
+        costs, source = brag.action_costs(prior, unit, k=5, m=5, **options)
+        assert source.startswith("estimated from prompt sizes")
+        # R2 reads twice the passages of R1; closed-book reads none.
+        assert costs["R1"] == 1.0 and costs["R2"] > 1.0 > costs["CB"] > 0, (unit, costs)
+
+
+def test_bad_cost_settings_are_clear_errors():
+    prior = brag.load_calibration(PRIORS)
+    with pytest.raises(ValueError, match="cost must be one of"):
+        brag.action_costs(prior, "dollars")
+    with pytest.raises(ValueError, match=r"cost='usd' needs prices"):
+        brag.action_costs(prior, "usd")
+    with pytest.raises(ValueError, match="cost must be one of"):
+        BRAG(ScriptedLLM(read=lambda p: "NONE"), calibration=PRIORS, cost="euros")
+
+
+def test_a_run_reports_its_cost_unit_and_each_step_priced_in_it():
+    corpus = Corpus(["Phobos is a moon of Mars.", "Deimos is a moon of Mars.", "Io is a moon."])
+    llm = ScriptedLLM(
+        read=lambda p: "Answer: Phobos\nFollow-up query: Deimos", prompt_tokens=100, completion_tokens=7
+    )
+    _, report = BRAG(llm, calibration=PRIORS, cost="tokens", output_ratio=3.0, lam=0.0).run(
+        "Which moon?", corpus
+    )
+    config = report["config"]["cost"]
+    assert config["unit"] == "tokens" and config["source"].startswith("estimated from prompt sizes")
+    assert config["per_action"]["R1"] == 1.0 and config["per_action"]["CB"] < 1.0
+    for step in report["steps"]:
+        if step["action"]:
+            cost = step["cost"]
+            assert cost["priced"] == cost["prompt_tokens"] + 3.0 * cost["completion_tokens"]
+
+
+def test_cheap_closed_book_comes_first_when_priced_in_tokens_but_not_in_calls():
+    # Same calibration and question: counted in calls R1 leads (0.48 against 0.42); priced in
+    # tokens closed-book costs a fraction of a read, so it comes first.
+    corpus = Corpus(["Phobos is a moon of Mars.", "Deimos is a moon of Mars.", "Io is a moon."])
+    llm = ScriptedLLM(read=lambda p: "NONE", closed_book=lambda p, n: ["Phobos"] * n)
+    by_calls = BRAG(llm, calibration=PRIORS, lam=0.0).run("Which moon?", corpus)[1]
+    by_tokens = BRAG(llm, calibration=PRIORS, lam=0.0, cost="tokens").run("Which moon?", corpus)[1]
+    assert by_calls["steps"][0]["action"] == "R1" and by_tokens["steps"][0]["action"] == "CB"
