@@ -207,6 +207,24 @@ def check_question(question: Any, limits: Limits) -> str:
     return question
 
 
+def check_cost(unit: Any, price_in: Any, price_out: Any) -> tuple[str, tuple[float, float] | None]:
+    """The unit actions are priced in (empty: calls), with the two prices when it is usd."""
+    unit = unit.strip() if isinstance(unit, str) and unit.strip() else "calls"
+    if unit not in brag.COST_UNITS:
+        raise user_error(f"cost must be one of {', '.join(brag.COST_UNITS)}.")
+    if unit != "usd":
+        return unit, None
+    try:
+        prices = (float(price_in), float(price_out))
+    except (TypeError, ValueError):
+        raise user_error(
+            "cost usd needs the input and output prices, in dollars per million tokens."
+        ) from None
+    if not all(0 <= p <= 10_000 for p in prices) or max(prices) <= 0:  # NaN fails too
+        raise user_error("prices must lie between 0 and 10,000 dollars per million tokens, not both 0.")
+    return unit, prices
+
+
 def check_lam(lam: Any) -> float:
     """λ as a finite number in [0, 10]."""
     try:
@@ -563,6 +581,11 @@ async def _json_response(
     await send({"type": "http.response.body", "body": json.dumps(body).encode()})
 
 
+# Inputs an event may be called without, at the end of its list (filled with None, which
+# means the default): /brag's cost unit and prices came after its first eight inputs.
+OPTIONAL_INPUTS = {"run_brag": 3}
+
+
 class Blocks(gr.Blocks):
     """Gradio Blocks whose wrong-input-count error neither logs nor echoes the inputs.
 
@@ -571,13 +594,17 @@ class Blocks(gr.Blocks):
     """
 
     def validate_inputs(self, block_fn: Any, inputs: list[Any]) -> None:
-        """Refuse a call with too few inputs, naming only the counts."""
-        if len(inputs) < len(block_fn.inputs):
+        """Refuse a call with too few inputs, naming only the counts; pad the optional ones."""
+        total = len(block_fn.inputs)
+        required = total - OPTIONAL_INPUTS.get(block_fn.name, 0)
+        if len(inputs) < required:
+            extra = f" (up to {total} with the optional ones)" if required < total else ""
             raise gr.Error(
-                f"/{block_fn.api_name or block_fn.name} takes {len(block_fn.inputs)} inputs, got "
+                f"/{block_fn.api_name or block_fn.name} takes {required} inputs{extra}, got "
                 f"{len(inputs)}: see the API page for their order",
                 print_exception=False,
             )
+        inputs.extend([None] * (total - len(inputs)))
 
 
 class RedactSecrets(logging.Filter):
@@ -939,6 +966,9 @@ class AskRequest:
     hf_token: Any
     provider: Any
     calibration: Any
+    cost: Any = "calls"
+    price_in: Any = None
+    price_out: Any = None
 
 
 class Server:
@@ -989,14 +1019,30 @@ class Server:
         hf_token: str,
         provider: str,
         calibration: str,
+        cost: str = "calls",
+        price_in: float | None = None,
+        price_out: float | None = None,
         request: gr.Request = None,  # type: ignore[assignment]  # Gradio passes it; not an API input
     ) -> Iterator[tuple[str, dict[str, Any]]]:
         """Answer a question over a corpus, step by step.
 
         Yields ``(best answer so far, report so far)`` as each step starts (the report's
-        ``finished`` is False), then the final ``(answer, report)``.
+        ``finished`` is False), then the final ``(answer, report)``. ``cost`` prices the actions
+        (calls, tokens, seconds, or usd with the two prices per million tokens).
         """
-        ask = AskRequest(question, corpus, documents, lam, model, hf_token, provider, calibration)
+        ask = AskRequest(
+            question,
+            corpus,
+            documents,
+            lam,
+            model,
+            hf_token,
+            provider,
+            calibration,
+            cost,
+            price_in,
+            price_out,
+        )
         with self._scrubbed_errors(), self.callers.slot(request):
             for answer, report in self._answer(ask):
                 yield self.secrets.scrub(answer), self.secrets.scrub_data(report)
@@ -1005,6 +1051,7 @@ class Server:
         """The run under the request's deadline, each report naming the corpus and the model."""
         question = check_question(ask.question, self.limits)
         lam = check_lam(ask.lam)
+        check_cost(ask.cost, ask.price_in, ask.price_out)
         started = time.monotonic()
         end = started + self.limits.request_timeout
         model = llms.redact_url((ask.model or "").strip() if isinstance(ask.model, str) else "")
@@ -1040,7 +1087,8 @@ class Server:
         cal = read_calibration(
             ask.calibration, label, getattr(backend, "name", ""), self.shipped, self.kept, self.limits
         )
-        return chosen, label, brag.BRAG(backend, calibration=cal, lam=lam)
+        unit, prices = check_cost(ask.cost, ask.price_in, ask.price_out)
+        return chosen, label, brag.BRAG(backend, calibration=cal, lam=lam, cost=unit, prices=prices)
 
     def run_calibrate(
         self,
@@ -1270,14 +1318,19 @@ def steps_frame(report: dict[str, Any]) -> pd.DataFrame:
 
 
 def totals_markdown(report: dict[str, Any]) -> str:
-    """Calls, tokens and time as one line."""
+    """Calls, tokens and time as one line, and the cost in the unit actions were priced in."""
     t = report["totals"]
+    cost = report.get("config", {}).get("cost") or {}
+    unit = cost.get("unit", "calls")
+    priced = sum((s.get("cost") or {}).get("priced", 0.0) for s in report.get("steps", []))
+    in_unit = "" if unit == "calls" else f" · priced in {unit}: {priced:.4g}"
     estimated = " (estimated)" if t["tokens_estimated"] else ""
     cached = f" · {t['cached_calls']} from cache" if t["cached_calls"] else ""
     return (
         f"**{t['llm_calls']}** LLM calls{cached} · **{t['prompt_tokens'] + t['completion_tokens']}** tokens "
         f"({t['prompt_tokens']} prompt + {t['completion_tokens']} completion){estimated} · "
-        f"**{t['wall_time_s']:.2f} s** · controller {t['policy_us']:.0f} µs · stop: {report['stop_reason']}"
+        f"**{t['wall_time_s']:.2f} s** · controller {t['policy_us']:.0f} µs{in_unit} · "
+        f"stop: {report['stop_reason']}"
     )
 
 
@@ -1452,6 +1505,7 @@ def _ask_tab(server: Server, choices: list[str]) -> None:
                     allow_custom_value=True,
                 )
                 lam = gr.Slider(0.0, 0.5, value=0.05, step=0.005, label="λ (price of one LLM call)")
+            cost = _cost_row()
             documents = gr.Textbox(
                 label="Your documents (optional: one passage per line, or a JSON list)", lines=4
             )
@@ -1469,7 +1523,7 @@ def _ask_tab(server: Server, choices: list[str]) -> None:
         report = gr.JSON(label="report")
     answer = gr.Textbox(label="answer", visible=False)
     documents.change(ui_helper(use_documents), [documents, corpus], corpus, api_visibility="private")
-    inputs = [question, corpus, documents, lam, *model_row, calibration]
+    inputs = [question, corpus, documents, lam, *model_row, calibration, *cost]
     for trigger, name in ((ask.click, "brag"), (question.submit, None)):
         started = trigger(starting, None, shown, api_visibility="private", show_progress="hidden")
         ran = started.then(
@@ -1489,6 +1543,28 @@ def _ask_tab(server: Server, choices: list[str]) -> None:
         show_progress="hidden",
         trigger_mode="always_last",
     )
+
+
+def _cost_row() -> list[Any]:
+    """The unit actions are priced in, and the two prices when it is usd."""
+    with gr.Row():
+        unit = gr.Dropdown(
+            list(brag.COST_UNITS),
+            value="calls",
+            label="Price actions in",
+            info="relative to one read, so λ keeps its meaning",
+            scale=2,
+        )
+        price_in = gr.Number(label="$ / M input tokens", value=None, visible=False, scale=1)
+        price_out = gr.Number(label="$ / M output tokens", value=None, visible=False, scale=1)
+    unit.change(ui_helper(show_prices), unit, [price_in, price_out], api_visibility="private")
+    return [unit, price_in, price_out]
+
+
+def show_prices(unit: Any) -> tuple[Any, Any]:
+    """The price inputs show only for usd."""
+    visible = unit == "usd"
+    return gr.update(visible=visible), gr.update(visible=visible)
 
 
 def _steps_table() -> gr.Dataframe:

@@ -423,34 +423,41 @@ def timing(timing: dict[str, Any]) -> list[str]:
 
 
 def plot(results: list[dict[str, Any]], path: Path) -> None:
+    """Accuracy against LLM calls (top row) and against LLM seconds (bottom row) per question."""
     import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    fig, axes = plt.subplots(1, len(results), figsize=(5 * len(results), 4), squeeze=False)
-    for ax, result in zip(axes[0], results, strict=True):
-        rows = result["rows"]
-        mean = {k: (np.mean([r[2] for r in v]), np.mean([r[0] for r in v])) for k, v in rows.items()}
-        for baseline, (marker, size, color) in MARKERS.items():
-            ax.scatter(
-                *mean[baseline], marker=marker, s=size, facecolors="none", edgecolors=color, label=baseline
-            )
-        curve = [mean[f"BRAG λ={lam}"] for lam in LAMBDAS]
-        ax.plot([c[0] for c in curve], [c[1] for c in curve], "k-", marker=".", label="BRAG (λ sweep)")
-        labels: dict[tuple[float, float], list[str]] = {}
-        for lam, point in zip(LAMBDAS, curve, strict=True):
-            labels.setdefault(point, []).append(str(lam))
-        for i, (point, lams) in enumerate(labels.items()):  # alternate below / above: neighbours crowd
-            offset = (4, -10 if i % 2 == 0 else 5)
-            ax.annotate("λ=" + ", ".join(lams), point, fontsize=7, xytext=offset, textcoords="offset points")
-        ax.margins(0.15)
-        ax.set_title(result["name"])
-        ax.set_xlabel("LLM calls per question")
-        ax.set_ylabel("accuracy (EM)")
+    axes_by = (("LLM calls per question", 2), ("LLM seconds per question", 4))  # row columns
+    fig, axes = plt.subplots(len(axes_by), len(results), figsize=(5 * len(results), 8), squeeze=False)
+    for row_axes, (label, column) in zip(axes, axes_by, strict=True):
+        for ax, result in zip(row_axes, results, strict=True):
+            _plot_one(ax, result, label, column)
     axes[0][0].legend(fontsize=7)
     fig.tight_layout()
     fig.savefig(path, dpi=120)
+
+
+def _plot_one(ax: Any, result: dict[str, Any], xlabel: str, column: int) -> None:
+    rows = result["rows"]
+    mean = {k: (np.mean([r[column] for r in v]), np.mean([r[0] for r in v])) for k, v in rows.items()}
+    for baseline, (marker, size, color) in MARKERS.items():
+        ax.scatter(
+            *mean[baseline], marker=marker, s=size, facecolors="none", edgecolors=color, label=baseline
+        )
+    curve = [mean[f"BRAG λ={lam}"] for lam in LAMBDAS]
+    ax.plot([c[0] for c in curve], [c[1] for c in curve], "k-", marker=".", label="BRAG (λ sweep)")
+    labels: dict[tuple[float, float], list[str]] = {}
+    for lam, point in zip(LAMBDAS, curve, strict=True):
+        labels.setdefault(point, []).append(str(lam))
+    for i, (point, lams) in enumerate(labels.items()):  # alternate below / above: neighbours crowd
+        offset = (4, -10 if i % 2 == 0 else 5)
+        ax.annotate("λ=" + ", ".join(lams), point, fontsize=7, xytext=offset, textcoords="offset points")
+    ax.margins(0.15)
+    ax.set_title(result["name"])
+    ax.set_xlabel(xlabel)
+    ax.set_ylabel("accuracy (EM)")
 
 
 def split_sizes(values: list[str]) -> dict[str, int]:

@@ -148,6 +148,9 @@ def test_the_api_names_its_outputs(client):
         "hf_token",
         "provider",
         "calibration",
+        "cost",
+        "price_in",
+        "price_out",
     ]
     assert [r["label"] for r in endpoints["/calibrate"]["returns"]] == ["calibration"]
 
@@ -732,3 +735,21 @@ def test_a_guess_is_said_plainly_in_the_headline_with_its_runner_up():
     report["confidence"] = {**report["confidence"], "guess": False, "summary": "P(correct) ≈ 81%"}
     _, headline, *_ = brag_app.render("Oslo", report)
     assert "P(correct) ≈ 81% · corpus:" in headline and "**" not in headline.split("\n\n")[1]
+
+
+def test_the_cost_unit_is_an_optional_input_over_gradio_client_and_rest(client, app):
+    answer, report = client.predict(*args(), "tokens", None, None, api_name="/brag")
+    assert answer == "Bergen" and report["config"]["cost"]["unit"] == "tokens"
+    assert report["config"]["cost"]["per_action"]["R1"] == 1.0
+    assert all("priced" in s["cost"] for s in report["steps"] if s["action"])
+    _, report = client.predict(*args(), "usd", 0.5, 2.0, api_name="/brag")
+    assert report["config"]["cost"]["unit"] == "usd"
+    # The first eight inputs alone still work over REST: the cost unit defaults to calls.
+    _, report = rest_call(app.url, "brag", args())
+    assert report["config"]["cost"]["unit"] == "calls"
+    _, report = rest_call(app.url, "brag", [*args(), "seconds", None, None])
+    assert report["config"]["cost"]["unit"] == "seconds"
+    with pytest.raises(AppError, match="cost usd needs the input and output prices"):
+        client.predict(*args(), "usd", None, None, api_name="/brag")
+    with pytest.raises(AppError, match="not in the list of choices"):
+        client.predict(*args(), "euros", None, None, api_name="/brag")
