@@ -600,26 +600,17 @@ def _after_one_vote(
 ) -> tuple[float, float]:
     """One kind of vote's expected P(leader) after it (unnormalised) and its chance mass.
 
-    ``expected_gain`` divides one by the other. ``Beliefs.weight_after`` is inlined: this loop
-    is most of a decision's time.
+    ``expected_gain`` divides one by the other.
     """
     first, best, runner_up = top
-    log_w, favour, weakest = beliefs.log_w, beliefs.favour, beliefs.weakest_best
-    known = len(favour)
+    log_w, weight_after = beliefs.log_w, beliefs.weight_after
     rho_new, log_new = _vote_terms(ratio, eta)
     exp = math.exp
     total, covered = 0.0, 0.0
     for j, pj in enumerate(probs):
         rho, log_lr = same_terms if same_terms is not None and j in repeatable else (rho_new, log_new)
         chance = pj * rho + (1 - pj) * (1 - rho) * eta  # the vote names candidate j
-        if j >= known:  # a new candidate: the vote's own ratio
-            after = log_lr
-        elif log_lr >= 0:
-            after = (favour[j] or 0.0) + log_lr
-        else:
-            held = favour[j]
-            after = held if held is not None else max(weakest[j], log_lr)
-        grown = pj * exp(after - log_w[j])
+        grown = pj * exp(weight_after(j, log_lr) - log_w[j])
         other = runner_up if j == first else best
         total += chance * max(grown, other) / (1 - pj + grown)
         covered += chance
