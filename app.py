@@ -125,16 +125,11 @@ class Secrets:
 
 
 def _env_number(name: str, default: float, kind: type = int) -> Any:
-    raw = os.environ.get(name, "").strip()
-    if not raw:
-        return default
+    """A positive setting from the environment; a bad one stops the app with a message naming it."""
     try:
-        value = kind(raw)
-    except ValueError:
-        raise SystemExit(f"{name} must be a positive number, got {raw!r}") from None
-    if not value > 0:
-        raise SystemExit(f"{name} must be a positive number, got {raw!r}")
-    return value
+        return llms.positive_setting(name, default, kind)
+    except ValueError as err:
+        raise SystemExit(str(err)) from None
 
 
 def concurrency() -> int:

@@ -391,16 +391,25 @@ class _GuardedBackend(httpcore2.NetworkBackend):
 DEFAULT_MAX_RESPONSE_BYTES = 1_000_000
 
 
-def max_response_bytes() -> int:
-    """``BRAG_MAX_RESPONSE_BYTES`` (default 1 MB): the most an LLM response may hold, decompressed."""
-    raw = os.environ.get("BRAG_MAX_RESPONSE_BYTES", "").strip()
+def positive_setting(name: str, default: float, kind: type = int) -> Any:
+    """The environment variable ``name`` as a positive ``kind``; ValueError names it when it is not."""
+    raw = os.environ.get(name, "").strip()
     try:
-        value = int(raw) if raw else DEFAULT_MAX_RESPONSE_BYTES
+        value = kind(raw) if raw else default
     except ValueError:
         value = 0
-    if value <= 0:
-        raise ValueError(f"BRAG_MAX_RESPONSE_BYTES must be a positive whole number, got {raw!r}")
+    if not value > 0:  # NaN fails too
+        raise ValueError(f"{name} must be a positive number, got {raw!r}")
     return value
+
+
+def max_response_bytes() -> int:
+    """``BRAG_MAX_RESPONSE_BYTES`` (default 1 MB): the most an LLM response may hold, decompressed."""
+    return positive_setting("BRAG_MAX_RESPONSE_BYTES", DEFAULT_MAX_RESPONSE_BYTES)
+
+
+def _too_large(where: str, limit: int) -> ResponseTooLarge:
+    return ResponseTooLarge(f"{where} sent a response over {limit:,} bytes (BRAG_MAX_RESPONSE_BYTES)")
 
 
 class _CappedStream(httpx2.SyncByteStream):
@@ -421,9 +430,7 @@ class _CappedStream(httpx2.SyncByteStream):
             for part in self._decode(chunk):
                 total += len(part)
                 if total > self.limit:
-                    raise ResponseTooLarge(
-                        f"{self.where} sent a response over {self.limit:,} bytes (BRAG_MAX_RESPONSE_BYTES)"
-                    )
+                    raise _too_large(self.where, self.limit)
                 yield part
 
     def _decode(self, chunk: bytes) -> Iterator[bytes]:
@@ -488,9 +495,7 @@ class GuardedTransport(httpx2.HTTPTransport):
         declared = response.headers.get("content-length", "")
         if not encoding and declared.isdigit() and int(declared) > self.max_bytes:
             response.close()
-            raise ResponseTooLarge(
-                f"{where} sent a response over {self.max_bytes:,} bytes (BRAG_MAX_RESPONSE_BYTES)"
-            )
+            raise _too_large(where, self.max_bytes)
         assert self.max_bytes is not None
         headers = [(k, v) for k, v in response.headers.multi_items() if k.lower() not in _DECODED_HEADERS]
         return httpx2.Response(
@@ -1122,14 +1127,7 @@ class LocalRunner:
 
 def local_idle_timeout() -> float:
     """``BRAG_LOCAL_IDLE_SECONDS`` (default 600): an idle local-model worker exits after this."""
-    raw = os.environ.get("BRAG_LOCAL_IDLE_SECONDS", "").strip()
-    try:
-        value = float(raw) if raw else 600.0
-    except ValueError:
-        value = -1.0
-    if not value > 0:
-        raise ValueError(f"BRAG_LOCAL_IDLE_SECONDS must be a positive number of seconds, got {raw!r}")
-    return value
+    return positive_setting("BRAG_LOCAL_IDLE_SECONDS", 600.0, float)
 
 
 _RUNNERS: dict[tuple[str, int, int | None], LocalRunner] = {}
