@@ -611,14 +611,14 @@ class RedactSecrets(logging.Filter):
 
     def filter(self, record: logging.LogRecord) -> bool:
         """Rewrite the record's message without secrets; never drop it."""
-        message = record.getMessage()
+        original = message = record.getMessage()
         if record.exc_info and record.exc_info[1] is not None:  # a traceback names values too
             message += "\n" + logging.Formatter().formatException(record.exc_info)
             record.exc_info, record.exc_text = None, None
         cleaned = self.secrets.scrub(message)
         cleaned = re.sub(r"(\w+://)[^/\s@]+@", r"\1***@", cleaned)
         cleaned = re.sub(r"(?i)(bearer\s+|basic\s+|hf_)[\w.\-+/=]{6,}", r"\1***", cleaned)
-        if cleaned != message:
+        if cleaned != original:  # scrubbed, or a traceback folded in: the record carries it now
             record.msg, record.args = cleaned, ()
         return True
 
@@ -1046,13 +1046,12 @@ class Server:
         """The run under the request's deadline, each report naming the corpus and the model."""
         question = check_question(ask.question, self.limits)
         lam = check_lam(ask.lam)
-        check_cost(ask.cost, ask.price_in, ask.price_out)
+        pricing = check_cost(ask.cost, ask.price_in, ask.price_out)
         started = time.monotonic()
         end = started + self.limits.request_timeout
-        model = llms.redact_url((ask.model or "").strip() if isinstance(ask.model, str) else "")
         try:
             with llms.deadline_at(end):
-                chosen, label, controller = self._controller(ask, lam)
+                chosen, label, controller = self._controller(ask, lam, pricing)
             steps = controller.stream(question, chosen)
             while True:
                 # Gradio may run each step of a generator in another thread, so the deadline is
@@ -1065,7 +1064,7 @@ class Server:
                 report.update(
                     corpus=label,
                     calibration=report["config"]["calibration"],
-                    model=model or llms.redact_url(llms.default_model()),
+                    model=model_label(ask.model),
                     elapsed_s=round(time.monotonic() - started, 3),  # the whole request
                 )
                 yield answer, report
@@ -1075,14 +1074,16 @@ class Server:
             raise _failure(err) from None
         _log_answered(report)
 
-    def _controller(self, ask: AskRequest, lam: float) -> tuple[brag.Corpus, str, brag.BRAG]:
+    def _controller(
+        self, ask: AskRequest, lam: float, pricing: tuple[str, tuple[float, float] | None]
+    ) -> tuple[brag.Corpus, str, brag.BRAG]:
         """The corpus, the backend and the calibration a request names, as a controller."""
         chosen, label = self.pick_corpus(ask.corpus, ask.documents)
         backend = self.llms.get(ask.model, ask.hf_token, ask.provider)
         cal = read_calibration(
             ask.calibration, label, getattr(backend, "name", ""), self.shipped, self.kept, self.limits
         )
-        unit, prices = check_cost(ask.cost, ask.price_in, ask.price_out)
+        unit, prices = pricing
         return chosen, label, brag.BRAG(backend, calibration=cal, lam=lam, cost=unit, prices=prices)
 
     def run_calibrate(
@@ -1144,7 +1145,6 @@ def _fit(
     model: Any,
     progress: gr.Progress,
 ) -> dict[str, Any]:
-    spec = llms.redact_url((model or "").strip() if isinstance(model, str) else "") or llms.default_model()
     progress(0.0, desc=f"Running R1, R2 and CB on {len(items)} questions")
     return calibrate.calibrate(
         items,
@@ -1152,11 +1152,17 @@ def _fit(
         backend,
         on_progress=lambda done, total: progress(done / total, desc=f"Question {done} of {total}"),
         meta={
-            "model_spec": llms.redact_url(spec),
+            "model_spec": model_label(model),
             "corpus": label,
             "note": f"fitted in the app on {len(items)} labelled questions",
         },
     )
+
+
+def model_label(model: Any) -> str:
+    """The model a request names, or the default, as reports show it: credentials redacted."""
+    spec = model.strip() if isinstance(model, str) else ""
+    return llms.redact_url(spec or llms.default_model())
 
 
 def _log_answered(report: dict[str, Any]) -> None:

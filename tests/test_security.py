@@ -262,3 +262,21 @@ def test_a_space_trusts_its_proxy_by_default(monkeypatch):
         app.CallerLimits(2, 8, app.trusted_proxies()).address(caller("10.1.2.3", "198.51.100.7"))
         == "10.1.2.3"
     )
+
+
+def test_the_log_filter_keeps_a_traceback_it_folds_in_and_scrubs_it(monkeypatch):
+    import logging
+    import sys
+
+    import app
+
+    secrets = app.Secrets(["sk-abcdef123456"])
+    for text in ("plain failure", "failure with sk-abcdef123456"):
+        try:
+            raise RuntimeError(text)
+        except RuntimeError:
+            record = logging.LogRecord("brag", logging.ERROR, __file__, 1, "failed", (), sys.exc_info())
+        assert app.RedactSecrets(secrets).filter(record)
+        message = record.getMessage()
+        assert "Traceback" in message and "RuntimeError: " in message  # not dropped
+        assert "sk-abcdef123456" not in message and record.exc_info is None
