@@ -391,11 +391,16 @@ def fit_costs(outcomes: Sequence[Outcome]) -> dict[str, dict[str, float | None]]
     return costs
 
 
+def _tally(outcomes: Sequence[Outcome], action: str) -> dict[str, int]:
+    """On how many questions ``action`` ran, answered, and was right."""
+    answered = sum(bool(o.answers[action]) for o in outcomes)
+    return {"n": len(outcomes), "answered": answered, "correct": sum(o.correct[action] for o in outcomes)}
+
+
 def _answer_counts(outcomes: Sequence[Outcome], action: str) -> tuple[dict[str, Any], dict[str, Any]]:
     """How often ``action`` answered and was right, and those rates with their intervals."""
-    n = len(outcomes)
-    answered = sum(bool(o.answers[action]) for o in outcomes)
-    correct = sum(o.correct[action] for o in outcomes)
+    counts = _tally(outcomes, action)
+    n, answered, correct = counts["n"], counts["answered"], counts["correct"]
     diagnostics = {
         "answer_rate": round(answered / n, 4) if n else 0.0,
         "answer_rate_ci95": wilson(answered, n),
@@ -404,7 +409,7 @@ def _answer_counts(outcomes: Sequence[Outcome], action: str) -> tuple[dict[str, 
         "precision": round(correct / answered, 4) if answered else 0.0,
         "precision_ci95": wilson(correct, answered),
     }
-    return {"n": n, "answered": answered, "correct": correct}, diagnostics
+    return counts, diagnostics
 
 
 def _fit_read(outcomes: Sequence[Outcome], action: str, counts: dict[str, Any]) -> dict[str, Any]:
@@ -416,13 +421,10 @@ def _fit_read(outcomes: Sequence[Outcome], action: str, counts: dict[str, Any]) 
     if not judged:
         return fitted
     for verdict, key in ((False, "strong"), (True, "weak")):  # each shrunk toward the whole
-        part = [o for o in judged if o.weak[action] is verdict]
-        part_answered = sum(bool(o.answers[action]) for o in part)
-        part_correct = sum(o.correct[action] for o in part)
-        counts[key] = {"n": len(part), "answered": part_answered, "correct": part_correct}
+        part = counts[key] = _tally([o for o in judged if o.weak[action] is verdict], action)
         entry = {
-            "q": round(shrunk(part_answered, len(part), q), 6),
-            "rho": _beta(shrunk(part_correct, part_answered, rho)),
+            "q": round(shrunk(part["answered"], part["n"], q), 6),
+            "rho": _beta(shrunk(part["correct"], part["answered"], rho)),
         }
         if verdict:
             fitted["weak"] = entry
