@@ -7,13 +7,25 @@ not, and leave the server answering.
 
 from __future__ import annotations
 
+import base64
+import gzip
+import json
+import logging
 import os
+import re
+import sys
 import threading
 from contextlib import ExitStack
 
 import pytest
 import security_probes
+from conftest import ROOT
+from openai_server import FakeOpenAI, Reply
 from security_probes import REQUEST_TIMEOUT, probes, run, start_lab
+from test_llms import BACKENDS, MESSAGES  # the same backends, made the same way
+
+import brag
+import llms
 
 PROBES = probes()
 
@@ -63,28 +75,6 @@ def test_refusals_are_quick(outcomes):
 
 # ------------------------------------------------------------------------ second round, unit level
 
-import gzip  # noqa: E402
-import json  # noqa: E402
-import re  # noqa: E402
-
-from conftest import ROOT  # noqa: E402
-from openai_server import FakeOpenAI, Reply  # noqa: E402
-
-import brag  # noqa: E402
-import llms  # noqa: E402
-
-MESSAGES = [{"role": "user", "content": "Question: Capital of France?"}]
-
-
-def openai_backend(url: str) -> llms.LLM:
-    return llms.OpenAICompatible(name=url, base_url=url, max_response_bytes=100_000)
-
-
-def hf_backend(url: str) -> llms.LLM:
-    return llms.HFInference(name="hf-test", base_url=url, token="hf_test")
-
-
-BACKENDS = pytest.mark.parametrize("factory", [openai_backend, hf_backend], ids=["openai", "huggingface"])
 BIG = json.dumps({"choices": [{"message": {"role": "assistant", "content": "x" * 5_000_000}}]}).encode()
 
 
@@ -95,8 +85,8 @@ BIG = json.dumps({"choices": [{"message": {"role": "assistant", "content": "x" *
 )
 @BACKENDS
 def test_a_response_over_the_cap_is_refused_once_decompressed(factory, reply):
-    # The OpenAI backend's cap is its own (100 kB here); the Hub's client is shared by the
-    # process, so it has the default cap (1 MB). The body is 5 MB either way.
+    # Both backends have the default cap (1 MB; the Hub's client is shared by the process, so
+    # its cap is the process's); the body is 5 MB.
     with FakeOpenAI(handler=lambda request: reply) as server:
         with pytest.raises(llms.ResponseTooLarge, match=r"over [\d,]+ bytes \(BRAG_MAX_RESPONSE_BYTES\)"):
             factory(server.url).complete(MESSAGES)
@@ -166,8 +156,6 @@ def test_the_embedded_model_is_offered_when_it_is_the_default_or_listed():
 
 
 def test_secrets_are_scrubbed_in_plain_and_base64_form(monkeypatch):
-    import base64
-
     import app
 
     monkeypatch.setenv("OPENAI_API_KEY", "sk-abcdef123456")
@@ -264,10 +252,7 @@ def test_a_space_trusts_its_proxy_by_default(monkeypatch):
     )
 
 
-def test_the_log_filter_keeps_a_traceback_it_folds_in_and_scrubs_it(monkeypatch):
-    import logging
-    import sys
-
+def test_the_log_filter_keeps_a_traceback_it_folds_in_and_scrubs_it():
     import app
 
     secrets = app.Secrets(["sk-abcdef123456"])
