@@ -203,8 +203,8 @@ def check_question(question: Any, limits: Limits) -> str:
 
 
 def check_cost(unit: Any, price_in: Any, price_out: Any) -> tuple[str, tuple[float, float] | None]:
-    """The unit actions are priced in (empty: calls), with the two prices when it is usd."""
-    unit = unit.strip() if isinstance(unit, str) and unit.strip() else "calls"
+    """The unit actions are priced in (empty: the default), with the two prices when it is usd."""
+    unit = unit.strip() if isinstance(unit, str) and unit.strip() else brag.DEFAULT_COST_UNIT
     if unit not in brag.COST_UNITS:
         raise user_error(f"cost must be one of {', '.join(brag.COST_UNITS)}.")
     if unit != "usd":
@@ -961,7 +961,7 @@ class AskRequest:
     hf_token: Any
     provider: Any
     calibration: Any
-    cost: Any = "calls"
+    cost: Any = brag.DEFAULT_COST_UNIT
     price_in: Any = None
     price_out: Any = None
 
@@ -1014,7 +1014,7 @@ class Server:
         hf_token: str,
         provider: str,
         calibration: str,
-        cost: str = "calls",
+        cost: str = brag.DEFAULT_COST_UNIT,
         price_in: float | None = None,
         price_out: float | None = None,
         request: gr.Request = None,  # type: ignore[assignment]  # Gradio passes it; not an API input
@@ -1551,7 +1551,7 @@ def _cost_row() -> list[Any]:
     with gr.Row():
         unit = gr.Dropdown(
             list(brag.COST_UNITS),
-            value="calls",
+            value=brag.DEFAULT_COST_UNIT,
             label="Price actions in",
             info="relative to one read, so λ keeps its meaning",
             scale=2,

@@ -129,6 +129,7 @@ __all__ = [  # noqa: RUF022
     "action_costs",
     "priced",
     "COST_UNITS",
+    "DEFAULT_COST_UNIT",
     "GUESS_BELOW",
     "RunAborted",
     "closed_book_mode",
@@ -2280,13 +2281,15 @@ DEFAULT_HOPS = 2
 # How an action is priced (``BRAG(cost=...)``): every cost is relative to one R1 read, so that
 # lambda keeps its meaning, the price of one read in units of answer error.
 COST_UNITS = ("calls", "tokens", "seconds", "usd")
+# Chosen by cross-validated replay on the calibration questions (README, method section).
+DEFAULT_COST_UNIT = "tokens"
 # On a CPU a generated token takes about as long as this many prompt tokens (estimates only).
 _DECODE_WEIGHT = 6.0
 
 
 def action_costs(
     calibration: Calibration,
-    unit: str = "calls",
+    unit: str = DEFAULT_COST_UNIT,
     *,
     k: int = 5,
     m: int = 5,
@@ -2428,7 +2431,7 @@ class BRAG:
     temperature: float = 0.7
     max_uses: int = 1
     hops: int = DEFAULT_HOPS
-    cost: str = "calls"
+    cost: str = DEFAULT_COST_UNIT
     output_ratio: float = 4.0
     prices: tuple[float, float] | None = None
     costs: Mapping[str, float] | None = None  # explicit relative costs; None: from ``cost``

@@ -183,7 +183,7 @@ def run_dataset(
     k: int,
     m: int,
     workers: int = 1,
-    cost: str = "calls",
+    cost: str = brag.DEFAULT_COST_UNIT,
 ) -> dict[str, Any]:
     everything = calibrate.read_labelled(root / ds.questions)
     size = n if n is not None else ds.test_size
@@ -486,7 +486,7 @@ def main(argv: list[str] | None = None) -> int:
     )
     parser.add_argument("--k", type=int, default=5)
     parser.add_argument(
-        "--cost", default="calls", choices=brag.COST_UNITS, help="how BRAG prices an action (default calls)"
+        "--cost", default=brag.DEFAULT_COST_UNIT, choices=brag.COST_UNITS, help="how BRAG prices an action"
     )
     parser.add_argument("--workers", type=int, default=1, help="questions at once (for an endpoint)")
     parser.add_argument("--m", type=int, default=5)

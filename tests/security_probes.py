@@ -414,7 +414,7 @@ def nothing_uploaded(lab: Lab, response: str) -> str | None:
 def long_answer(lab: Lab) -> str:
     model = lab.hostile.url + "#m"
     answer, report = lab.client("listed").predict(*brag_args("LONGANSWER?", model=model), api_name="/brag")
-    read = report["steps"][0]["observation"]
+    read = next(step["observation"] for step in report["steps"] if step["action"] == "R1")
     sizes = (len(answer), len(read["raw"]), len(read["follow_up_query"]), len(json.dumps(report)))
     return "answer, raw reply, follow-up query, report: {} {} {} {} characters".format(*sizes)
 

@@ -24,6 +24,7 @@ from gradio_client.exceptions import AppError
 from hub_server import FakeHub
 from openai_server import FakeOpenAI, Reply
 
+import brag
 import llms
 
 QUESTION = "Where was the architect of the Glass Tower born?"
@@ -205,7 +206,7 @@ def test_unreachable_model_is_reported(client):
     with pytest.raises(AppError, match="cannot reach") as err:
         client.predict(*args(model=url + "#m"), api_name="/brag")
     assert time.monotonic() - started < 30
-    assert "R1 failed: cannot reach" in str(err.value)
+    assert "failed: cannot reach" in str(err.value) and "0 LLM call(s)" in str(err.value)
     assert client.predict(*args(), api_name="/brag")[0] == "Bergen"
 
 
@@ -394,7 +395,6 @@ def test_progress_and_headline_while_running_and_when_done():
 
 def test_the_calibration_table_has_a_row_per_action_and_case(tmp_path):
     import app as brag_app
-    import brag
 
     frame = brag_app.calibration_frame(json.dumps(brag.shipped_calibrations()["prior"].to_dict()))
     assert list(frame["Case"]) == [
@@ -570,7 +570,6 @@ def test_named_corpus_downloads_once_from_the_hub(tmp_path, llm_server):
 
 
 def test_the_owners_own_index_is_served_from_brag_corpus_dir(tmp_path, llm_server):
-    import brag
 
     brag.Corpus(json.loads(DOC_JSON)).save(tmp_path / "index", name="Our documents")
     with AppProcess({"BRAG_MODEL": llm_server.url + "#m", "BRAG_CORPUS_DIR": str(tmp_path / "index")}) as app:
@@ -698,7 +697,6 @@ def test_a_perfect_reader_answers_at_least_80_percent_over_the_app(shared_data):
     """
     from perfect_reader import PerfectReader
 
-    import brag
     import calibrate
 
     items = calibrate.read_labelled(shared_data / "hotpotqa" / "hotpotqa_ircot500.json")[300:340]
@@ -744,11 +742,12 @@ def test_the_cost_unit_is_an_optional_input_over_gradio_client_and_rest(client, 
     assert all("priced" in s["cost"] for s in report["steps"] if s["action"])
     _, report = client.predict(*args(), "usd", 0.5, 2.0, api_name="/brag")
     assert report["config"]["cost"]["unit"] == "usd"
-    # The first eight inputs alone still work over REST: the cost unit defaults to calls.
+    # The first eight inputs alone still work over REST: the cost unit is the default.
     _, report = rest_call(app.url, "brag", args())
+    assert report["config"]["cost"]["unit"] == brag.DEFAULT_COST_UNIT == "tokens"
+    _, report = rest_call(app.url, "brag", [*args(), "calls", None, None])
     assert report["config"]["cost"]["unit"] == "calls"
-    _, report = rest_call(app.url, "brag", [*args(), "seconds", None, None])
-    assert report["config"]["cost"]["unit"] == "seconds"
+    assert set(report["config"]["cost"]["per_action"].values()) == {1.0}
     with pytest.raises(AppError, match="cost usd needs the input and output prices"):
         client.predict(*args(), "usd", None, None, api_name="/brag")
     with pytest.raises(AppError, match="not in the list of choices"):

@@ -133,7 +133,9 @@ def reader(prompt: str) -> str:
 @pytest.mark.parametrize(("question", "weak"), [(EASY, False), (HARD, True)])
 def test_a_weak_window_lowers_r1_and_escalates(question, weak):
     llm = ScriptedLLM(read=reader, closed_book=lambda p, n: ["no"] * n)
-    _, report = BRAG(llm, calibration=gated_calibration(), k=1, lam=0.2).run(question, Corpus(PASSAGES))
+    _, report = BRAG(llm, calibration=gated_calibration(), k=1, lam=0.2, cost="calls").run(
+        question, Corpus(PASSAGES)
+    )
     first = report["steps"][0]
     assert report["gate"]["R1"]["weak"] is weak and "evidence_coverage" in report["gate"]["R1"]["signals"]
     rates = brag.load_calibration(gated_calibration()).rates()

@@ -332,7 +332,7 @@ def test_failure_mid_run_raises_with_the_partial_report():
     corpus = Corpus(["Lina Berg was born in Bergen.", "Oslo is a city.", "x y"])
     with FakeOpenAI(handler=lambda r: next(replies)) as server:
         with pytest.raises(brag.RunAborted, match="token rejected") as err:
-            BRAG(make_llm(server.url + "#m"), calibration=PRIORS, lam=0.0).run(
+            BRAG(make_llm(server.url + "#m"), calibration=PRIORS, lam=0.0, cost="calls").run(
                 "Where was Lina Berg born?", corpus
             )
     assert err.value.report["totals"]["llm_calls"] == 1 and err.value.report["answer"] == "Bergen"
@@ -408,10 +408,14 @@ def test_brag_replay_reproduces_the_run_and_counts_cached_calls(tmp_path):
     corpus = Corpus(["Lina Berg was born in Bergen.", "Oslo is a city.", "The tower is tall."])
     with FakeOpenAI(answer="Answer: Bergen\nFollow-up query: Bergen") as server:
         live = CachedLLM(make_llm(server.url + "#m"), path)
-        answer, report = BRAG(live, calibration=PRIORS, lam=0.0, k=1).run("Where was Lina Berg born?", corpus)
+        answer, report = BRAG(live, calibration=PRIORS, lam=0.0, k=1, cost="calls").run(
+            "Where was Lina Berg born?", corpus
+        )
         live.close()
     replay = CachedLLM(make_llm(server.url + "#m"), path, mode="replay")  # server is gone
-    answer2, report2 = BRAG(replay, calibration=PRIORS, lam=0.0, k=1).run("Where was Lina Berg born?", corpus)
+    answer2, report2 = BRAG(replay, calibration=PRIORS, lam=0.0, k=1, cost="calls").run(
+        "Where was Lina Berg born?", corpus
+    )
     assert answer2 == answer
     calls = report["totals"]["llm_calls"]
     assert report2["totals"]["llm_calls"] == calls >= 2
@@ -426,7 +430,7 @@ def test_cache_keeps_each_calls_latency_for_replayed_runs(tmp_path):
     question = "Where was Lina Berg born?"
     with FakeOpenAI(handler=lambda request: Reply(delay=0.3), answer="Answer: Bergen") as server:
         live = CachedLLM(make_llm(server.url + "#m"), path)
-        _, report = BRAG(live, calibration=PRIORS, lam=0.0, k=1).run(question, corpus)
+        _, report = BRAG(live, calibration=PRIORS, lam=0.0, k=1, cost="calls").run(question, corpus)
         live.close()
     calls = report["totals"]["llm_calls"]
     assert calls >= 2
@@ -434,7 +438,7 @@ def test_cache_keeps_each_calls_latency_for_replayed_runs(tmp_path):
     assert report["totals"]["llm_seconds"] >= 0.3 * calls
     assert report["totals"]["llm_wait_s"] >= 0.3 * calls
     replay = CachedLLM(make_llm(server.url + "#m"), path, mode="replay")
-    _, again = BRAG(replay, calibration=PRIORS, lam=0.0, k=1).run(question, corpus)
+    _, again = BRAG(replay, calibration=PRIORS, lam=0.0, k=1, cost="calls").run(question, corpus)
     # Replayed: no waiting, but the stored latencies add up to the live run's.
     assert again["totals"]["llm_wait_s"] < 0.3
     assert again["totals"]["llm_seconds"] == pytest.approx(report["totals"]["llm_seconds"], abs=1e-5)

@@ -1,6 +1,7 @@
 """Policy (SPEC section 1): information rates, argmax D/c, stop rule, monotone in lambda; and
 the controller's invariants as property tests over random calibrations."""
 
+import itertools
 import math
 
 import pytest
@@ -101,15 +102,18 @@ TOWER = [
 def test_larger_lambda_never_makes_more_calls(cb_answers):
     corpus = Corpus(TOWER)
     question = "Where was the architect of the Glass Tower born?"
-    for floor in (0, 1):
+    for unit, floor in itertools.product(("calls", "tokens", "seconds"), (0, 1)):
         calls = []
-        for lam in [0.0, 0.001, 0.01, 0.05, 0.1, 0.2, 0.5, 1.0, 2.0]:
+        for lam in [0.0, 0.001, 0.01, 0.05, 0.1, 0.2, 0.5, 1.0, 2.0, 20.0]:
             llm = ScriptedLLM(read=tower_llm, closed_book=lambda p, n: cb_answers[:n])
-            _, report = BRAG(llm, calibration=PRIORS, lam=lam, k=1, min_calls=floor).run(question, corpus)
-            calls.append(report["totals"]["llm_calls"])
+            controller = BRAG(llm, calibration=PRIORS, lam=lam, k=1, min_calls=floor, cost=unit)
+            calls.append(controller.run(question, corpus)[1]["totals"]["llm_calls"])
         assert calls == sorted(calls, reverse=True)
-        # R1, a hop and CB at least; then none, or the one call the floor makes.
-        assert 3 <= calls[0] <= 2 + DEFAULT_HOPS and calls[-1] == floor
+        # None at a high price, or the one call the floor makes; counted in calls, R1, a hop
+        # and CB at lambda = 0.
+        assert calls[-1] == floor and calls[0] >= 1
+        if unit == "calls":
+            assert 3 <= calls[0] <= 2 + DEFAULT_HOPS
 
 
 # ------------------------------------------------------------------ invariants, as property tests
@@ -279,7 +283,7 @@ def test_a_tie_is_broken_by_any_informative_vote_and_more_answers_gain_more():
 def test_the_min_calls_floor_makes_the_best_first_call_even_below_lambda_and_says_so(lam):
     llm = ScriptedLLM(read=tower_llm, closed_book=lambda p, n: ["Oslo"] * n)
     question = "Where was the architect of the Glass Tower born?"
-    answer, report = BRAG(llm, calibration=PRIORS, lam=lam, k=1).run(question, Corpus(TOWER))
+    answer, report = BRAG(llm, calibration=PRIORS, lam=lam, k=1, cost="calls").run(question, Corpus(TOWER))
     first, last = report["steps"][0], report["steps"][-1]
     # The first step's pick is its best score, though that score is at or below lambda.
     assert first["floor"] and first["action"] == max(first["scores"], key=first["scores"].get)
@@ -345,11 +349,15 @@ def test_a_run_reports_its_cost_unit_and_each_step_priced_in_it():
             assert cost["priced"] == cost["prompt_tokens"] + 3.0 * cost["completion_tokens"]
 
 
-def test_cheap_closed_book_comes_first_when_priced_in_tokens_but_not_in_calls():
+def test_cheap_closed_book_comes_first_when_priced_in_tokens_or_seconds_but_not_in_calls():
     # Same calibration and question: counted in calls R1 leads (0.48 against 0.42); priced in
-    # tokens closed-book costs a fraction of a read, so it comes first.
+    # tokens (the default) or seconds closed-book costs a fraction of a read, so it comes first.
     corpus = Corpus(["Phobos is a moon of Mars.", "Deimos is a moon of Mars.", "Io is a moon."])
     llm = ScriptedLLM(read=lambda p: "NONE", closed_book=lambda p, n: ["Phobos"] * n)
-    by_calls = BRAG(llm, calibration=PRIORS, lam=0.0).run("Which moon?", corpus)[1]
-    by_tokens = BRAG(llm, calibration=PRIORS, lam=0.0, cost="tokens").run("Which moon?", corpus)[1]
-    assert by_calls["steps"][0]["action"] == "R1" and by_tokens["steps"][0]["action"] == "CB"
+    by_calls = BRAG(llm, calibration=PRIORS, lam=0.0, cost="calls").run("Which moon?", corpus)[1]
+    assert by_calls["steps"][0]["action"] == "R1"
+    for unit in ("tokens", "seconds", None):
+        options = {"cost": unit} if unit else {}
+        report = BRAG(llm, calibration=PRIORS, lam=0.0, **options).run("Which moon?", corpus)[1]
+        assert report["steps"][0]["action"] == "CB"
+        assert report["config"]["cost"]["unit"] == (unit or "tokens")

@@ -32,7 +32,7 @@ def test_two_hop_question_is_answered_through_the_fallback_query():
     llm = ScriptedLLM(
         read=two_hop_reader, closed_book=lambda p, n: ["Oslo", "Rome", "Lima", "NONE", "Bern"][:n]
     )
-    answer, report = BRAG(llm, calibration=PRIORS, k=1, lam=0.0).run(QUESTION, Corpus(PASSAGES))
+    answer, report = BRAG(llm, calibration=PRIORS, k=1, lam=0.0, cost="calls").run(QUESTION, Corpus(PASSAGES))
     assert answer == "Bergen"
     steps = [s for s in report["steps"] if s["action"]]
     assert [s["action"] for s in steps][:2] == ["R1", "R2"]
@@ -47,7 +47,9 @@ def test_two_hop_question_is_answered_through_the_fallback_query():
 
 def test_unanimous_closed_book_outweighs_a_single_read():
     llm = ScriptedLLM(read=two_hop_reader, closed_book=lambda p, n: ["Oslo"] * n)
-    answer, report = BRAG(llm, calibration=PRIORS, k=1, lam=0.0, hops=1).run(QUESTION, Corpus(PASSAGES))
+    answer, report = BRAG(llm, calibration=PRIORS, k=1, lam=0.0, hops=1, cost="calls").run(
+        QUESTION, Corpus(PASSAGES)
+    )
     # kappa_5 = 0.7 against rho_R2 = 0.6 in the priors.
     assert [s["action"] for s in report["steps"] if s["action"]] == ["R1", "R2", "CB"]
     assert answer == "Oslo"
@@ -57,7 +59,9 @@ def test_lookahead_skips_a_call_that_cannot_pay_for_itself():
     # After the read says Bergen, one closed-book call changes P_err by about 0.01 in
     # expectation: worth it at lambda = 0 (above), not at lambda = 0.05.
     llm = ScriptedLLM(read=two_hop_reader, closed_book=lambda p, n: ["Oslo"] * n)
-    answer, report = BRAG(llm, calibration=PRIORS, k=1, lam=0.05).run(QUESTION, Corpus(PASSAGES))
+    answer, report = BRAG(llm, calibration=PRIORS, k=1, lam=0.05, cost="calls").run(
+        QUESTION, Corpus(PASSAGES)
+    )
     assert [s["action"] for s in report["steps"] if s["action"]] == ["R1", "R2"]
     assert answer == "Bergen" and 0 < report["steps"][-1]["score"] <= 0.05
 
@@ -69,7 +73,7 @@ def test_totals_equal_what_the_llm_reported_and_report_is_json():
         prompt_tokens=123,
         completion_tokens=9,
     )
-    _, report = BRAG(llm, calibration=PRIORS, k=1, lam=0.0).run(QUESTION, Corpus(PASSAGES))
+    _, report = BRAG(llm, calibration=PRIORS, k=1, lam=0.0, cost="calls").run(QUESTION, Corpus(PASSAGES))
     totals = report["totals"]
     assert totals["llm_calls"] == len(llm.requests) == 3
     assert totals["prompt_tokens"] == 123 * 3
@@ -94,7 +98,9 @@ def test_r2_without_new_passages_is_never_offered():
     # Re-reading one window would count one piece of evidence twice, and it has no expected gain.
     llm = ScriptedLLM(read=lambda p: "Answer: Oslo\nFollow-up query: Norway capital city")
     small = Corpus(PASSAGES[:3])
-    _, report = BRAG(llm, calibration=PRIORS, k=5, lam=0.0).run("What is the capital of Norway?", small)
+    _, report = BRAG(llm, calibration=PRIORS, k=5, lam=0.0, cost="calls").run(
+        "What is the capital of Norway?", small
+    )
     assert all("R2" not in step["available"] for step in report["steps"])
     assert [s["action"] for s in report["steps"]] == ["R1", "CB", None]
     assert report["totals"]["llm_calls"] == len(llm.requests) == 2  # R1 and CB only
@@ -181,7 +187,7 @@ class FailingLLM(ScriptedLLM):
 def test_failure_mid_run_keeps_the_partial_report():
     llm = FailingLLM(read=lambda p: "Answer: Oslo\nFollow-up query: Oslo city")
     with pytest.raises(RunAborted, match="endpoint unreachable") as err:
-        BRAG(llm, calibration=PRIORS, lam=0.0).run(QUESTION, Corpus(PASSAGES))
+        BRAG(llm, calibration=PRIORS, lam=0.0, cost="calls").run(QUESTION, Corpus(PASSAGES))
     report = err.value.report
     assert report["totals"]["llm_calls"] == 1
     assert report["answer"] == "Oslo"
@@ -296,7 +302,7 @@ def test_a_weak_single_read_is_called_a_guess_and_a_read_answer_in_its_passage_i
 
 def test_a_confident_answer_is_not_called_a_guess():
     llm = ScriptedLLM(read=two_hop_reader, closed_book=lambda prompt, n: ["Bergen"] * n)
-    answer, report = BRAG(llm, calibration=PRIORS, k=5, lam=0.0).run(QUESTION, Corpus(PASSAGES))
+    answer, report = BRAG(llm, calibration=PRIORS, k=5, lam=0.0, cost="calls").run(QUESTION, Corpus(PASSAGES))
     confidence = report["confidence"]
     assert answer == "Bergen" and confidence["supported"] is True
     assert confidence["p_correct"] >= brag.GUESS_BELOW and confidence["guess"] is False

@@ -113,7 +113,7 @@ def test_answers_and_follow_up_queries_are_cut_before_the_posterior_and_the_repo
         answer, report = brag.BRAG(llms.make_llm(server.url + "#m"), hops=0).run(
             "Where?", brag.Corpus(["Atlantis is a city."])
         )
-    read = report["steps"][0]["observation"]
+    read = next(step["observation"] for step in report["steps"] if step["action"] == "R1")
     assert len(answer) <= brag.MAX_ANSWER_CHARS and answer.startswith("Atlantis")
     assert len(read["raw"]) <= brag.MAX_REPLY_CHARS
     assert len(read["follow_up_query"]) <= brag.MAX_QUERY_CHARS
