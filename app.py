@@ -1571,7 +1571,10 @@ def show_prices(unit: Any) -> tuple[Any, Any]:
 def _steps_table() -> gr.Dataframe:
     return gr.Dataframe(
         headers=STEP_COLUMNS,
-        label="Steps: each action's expected drop in P(error) per call, ✓ above λ; the best one runs",
+        label=(
+            "Steps: each action's expected drop in P(error) per unit of cost (a read = 1), ✓ above λ; "
+            "the best one runs"
+        ),
         wrap=True,
         visible=False,
         elem_id="steps",

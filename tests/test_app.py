@@ -663,6 +663,17 @@ def test_a_real_browser_sees_progress_then_the_answer_an_error_and_a_calibration
         assert not clipped
         shoot("answered")
 
+        # The cost unit: the prices show only for usd, and the totals say what the run cost in it.
+        assert not page.get_by_label("$ / M input tokens").is_visible()
+        page.get_by_label("Price actions in").click()
+        page.get_by_role("option", name="usd").click()
+        page.get_by_label("$ / M input tokens").wait_for(state="visible", timeout=15_000)
+        page.get_by_label("$ / M input tokens").fill("0.5")
+        page.get_by_label("$ / M output tokens").fill("2")
+        page.get_by_role("button", name="Ask").click()
+        page.get_by_text("priced in usd").first.wait_for(timeout=60_000)
+        page.locator("#answer h2").filter(has_text="Bergen").wait_for(timeout=60_000)
+
         page.get_by_label("Question").first.fill("   ")
         page.get_by_role("button", name="Ask").click()
         page.get_by_text("The question is empty.").first.wait_for(timeout=30_000)
