@@ -270,21 +270,24 @@ def read_calibration(
 
 
 def read_labelled(text: Any, limits: Limits) -> list[calibrate.Labelled]:
-    """Labelled questions from JSON text (never a path), within the count and size limits."""
+    """Questions, with or without gold, from JSON or JSON Lines text (never a path), within limits."""
     if not isinstance(text, str) or not text.strip():
         raise user_error(
-            f'No labelled questions: paste a JSON list of {{"question", "gold": [...]}} '
-            f"objects ({limits.labelled_min} to {limits.labelled_max})."
+            f'No questions: paste a JSON list of {{"question", "gold": [...]}} objects or of '
+            f"questions ({limits.labelled_min} to {limits.labelled_max})."
         )
     size = len(text.encode())
     if size > limits.labelled_bytes:
         raise _too_big(
             "The labelled questions", size, limits.labelled_bytes, "bytes", "BRAG_MAX_LABELLED_BYTES"
         )
-    if not text.strip().startswith("["):
-        raise user_error('labelled questions must be a JSON list of {"question", "gold": [...]} objects.')
+    if not text.strip().startswith(("[", "{")):
+        raise user_error(
+            'questions must be a JSON list of {"question", "gold": [...]} objects or of questions, '
+            "or JSON Lines."
+        )
     try:
-        items = calibrate.read_labelled(brag.parse_json(text, "labelled questions"))
+        items = calibrate.read_questions(text)
     except ValueError as err:
         raise user_error(str(err)) from None
     if not limits.labelled_min <= len(items) <= limits.labelled_max:
@@ -1126,7 +1129,9 @@ class Server:
         path = self.kept.path(name) if isinstance(name, str) else None
         if path is None:
             return gr.update(visible=False), None
-        return gr.update(value=calibration_frame(path.read_text(encoding="utf-8")), visible=True), str(path)
+        text = path.read_text(encoding="utf-8")
+        label = f"Fitted, per action and case: {fitted_on_text(json.loads(text))}"
+        return gr.update(value=calibration_frame(text), visible=True, label=label), str(path)
 
     @contextmanager
     def _scrubbed_errors(self) -> Iterator[None]:
@@ -1146,6 +1151,7 @@ def _fit(
     progress: gr.Progress,
 ) -> dict[str, Any]:
     progress(0.0, desc=f"Running R1, R2 and CB on {len(items)} questions")
+    labelled = sum(bool(item.gold) for item in items)
     return calibrate.calibrate(
         items,
         corpus,
@@ -1154,7 +1160,7 @@ def _fit(
         meta={
             "model_spec": model_label(model),
             "corpus": label,
-            "note": f"fitted in the app on {len(items)} labelled questions",
+            "note": f"fitted in the app on {len(items)} questions, {labelled} with gold answers",
         },
     )
 
@@ -1393,6 +1399,17 @@ def failed() -> str:
     return "✖ The run failed (the message says why); the last run's results were cleared."
 
 
+def fitted_on_text(calibration: Mapping[str, Any]) -> str:
+    """Which kind of fit a calibration is, on how many questions."""
+    fitted_on = calibration.get("fitted_on") or {}
+    n, labelled = fitted_on.get("questions"), fitted_on.get("labelled")
+    if fitted_on.get("kind") == "mixed":
+        return f"a mixed fit on {n} questions, {labelled} with gold answers (EM over the others)"
+    if fitted_on.get("kind") == "unlabelled":
+        return f"an unlabelled fit on {n} questions (EM)"
+    return f"a labelled fit on {calibration.get('n_questions', n)} questions"
+
+
 def calibration_frame(text: str) -> pd.DataFrame:
     """A fitted calibration per action and agreement level: q, ρ with its 95 % interval, and D."""
     from scipy.stats import beta
@@ -1596,11 +1613,15 @@ def _calibrate_tab(server: Server, choices: list[str]) -> None:
     """Labelled questions, corpus and model in; the fitted table, a download and the JSON out."""
     limits = server.limits
     gr.Markdown(
-        "Fit the controller's reliabilities for your model and corpus from labelled questions "
-        f"({limits.labelled_min} to {limits.labelled_max}). The fit is kept under the name it "
-        "returns: give that name (or paste the JSON) as the calibration on the Ask tab."
+        "Fit the controller's reliabilities for your model and corpus from your questions "
+        f"({limits.labelled_min} to {limits.labelled_max}). Give gold answers where you have them: "
+        f"questions without gold are fitted by EM only alongside at least {calibrate.MIN_QUESTIONS} "
+        "with gold, and the fit says which kind it is. The fit is kept under the name it returns: "
+        "give that name (or paste the JSON) as the calibration on the Ask tab."
     )
-    labelled = gr.Textbox(label='Labelled questions: [{"question": ..., "gold": [...]}, ...]', lines=6)
+    labelled = gr.Textbox(
+        label='Questions: [{"question": ..., "gold": [...]}, ...]; "gold" is optional', lines=6
+    )
     with gr.Row():
         cal_corpus = gr.Dropdown(choices, value=DEMO, label="Corpus", allow_custom_value=True)
         cal_documents = gr.Textbox(label="Your documents (optional)", lines=2)

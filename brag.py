@@ -2978,7 +2978,7 @@ class _Run:
                 "calibration": {
                     **{
                         key: brag.calibration.meta.get(key)
-                        for key in ("name", "source", "model", "corpus", "fitted", "date")
+                        for key in ("name", "source", "model", "corpus", "fitted", "fitted_on", "date")
                     },
                     "status": calibration_status(brag.calibration, getattr(brag.llm, "name", "")),
                 },

@@ -28,7 +28,7 @@ import sys
 import threading
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
@@ -84,7 +84,7 @@ def closed_book_reliabilities(tallies: Sequence[tuple[int, int]]) -> list[float]
 
 @dataclass(frozen=True)
 class Labelled:
-    """A question, its gold answers, and the titles of its supporting passages when known."""
+    """A question, its gold answers (none: unlabelled), and its supporting passages' titles when known."""
 
     id: str
     question: str
@@ -92,7 +92,9 @@ class Labelled:
     supporting: tuple[str, ...] = ()
 
 
-def _labelled(item: Any, index: int) -> Labelled:
+def _labelled(item: Any, index: int, gold_required: bool = True) -> Labelled:
+    if isinstance(item, str) and not gold_required:
+        item = {"question": item}
     if not isinstance(item, dict):
         raise ValueError(f"labelled[{index}]: expected an object, got {type(item).__name__}")
     question = item.get("question")
@@ -113,11 +115,15 @@ def _labelled(item: Any, index: int) -> Labelled:
     elif "_id" in item and "answer" in item:  # raw HotpotQA / 2WikiMultihopQA
         gold = [item["answer"]]
         supporting = sorted({fact[0] for fact in item.get("supporting_facts", [])})
+    elif not gold_required and not {"answer", "answers", "gold_answers"} & set(item):
+        return Labelled(qid, " ".join(question.split()), ())
     else:
         raise ValueError(
             f"labelled[{index}]: unknown layout with fields {sorted(item)}; expected "
             '{"question", "gold": [...]} or a HotpotQA / 2WikiMultihopQA / MuSiQue item'
         )
+    if not gold_required and (not gold or gold == [""]):  # an empty gold: this question is unlabelled
+        return Labelled(qid, " ".join(question.split()), (), tuple(supporting))
     if not isinstance(gold, list) or not gold or not all(isinstance(g, str) and g.strip() for g in gold):
         raise ValueError(f"labelled[{index}]: gold answers are missing (need a non-empty list of strings)")
     return Labelled(qid, " ".join(question.split()), tuple(gold), tuple(supporting))
@@ -129,6 +135,21 @@ def read_labelled(source: str | os.PathLike[str] | Sequence[Any]) -> list[Labell
     if not isinstance(source, list):
         raise ValueError("labelled questions: expected a JSON list of {question, gold} objects")
     return [_labelled(item, i) for i, item in enumerate(source)]
+
+
+def read_questions(source: str | os.PathLike[str] | Sequence[Any]) -> list[Labelled]:
+    """Questions with or without gold answers, for an unlabelled or mixed fit.
+
+    A JSON list of strings or of ``{"question", "gold"?}`` objects (or any labelled layout),
+    from a list, a JSON string, JSON Lines text, or a JSON / JSON Lines file.
+    """
+    if isinstance(source, str) and source.lstrip().startswith("{"):  # JSON Lines text
+        lines = [line for line in source.splitlines() if line.strip()]
+        source = "[" + ",".join(lines) + "]"
+    source = brag.read_json(source, "questions")
+    if not isinstance(source, list):
+        raise ValueError('questions: expected a JSON list of strings or of {"question", "gold"?} objects')
+    return [_labelled(item, i, gold_required=False) for i, item in enumerate(source)]
 
 
 def select(items: list[Labelled], split: str) -> list[Labelled]:
@@ -147,7 +168,8 @@ def select(items: list[Labelled], split: str) -> list[Labelled]:
 
 def is_correct(answer: str, gold: Iterable[str], f1_threshold: float = 0.8) -> bool:
     """Normalised exact match with any gold answer, or token F1 >= ``f1_threshold``."""
-    if not answer:
+    gold = list(gold)
+    if not answer or not gold:
         return False
     gold = list(gold)
     return brag.exact_match(answer, gold) or max(brag.token_f1(answer, g) for g in gold) >= f1_threshold
@@ -170,6 +192,7 @@ class Outcome:
     weak: dict[str, bool | None] = field(default_factory=dict)  # the gate's verdict per window
     hops: list[dict[str, Any]] = field(default_factory=list)
     usage: dict[str, list[dict[str, Any]]] = field(default_factory=dict)  # each run's cost, per action
+    labelled: bool = True  # False: no gold answer, so ``correct`` and the hops' flags mean nothing
 
 
 def observe_one(item: Labelled, corpus: brag.Corpus, controller: brag.BRAG, f1_threshold: float) -> Outcome:
@@ -211,7 +234,8 @@ def observe_one(item: Labelled, corpus: brag.Corpus, controller: brag.BRAG, f1_t
             answers[action] = answer
     answers["R2"] = hops[0]["answer"] if hops else ""
     correct = {a: is_correct(answers[a], item.gold, f1_threshold) for a in answers}
-    return Outcome(item.id, answers, correct, agreement, report["totals"]["llm_calls"], weak, hops, usage)
+    calls = report["totals"]["llm_calls"]
+    return Outcome(item.id, answers, correct, agreement, calls, weak, hops, usage, bool(item.gold))
 
 
 def progress_key(
@@ -347,6 +371,34 @@ def _beta(mean: float) -> dict[str, float]:
 def fit(outcomes: Sequence[Outcome], m: int, hops: int = 1) -> dict[str, Any]:
     """Fitted values, counts and diagnostics (the calibration JSON without its metadata).
 
+    With every question labelled, one pass of :func:`fit_counts`. With some or all unlabelled,
+    expectation-maximisation over each unlabelled question's right answer (:func:`fit_unlabelled`),
+    after checking that the data can tell the sources' reliabilities apart (:func:`identifiable`).
+    ``fitted_on`` records which, and on how many questions.
+    """
+    labelled = sum(o.labelled for o in outcomes)
+    kind = "labelled" if labelled == len(outcomes) else "unlabelled" if not labelled else "mixed"
+    fitted_on: dict[str, Any] = {"kind": kind, "questions": len(outcomes), "labelled": labelled}
+    if kind == "labelled":
+        return {**fit_counts(outcomes, m, hops), "fitted_on": fitted_on}
+    identifiable(outcomes)
+    if labelled < MIN_QUESTIONS:
+        raise Unidentifiable(
+            f"{labelled} of these {len(outcomes)} questions have gold answers; a fit from questions "
+            f"without them needs at least {MIN_QUESTIONS} with gold to be checked against. Without "
+            "gold, which sources agree is explained as well by right answers as by wrong ones that "
+            "coincide, and EM gave reliabilities far from the labelled fit's on every dataset we "
+            "measured (bench/results/unlabelled.md)"
+        )
+    fitted, em = fit_unlabelled(outcomes, m, hops)
+    _same_from_every_start(outcomes, m, hops, fitted)
+    _plausible(outcomes, fitted)
+    return {**fitted, "fitted_on": {**fitted_on, "em": em}}
+
+
+def fit_counts(outcomes: Sequence[Outcome], m: int, hops: int = 1) -> dict[str, Any]:
+    """One fit from the outcomes' right/wrong flags, which may be probabilities (an EM step).
+
     R1, R2 (its first read) and CB as SPEC section 4 says; R2's ``same`` and ``new`` branches
     from the first ``hops`` second-hop reads of each question (see :func:`fit_second_hop`); eta
     from pairs of votes that do not read the same passages (R1 and CB), because a second hop
@@ -391,10 +443,11 @@ def fit_costs(outcomes: Sequence[Outcome]) -> dict[str, dict[str, float | None]]
     return costs
 
 
-def _tally(outcomes: Sequence[Outcome], action: str) -> dict[str, int]:
-    """On how many questions ``action`` ran, answered, and was right."""
+def _tally(outcomes: Sequence[Outcome], action: str) -> dict[str, Any]:
+    """On how many questions ``action`` ran, answered, and was right (expected, when unlabelled)."""
     answered = sum(bool(o.answers[action]) for o in outcomes)
-    return {"n": len(outcomes), "answered": answered, "correct": sum(o.correct[action] for o in outcomes)}
+    correct = round(sum(o.correct[action] for o in outcomes), 4)
+    return {"n": len(outcomes), "answered": answered, "correct": correct}
 
 
 def _answer_counts(outcomes: Sequence[Outcome], action: str) -> tuple[dict[str, Any], dict[str, Any]]:
@@ -441,7 +494,7 @@ def _fit_closed_book(outcomes: Sequence[Outcome], m: int, counts: dict[str, Any]
     for g in range(1, m + 1):
         at_g = [o for o in outcomes if o.answers["CB"] and o.agreement == g]
         right = sum(o.correct["CB"] for o in at_g)
-        counts["levels"][str(g)] = {"n": len(at_g), "correct": right}
+        counts["levels"][str(g)] = {"n": len(at_g), "correct": round(right, 4)}
         tallies.append((right, len(at_g)))
     levels = {}
     for g, kappa in enumerate(closed_book_reliabilities(tallies), 1):
@@ -459,19 +512,30 @@ def _fit_eta(outcomes: Sequence[Outcome]) -> tuple[float, dict[str, int], dict[s
     trials, hits = repeats["CB repeats R1"]
     eta = (hits + ETA_PRIOR[0]) / (trials + sum(ETA_PRIOR))
     rates = {
-        pair: {"both_wrong": t, "same": h, "rate": round(h / t, 4) if t else None}
+        pair: {"both_wrong": round(t, 4), "same": round(h, 4), "rate": round(h / t, 4) if t else None}
         for pair, (t, h) in repeats.items()
     }
-    return eta, {"wrong_vote_trials": trials, "repeats": hits}, rates
+    return eta, {"wrong_vote_trials": round(trials, 4), "repeats": round(hits, 4)}, rates
 
 
-def wrong_repeats(outcomes: Sequence[Outcome]) -> dict[str, tuple[int, int]]:
-    """(questions where both answered wrong, of them the same wrong answer) per pair of sources."""
+def wrong_repeats(outcomes: Sequence[Outcome]) -> dict[str, tuple[float, float]]:
+    """(questions where both answered wrong, of them the same wrong answer) per pair of sources.
+
+    With probabilities for right, both counts are expected: both are wrong when the truth is
+    neither answer, 1 - P(first) - P(second), or 1 - P(it) when they name the same one.
+    """
     pairs = {"R2 repeats R1": ("R1", "R2"), "CB repeats R1": ("R1", "CB"), "CB repeats R2": ("R2", "CB")}
     found = {}
     for name, (first, second) in pairs.items():
-        both = [o for o in outcomes if all(o.answers[a] and not o.correct[a] for a in (first, second))]
-        found[name] = (len(both), sum(brag.same_answer(o.answers[first], o.answers[second]) for o in both))
+        both, same = 0, 0
+        for o in outcomes:
+            if not (o.answers[first] and o.answers[second]):
+                continue
+            repeat = brag.same_answer(o.answers[first], o.answers[second])
+            right = (o.correct[first], o.correct[second])
+            wrong = max(0, 1 - max(right)) if repeat else max(0, 1 - sum(right))
+            both, same = both + wrong, same + wrong * repeat
+        found[name] = (both, same)
     return found
 
 
@@ -488,24 +552,232 @@ def fit_second_hop(
     """
     reads = [h for o in outcomes for h in o.hops[:hops]]
     after = [h for h in reads if h["after_answer"]]
-    after_right = [h for h in after if h["after_right"]]
-    after_wrong = [h for h in after if not h["after_right"]]
+    # Reads after a right and after a wrong earlier answer (expected counts, when unlabelled).
+    after_right = [sum(h["after_right"] for h in after), sum(h["after_right"] * h["repeats"] for h in after)]
+    after_wrong = [len(after) - after_right[0], sum(h["repeats"] for h in after) - after_right[1]]
     answered_after = [h for h in after if h["answer"]]
     news = [h for h in reads if h["answer"] and not h["repeats"]]
-    repeat_right = (sum(h["repeats"] for h in after_right) + 1) / (len(after_right) + 2)
-    repeat_wrong = (sum(h["repeats"] for h in after_wrong) + 1) / (len(after_wrong) + 2)
+    repeat_right = (after_right[1] + 1) / (after_right[0] + 2)
+    repeat_wrong = (after_wrong[1] + 1) / (after_wrong[0] + 2)
     ratio = repeat_right / repeat_wrong
     pi = shrunk(sum(h["repeats"] for h in answered_after), len(answered_after), 0.5)
     rho_new = shrunk(sum(h["correct"] for h in news), len(news), PRIOR["rho"]["R2"])
     counts = {
         "reads": len(reads),
-        "after_right": [len(after_right), sum(h["repeats"] for h in after_right)],
-        "after_wrong": [len(after_wrong), sum(h["repeats"] for h in after_wrong)],
-        "new": [len(news), sum(h["correct"] for h in news)],
+        "after_right": [round(x, 4) for x in after_right],
+        "after_wrong": [round(x, 4) for x in after_wrong],
+        "new": [len(news), round(sum(h["correct"] for h in news), 4)],
         "same_likelihood_ratio": round(ratio, 4),
     }
     same = {"pi": round(pi, 6), "rho": _beta(ratio * eta / (1 + ratio * eta))}
     return same, {"rho": _beta(rho_new)}, counts
+
+
+# ------------------------------------------------------------------------------------------
+# Unlabelled questions: expectation-maximisation over the right answer
+# ------------------------------------------------------------------------------------------
+
+EM_ITERATIONS = 200
+EM_TOLERANCE = 1e-6  # the largest change of any fitted reliability, rate or eta that ends the EM
+MIN_ANSWERS = 5  # questions a source must answer for its reliability to be fitted
+MIN_AGREEMENTS = 5  # unlabelled questions where R1 and CB must agree, and must disagree
+
+
+class Unidentifiable(ValueError):
+    """The questions cannot tell the sources' reliabilities apart without gold answers."""
+
+
+def identifiable(outcomes: Sequence[Outcome]) -> None:
+    """Raise :class:`Unidentifiable`, saying why, when an unlabelled fit would be guesswork.
+
+    Without gold, all the fit learns from is which sources agree on a question. R1 and CB read
+    nothing in common, so their agreement is the evidence: a source that never answers, two that
+    always agree (every reliability fits equally well), or two that almost never do (nothing
+    tells a right answer from a wrong one) leave the reliabilities to the prior. Enough labelled
+    questions settle it on their own.
+    """
+    labelled = sum(o.labelled for o in outcomes)
+    if labelled >= MIN_QUESTIONS:
+        return
+    advice = f"give gold answers for some questions (at least {MIN_QUESTIONS} settle it), or more questions"
+    for action in ("R1", "CB"):
+        answered = sum(bool(o.answers[action]) for o in outcomes)
+        if answered < MIN_ANSWERS:
+            raise Unidentifiable(
+                f"{action} answered {answered} of {len(outcomes)} questions: too few to tell how often "
+                f"it is right without gold answers; {advice}"
+            )
+    pairs = [o for o in outcomes if not o.labelled and o.answers["R1"] and o.answers["CB"]]
+    agree = sum(brag.same_answer(o.answers["R1"], o.answers["CB"]) for o in pairs)
+    if len(pairs) - agree < MIN_AGREEMENTS:
+        raise Unidentifiable(
+            f"R1 and closed-book gave the same answer on {agree} of the {len(pairs)} unlabelled questions "
+            f"both answered: sources that always agree fit any reliability equally well; {advice}"
+        )
+    if agree < MIN_AGREEMENTS:
+        raise Unidentifiable(
+            f"R1 and closed-book agreed on only {agree} of the {len(pairs)} unlabelled questions both "
+            f"answered: without agreement nothing tells a right answer from a wrong one; {advice}"
+        )
+
+
+@dataclass
+class _Votes:
+    """One unlabelled question's votes: each source's answer as an index into its candidates."""
+
+    outcome: Outcome
+    candidates: list[str]
+    votes: list[tuple[str, int]]  # (vote type, candidate)
+    slots: dict[str, int | None]  # R1, R2 (first hop), CB -> candidate
+    hop_slots: list[tuple[int | None, list[int]]]  # per hop: its candidate, and earlier reads'
+
+    @classmethod
+    def of(cls, outcome: Outcome, hops: int) -> _Votes:
+        candidates: list[str] = []
+
+        def index(answer: str) -> int | None:
+            if not answer:
+                return None
+            for i, seen in enumerate(candidates):
+                if brag.same_answer(answer, seen):
+                    return i
+            candidates.append(answer)
+            return len(candidates) - 1
+
+        answers = outcome.answers
+        votes: list[tuple[str, int]] = []
+        r1 = index(answers["R1"])
+        if r1 is not None:
+            votes.append(("R1_weak" if outcome.weak.get("R1") else "R1", r1))
+        earlier = [r1] if r1 is not None else []
+        hop_slots = []
+        for hop in outcome.hops:
+            mine = index(hop["answer"])
+            hop_slots.append((mine, list(earlier)))
+            if mine is not None:
+                if len(hop_slots) <= hops:
+                    votes.append(("R2_same" if hop["repeats"] else "R2_new", mine))
+                earlier.append(mine)
+        cb = index(answers["CB"])
+        if cb is not None:
+            votes.append((f"CB_{outcome.agreement}", cb))
+        slots = {"R1": r1, "R2": hop_slots[0][0] if hop_slots else index(answers["R2"]), "CB": cb}
+        return cls(outcome, candidates, votes, slots, hop_slots)
+
+    def expected(self, ratios: Mapping[str, float], eta: float) -> Outcome:
+        """The outcome with each answer's probability of being right in place of right/wrong.
+
+        The posterior's own vote model: a vote of type t multiplies its candidate's weight by
+        L_t = rho_t / ((1 - rho_t) eta), and the right answer is none of the candidates with
+        weight 1 / eta. The ratios are not floored at 1 here: EM needs the model's likelihood.
+        """
+        weights = [1.0] * len(self.candidates)
+        for kind, candidate in self.votes:
+            weights[candidate] *= ratios[kind]
+        total = 1.0 / eta + sum(weights)
+        p = [w / total for w in weights]
+
+        def right(candidate: int | None) -> float:
+            return p[candidate] if candidate is not None else 0.0
+
+        hops = [
+            {**hop, "correct": right(mine), "after_right": sum(p[i] for i in set(earlier))}
+            for hop, (mine, earlier) in zip(self.outcome.hops, self.hop_slots, strict=True)
+        ]
+        correct = {a: right(c) for a, c in self.slots.items()}
+        return replace(self.outcome, correct=correct, hops=hops)
+
+
+def fit_unlabelled(
+    outcomes: Sequence[Outcome], m: int, hops: int, start: float | None = None
+) -> tuple[dict[str, Any], dict[str, Any]]:
+    """EM: expected right answers under the current fit, then :func:`fit_counts` on them, again.
+
+    Labelled questions keep their gold right/wrong flags throughout; the fit starts from the
+    hand-set prior (or with every reliability at ``start``) and stops when no fitted value
+    moves by more than ``EM_TOLERANCE``.
+    """
+    unlabelled = [(i, _Votes.of(o, hops)) for i, o in enumerate(outcomes) if not o.labelled]
+    current = list(outcomes)
+    calibration = brag.load_calibration()
+    fitted: dict[str, Any] = {}
+    before: dict[str, float] = {}
+    for iteration in range(1, EM_ITERATIONS + 1):
+        priors = calibration.source_priors(m)
+        ratios = {t: a / (b * calibration.eta) for t, (a, b) in priors.items()}
+        if start is not None and iteration == 1:
+            ratios = {t: start / ((1 - start) * calibration.eta) for t in priors}
+        for i, votes in unlabelled:
+            current[i] = votes.expected(ratios, calibration.eta)
+        fitted = fit_counts(current, m, hops)
+        calibration = _loaded(fitted, m)
+        values = _fitted_values(calibration, m)
+        moved = max((abs(v - before.get(k, math.inf)) for k, v in values.items()), default=0.0)
+        before = values
+        if moved <= EM_TOLERANCE:
+            break
+    return fitted, {"iterations": iteration, "converged": moved <= EM_TOLERANCE}
+
+
+# Where else the EM starts, to see whether the data pin the fit down: every reliability low,
+# and every reliability high.
+EM_STARTS = (0.05, 0.95)
+EM_AGREEMENT = 0.05  # the largest difference in any reliability between the starts' fits
+
+
+def _same_from_every_start(outcomes: Sequence[Outcome], m: int, hops: int, fitted: dict[str, Any]) -> None:
+    """Raise :class:`Unidentifiable` when EM from other starts ends at another fit.
+
+    Where the questions only say how often sources agree, many reliabilities explain them
+    equally well (one vote alone is right with exactly the probability the fit gives it, so
+    it never corrects the fit), and EM stops wherever it started on that ridge. A fit that
+    depends on its start is the data's silence, not a measurement.
+    """
+    ours = {k: v for k, v in _fitted_values(_loaded(fitted, m), m).items() if not k.startswith("q_")}
+    for start in EM_STARTS:
+        other = _fitted_values(_loaded(fit_unlabelled(outcomes, m, hops, start)[0], m), m)
+        worst = max(ours, key=lambda k: abs(ours[k] - other[k]))
+        if abs(ours[worst] - other[worst]) > EM_AGREEMENT:
+            raise Unidentifiable(
+                f"without gold answers these questions do not pin the reliabilities down: started from "
+                f"the prior the fit gives {worst} {ours[worst]:.2f}, started with every reliability at "
+                f"{start:g} it gives {other[worst]:.2f}; give gold answers for some questions (at least "
+                f"{MIN_QUESTIONS} settle it), or more questions"
+            )
+
+
+def _plausible(outcomes: Sequence[Outcome], fitted: dict[str, Any]) -> None:
+    """Raise :class:`Unidentifiable` when the labelled questions refute a mixed fit.
+
+    The precision of R1, R2 and CB must stay inside the 95 % interval the labelled questions
+    alone give, or the unlabelled ones pulled it there.
+    """
+    labelled = [o for o in outcomes if o.labelled]
+    for action in brag.ACTIONS:
+        counts = _tally(labelled, action)
+        if not counts["answered"]:
+            continue
+        low, high = wilson(int(counts["correct"]), counts["answered"])
+        mine = fitted["diagnostics"][action]["precision"]
+        if not low <= mine <= high:
+            raise Unidentifiable(
+                f"the questions without gold answers pull {action}'s precision to {mine:.2f}, outside "
+                f"the {low:.2f}–{high:.2f} its {len(labelled)} labelled questions allow: without gold "
+                f"they do not pin it down; give gold answers for more questions (at least "
+                f"{MIN_QUESTIONS} settle it)"
+            )
+
+
+def _loaded(fitted: dict[str, Any], m: int) -> brag.Calibration:
+    return brag.load_calibration({"version": brag.CALIBRATION_VERSION, "m": m, **fitted})
+
+
+def _fitted_values(calibration: brag.Calibration, m: int) -> dict[str, float]:
+    """Every number the EM fits: eta, each answer rate, and each vote type's reliability."""
+    values = {"eta": calibration.eta, **{f"q_{a}": p.q for a, p in calibration.actions.items()}}
+    for kind, (a, b) in calibration.source_priors(m).items():
+        values[kind] = a / (a + b)
+    return values
 
 
 # ------------------------------------------------------------------------------------------
@@ -750,11 +1022,15 @@ def calibrate(
     meta: dict[str, Any] | None = None,
     workers: int = 1,
 ) -> dict[str, Any]:
-    """Observe every action on ``items`` and fit; the result loads with ``brag.load_calibration``."""
+    """Observe every action on ``items`` and fit; the result loads with ``brag.load_calibration``.
+
+    Items without gold answers are fitted by EM (:func:`fit`); :class:`Unidentifiable` when
+    they cannot be.
+    """
     if len(items) < MIN_QUESTIONS:
-        raise ValueError(f"calibration needs at least {MIN_QUESTIONS} labelled questions, got {len(items)}")
+        raise ValueError(f"calibration needs at least {MIN_QUESTIONS} questions, got {len(items)}")
     if len({i.id for i in items}) != len(items):
-        raise ValueError("labelled questions: ids must be unique")
+        raise ValueError("questions: ids must be unique")
     gate = None
     rows = gate_rows(items, corpus, k)
     if len(rows) >= MIN_QUESTIONS and any(w for _, w in rows) and not all(w for _, w in rows):
@@ -856,6 +1132,11 @@ def _parser(cache_modes: Sequence[str]) -> argparse.ArgumentParser:
     parser.add_argument(
         "--questions", required=True, help="labelled questions (any layout of ../shared/data)"
     )
+    parser.add_argument(
+        "--unlabelled",
+        action="store_true",
+        help="questions may lack gold answers (strings, {question}, JSON Lines): fitted by EM, checked",
+    )
     parser.add_argument("--corpus", required=True, help="corpus JSON: list of {title, text} or strings")
     parser.add_argument("--split", default="0:100", help="which questions, as start:stop (default 0:100)")
     parser.add_argument("--model", default="local", help="make_llm spec (default: the embedded model)")
@@ -882,7 +1163,8 @@ def _calibrate_from_args(args: argparse.Namespace) -> dict[str, Any]:
 
     import llms
 
-    items = select(read_labelled(args.questions), args.split)
+    read = read_questions if args.unlabelled else read_labelled
+    items = select(read(args.questions), args.split)
     corpus = brag.Corpus(Path(args.corpus).read_text(encoding="utf-8"))
     llm = llms.CachedLLM(llms.make_llm(args.model, provider=args.provider), args.cache, mode=args.cache_mode)
     bar = tqdm(total=len(items), desc="calibrating", unit="q")

@@ -235,6 +235,7 @@ def test_calibrate_round_trips_into_brag(client, llm_server):
     fitted = client.predict(LABELLED, "Demo", "", "", "", "auto", api_name="/calibrate")
     cal = json.loads(fitted)
     assert cal["n_questions"] == 30 and cal["fitted"] is True and cal["corpus"] == "Demo"
+    assert cal["fitted_on"] == {"kind": "labelled", "questions": 30, "labelled": 30}
     hop_reads = cal["counts"]["R2"]["hops"]["reads"]
     assert hop_reads >= 30  # every question got at least one second hop
     assert len(llm_server.chat_requests) - before == 30 + hop_reads + 30  # R1, the hops, CB: every action
@@ -252,15 +253,32 @@ def test_calibrate_round_trips_into_brag(client, llm_server):
 @pytest.mark.parametrize(
     ("labelled", "message"),
     [
-        ("", "No labelled questions"),
+        ("", "No questions"),
         ('[{"question": "q", "gold": ["a"]}]', "at least 30"),
         ("[{", "malformed JSON"),
-        ('[{"question": "q"}]', "unknown layout"),
+        ('[{"question": "q", "gold": 5}]', "gold answers are missing"),
+        ('[{"text": "q"}]', "'question' is missing"),
+        ("Who?", "must be a JSON list"),
     ],
 )
 def test_calibrate_bad_input_is_a_clear_error(client, labelled, message):
     with pytest.raises(AppError, match=message):
         client.predict(labelled, "Demo", "", "", "", "auto", api_name="/calibrate")
+
+
+def test_calibrate_takes_questions_without_gold_and_says_why_it_cannot_fit_them(client, app):
+    # Thirty questions and no gold: the scripted reader and closed-book never agree, so nothing
+    # tells a right answer from a wrong one.
+    questions = [f"Q{i}: where was the architect of the Glass Tower born?" for i in range(30)]
+    with pytest.raises(AppError, match="agreed on only 0 of the 30 unlabelled questions"):
+        client.predict(json.dumps(questions), "Demo", "", "", "", "auto", api_name="/calibrate")
+    # The same over REST, as JSON Lines; and mixed in with labelled ones.
+    lines = "\n".join(json.dumps({"question": q, "id": f"u{i}"}) for i, q in enumerate(questions))
+    with pytest.raises(RuntimeError, match="agreed on only 0 of the 30 unlabelled questions"):
+        rest_call(app.url, "calibrate", [lines, "Demo", "", "", "", "auto"])
+    mixed = json.loads(LABELLED)[:20] + questions[:15]
+    with pytest.raises(RuntimeError, match="agreed on only 0 of the 15 unlabelled questions"):
+        rest_call(app.url, "calibrate", [json.dumps(mixed), "Demo", "", "", "", "auto"])
 
 
 def test_an_uncalibrated_model_gets_the_prior_and_is_told_so(client):
@@ -684,12 +702,13 @@ def test_a_real_browser_sees_progress_then_the_answer_an_error_and_a_calibration
 
         page.get_by_role("tab", name="Calibrate").click()
         labelled = json.dumps([{"question": f"Q{i}: which city?", "gold": ["Bergen"]} for i in range(30)])
-        page.get_by_label("Labelled questions", exact=False).fill(labelled)
+        page.get_by_label('"gold" is optional', exact=False).fill(labelled)
         page.get_by_role("button", name="Calibrate").click()
         table = page.locator("#calibration-table")
         table.wait_for(state="visible", timeout=120_000)
         assert "repeats an earlier answer" in table.inner_text() and "5 of 5 agree" in table.inner_text()
         assert page.get_by_text("Download the calibration").count() >= 1
+        assert page.get_by_text("a labelled fit on 30 questions").count() >= 1
         shoot("calibration")
         browser.close()
     for name, shot in shots.items():

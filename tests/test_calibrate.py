@@ -358,3 +358,127 @@ def test_calibration_records_what_each_action_cost_and_the_controller_prices_by_
         (cb["prompt_tokens"] + 10 * cb["completion_tokens"])
         / (r1["prompt_tokens"] + 10 * r1["completion_tokens"])
     )
+
+
+# ------------------------------------------------------------------ questions without gold answers
+
+
+def unlabelled(n: int, start: int = 0) -> list[calibrate.Labelled]:
+    return [calibrate.Labelled(str(i), f"Q{i} what is the answer?", ()) for i in range(start, start + n)]
+
+
+def test_questions_without_gold_are_read_from_strings_objects_and_json_lines(tmp_path):
+    read = calibrate.read_questions
+    assert [q.gold for q in read('["Who?", {"question": "Where?"}, {"question": "When?", "gold": []}]')] == [
+        (),
+        (),
+        (),
+    ]
+    mixed = read([{"question": "Who?", "gold": ["Ann"]}, "Where?"])
+    assert [q.gold for q in mixed] == [("Ann",), ()]
+    lines = '{"question": "Who?", "id": "a"}\n\n{"question": "Where?", "gold": "Oslo", "id": "b"}\n'
+    assert [(q.id, q.gold) for q in read(lines)] == [("a", ()), ("b", ("Oslo",))]
+    (tmp_path / "q.jsonl").write_text(lines, encoding="utf-8")
+    assert read(tmp_path / "q.jsonl") == read(lines)
+    with pytest.raises(ValueError, match="gold answers are missing"):
+        read('[{"question": "Who?", "gold": 5}]')
+    with pytest.raises(ValueError, match="'question' is missing"):
+        read('[{"text": "Who?"}]')
+    with pytest.raises(ValueError, match="gold answers are missing"):
+        calibrate._labelled({"question": "Who?", "gold": []}, 0)  # labelled input needs its gold
+
+
+def test_a_labelled_fit_says_so():
+    result = calibrate.calibrate(labelled(40), CORPUS, SimulatedLLM(TRUTH), k=2)
+    assert result["fitted_on"] == {"kind": "labelled", "questions": 40, "labelled": 40}
+
+
+@pytest.mark.parametrize(
+    ("truth", "message"),
+    [
+        (dict(TRUTH, q={"R1": 0.0, "R2": 0.65, "CB": 0.95}), "R1 answered 0 of 60 questions"),
+        (
+            dict(
+                TRUTH,
+                q={"R1": 1.0, "R2": 1.0, "CB": 1.0},
+                rho={"R1": 1.0, "R2": 1.0},
+                kappa=dict.fromkeys(range(1, 6), 1.0),
+            ),
+            "gave the same answer on 60 of the 60",
+        ),
+        (
+            dict(TRUTH, rho={"R1": 0.0, "R2": 0.0}, kappa=dict.fromkeys(range(1, 6), 0.0), eta=0.0),
+            "agreed on only 0",
+        ),
+        (TRUTH, "a fit from questions without them needs at least 30 with gold"),
+    ],
+    ids=["never-answers", "always-agree", "never-agree", "no-gold-to-check"],
+)
+def test_questions_without_gold_that_cannot_identify_the_reliabilities_are_refused_with_the_reason(
+    truth, message
+):
+    with pytest.raises(calibrate.Unidentifiable, match=message):
+        calibrate.calibrate(unlabelled(60), CORPUS, SimulatedLLM(truth), k=2)
+
+
+def test_em_on_simulated_votes_is_refused_rather_than_returned_wrong():
+    # Votes drawn from known reliabilities, 100 of 600 questions with gold. EM without the
+    # gold gets R2 wrong (the checks below see it), so calibrate refuses instead of returning it.
+    good = dict(TRUTH, rho={"R1": 0.85, "R2": 0.8}, kappa={1: 0.3, 2: 0.5, 3: 0.7, 4: 0.85, 5: 0.9}, eta=0.2)
+    items = labelled(100) + unlabelled(500, start=100)
+    with pytest.raises(calibrate.Unidentifiable, match="labelled questions allow"):
+        calibrate.calibrate(items, CORPUS, SimulatedLLM(good), k=2)
+    # The same questions all with gold recover the truth, so it is the missing gold that fails.
+    full = calibrate.calibrate(labelled(600), CORPUS, SimulatedLLM(good), k=2)["actions"]
+    assert mean(full["R1"]["rho"]) == pytest.approx(0.85, abs=0.04)
+    assert mean(full["R2"]["rho"]) == pytest.approx(0.8, abs=0.06)
+
+
+def test_em_expected_counts_reduce_to_the_labelled_fit_when_the_truth_is_certain():
+    # One question's votes: R1 and CB name the gold, the hop a distractor. With every vote's
+    # ratio huge for the gold's sources the E-step is certain, and the fit equals the labelled one.
+    outcome = calibrate.Outcome(
+        "1",
+        {"R1": "Oslo", "R2": "Bergen", "CB": "oslo"},
+        {"R1": True, "R2": False, "CB": True},
+        5,
+        hops=[
+            {
+                "answer": "Bergen",
+                "correct": False,
+                "repeats": False,
+                "after_answer": True,
+                "after_right": True,
+            }
+        ],
+        labelled=False,
+    )
+    votes = calibrate._Votes.of(outcome, hops=1)
+    assert votes.candidates == ["Oslo", "Bergen"] and votes.votes == [("R1", 0), ("R2_new", 1), ("CB_5", 0)]
+    ratios = {"R1": 1e6, "R2_new": 1.0, "CB_5": 1e6}
+    seen = votes.expected(ratios, eta=0.2)
+    assert seen.correct["R1"] == pytest.approx(1.0) and seen.correct["CB"] == pytest.approx(1.0)
+    assert seen.correct["R2"] == pytest.approx(0.0, abs=1e-9)
+    assert seen.hops[0]["after_right"] == pytest.approx(1.0)
+    labelled_fit = calibrate.fit_counts([outcome] * 3, 5, 1)
+    soft_fit = calibrate.fit_counts([seen] * 3, 5, 1)
+    assert json.dumps(soft_fit["actions"], sort_keys=True) == json.dumps(
+        labelled_fit["actions"], sort_keys=True
+    )
+
+
+def test_a_mixed_fit_on_cached_2wiki_questions_is_near_the_labelled_fit(shared_data):
+    # The first 30 of 2WikiMultihopQA's 60 calibration questions with gold, the rest without;
+    # every response replayed from the committed cache.
+    llm = llms.CachedLLM(llms.make_llm("local"), ROOT / "bench" / "cache" / "llm.sqlite", mode="replay")
+    items = calibrate.read_labelled(shared_data / "2wikimultihopqa" / "2wikimultihopqa.json")[:60]
+    corpus = Corpus(
+        (shared_data / "2wikimultihopqa" / "2wikimultihopqa_corpus.json").read_text(encoding="utf-8")
+    )
+    full = calibrate.calibrate(items, corpus, llm, hops=2)
+    mixed_items = items[:30] + [calibrate.Labelled(i.id, i.question, ()) for i in items[30:]]
+    mixed = calibrate.calibrate(mixed_items, corpus, llm, hops=2)
+    assert mixed["fitted_on"]["kind"] == "mixed" and mixed["fitted_on"]["labelled"] == 30
+    assert mixed["fitted_on"]["em"]["converged"] is True
+    assert mean(mixed["actions"]["R1"]["rho"]) == pytest.approx(mean(full["actions"]["R1"]["rho"]), abs=0.05)
+    brag.load_calibration(mixed)
