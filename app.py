@@ -40,6 +40,7 @@ from starlette.middleware import Middleware
 
 import brag
 import calibrate
+import documents as doc_files
 import llms
 
 log = logging.getLogger("brag.app")
@@ -160,6 +161,18 @@ class Limits:
     per_address: int = 8  # BRAG_MAX_PER_ADDRESS: requests one client address runs at once
     queue_size: int = 64  # BRAG_MAX_QUEUE: requests waiting for a worker; more get "busy, retry"
     calibrate_concurrency: int = 1  # BRAG_CALIBRATE_CONCURRENCY: /calibrate runs at once (own slots)
+    files: int = 10  # BRAG_MAX_FILES: uploaded files per request
+    file_bytes: int = 5_000_000  # BRAG_MAX_FILE_BYTES: bytes per uploaded file
+    files_bytes: int = 10_000_000  # BRAG_MAX_FILES_BYTES: bytes of all of a request's files
+    pdf_pages: int = 300  # BRAG_MAX_PDF_PAGES: pages per PDF
+    text_chars: int = 3_000_000  # BRAG_MAX_TEXT_CHARS: text extracted from a request's files
+    upload_store_bytes: int = 200_000_000  # BRAG_MAX_UPLOAD_STORE_BYTES: uploads waiting on disk
+
+    def file_limits(self) -> doc_files.FileLimits:
+        """What one request's files may hold, for :func:`documents.read_files`."""
+        return doc_files.FileLimits(
+            self.files, self.file_bytes, self.files_bytes, self.pdf_pages, self.text_chars
+        )
 
     @classmethod
     def from_env(cls) -> Limits:
@@ -179,6 +192,12 @@ class Limits:
             "per_address": "BRAG_MAX_PER_ADDRESS",
             "queue_size": "BRAG_MAX_QUEUE",
             "calibrate_concurrency": "BRAG_CALIBRATE_CONCURRENCY",
+            "files": "BRAG_MAX_FILES",
+            "file_bytes": "BRAG_MAX_FILE_BYTES",
+            "files_bytes": "BRAG_MAX_FILES_BYTES",
+            "pdf_pages": "BRAG_MAX_PDF_PAGES",
+            "text_chars": "BRAG_MAX_TEXT_CHARS",
+            "upload_store_bytes": "BRAG_MAX_UPLOAD_STORE_BYTES",
         }
         defaults = cls()
         values = {
@@ -296,6 +315,94 @@ def read_labelled(text: Any, limits: Limits) -> list[calibrate.Labelled]:
             f"questions (BRAG_MIN_LABELLED / BRAG_MAX_LABELLED), got {len(items)}."
         )
     return items
+
+
+class SessionUploads:
+    """Files a browser session uploaded, kept in memory once read (the disk copy is deleted).
+
+    So the same tab can ask again over them; the oldest go first past ``budget`` bytes. Only
+    the session that uploaded a file can name it again.
+    """
+
+    def __init__(self, budget: int) -> None:
+        self.budget = budget
+        self._files: OrderedDict[tuple[str, str], tuple[str, bytes]] = OrderedDict()
+        self._lock = threading.Lock()
+
+    def remember(self, session: str, path: str, name: str, data: bytes) -> None:
+        """Keep a file ``session`` uploaded to ``path`` (nothing without a session)."""
+        if not session:
+            return  # called from Python: nothing to ask again from
+        with self._lock:
+            self._files[session, path] = (name, data)
+            while sum(len(d) for _, d in self._files.values()) > self.budget:
+                self._files.popitem(last=False)
+
+    def recall(self, session: str, path: str) -> tuple[str, bytes] | None:
+        """The file ``session`` uploaded to ``path`` before, if it is still kept."""
+        with self._lock:
+            found = self._files.get((session, path)) if session else None
+            if found is not None:
+                self._files.move_to_end((session, path))
+            return found
+
+
+def read_uploads(
+    files: Any, limits: Limits, kept: SessionUploads | None = None, session: str = ""
+) -> list[tuple[str, bytes]]:
+    """The uploaded files' names and bytes, each deleted from disk once read.
+
+    Only files Gradio stored in its upload folder are read, or ones this session uploaded
+    before (``kept``): a path a caller writes into a request never names a place on this server.
+    """
+    if files is None or files == []:
+        return []
+    files = files if isinstance(files, list) else [files]
+    if len(files) > limits.files:
+        raise _too_big("The upload", len(files), limits.files, "files", "BRAG_MAX_FILES")
+    folder = Path(gr.utils.get_upload_folder()).resolve()
+    found: list[Path | tuple[str, bytes]] = []
+    for item in files:
+        path = item.get("path") if isinstance(item, dict) else item
+        resolved = Path(path).resolve() if isinstance(path, str) and path else None
+        if resolved is not None and resolved.is_relative_to(folder) and resolved.is_file():
+            found.append(resolved)
+        elif resolved is not None and kept is not None and (again := kept.recall(session, str(resolved))):
+            found.append(again)
+        else:
+            raise user_error("Files must be uploaded with the request (a file input, or handle_file).")
+    read: list[tuple[str, bytes]] = []
+    try:
+        total = 0
+        for entry in found:
+            name, size = (
+                (entry.name, entry.stat().st_size) if isinstance(entry, Path) else (entry[0], len(entry[1]))
+            )
+            if size > limits.file_bytes:
+                raise _too_big(name, size, limits.file_bytes, "bytes", "BRAG_MAX_FILE_BYTES")
+            total += size
+            if total > limits.files_bytes:
+                raise _too_big("The files", total, limits.files_bytes, "bytes", "BRAG_MAX_FILES_BYTES")
+            data = entry.read_bytes() if isinstance(entry, Path) else entry[1]
+            if isinstance(entry, Path) and kept is not None:
+                kept.remember(session, str(entry), name, data)
+            read.append((name, data))
+    finally:
+        for entry in found:
+            if isinstance(entry, Path):
+                entry.unlink(missing_ok=True)
+    return read
+
+
+def documents_from_files(files: list[tuple[str, bytes]], limits: Limits) -> list[Any]:
+    """Uploaded files cut into passages (``documents.py``); a clear error names a bad file."""
+    try:
+        passages = doc_files.read_files(files, limits.file_limits())
+    except doc_files.DocumentError as err:
+        raise user_error(f"{err}.") from None
+    if len(passages) > limits.passages:
+        raise _too_big("The documents", len(passages), limits.passages, "passages", "BRAG_MAX_PASSAGES")
+    return passages
 
 
 def check_documents(documents: str, limits: Limits) -> list[Any]:
@@ -476,16 +583,20 @@ class RequestSizeLimit:
     server read at all (JSON escaping can triple a field's size, hence the allowance).
     """
 
-    def __init__(self, app: Any, max_bytes: int) -> None:
+    def __init__(self, app: Any, max_bytes: int, upload_bytes: int | None = None) -> None:
         self.app, self.max_bytes = app, max_bytes
+        self.upload_bytes = max_bytes if upload_bytes is None else upload_bytes
 
     async def __call__(self, scope: dict[str, Any], receive: Any, send: Any) -> None:
         """Pass the request on, counting its body; refuse it with 413 once it is too large."""
         if scope["type"] != "http":
             await self.app(scope, receive, send)
             return
+        # An upload's body holds files; every other body is JSON, bounded by its own fields.
+        upload = scope.get("path", "").rstrip("/").endswith("/upload")
+        limit = self.upload_bytes if upload else self.max_bytes
         declared = dict(scope.get("headers", [])).get(b"content-length", b"0")
-        if not declared.isdigit() or int(declared) > self.max_bytes:
+        if not declared.isdigit() or int(declared) > limit:
             await self._refuse(send)
             return
         received = 0
@@ -495,7 +606,7 @@ class RequestSizeLimit:
             nonlocal received
             message = await receive()
             received += len(message.get("body", b""))
-            if received > self.max_bytes:
+            if received > limit:
                 raise _TooLarge
             return message
 
@@ -526,25 +637,41 @@ class _TooLarge(Exception):
     pass
 
 
+def upload_store_size() -> int:
+    """Bytes of the files waiting in Gradio's upload folder."""
+    total = 0
+    for folder, _, names in os.walk(gr.utils.get_upload_folder()):
+        for name in names:
+            try:
+                total += os.stat(os.path.join(folder, name)).st_size
+            except OSError:
+                continue  # deleted while we counted
+    return total
+
+
 class PublicRoutes:
     """ASGI middleware for the routes Gradio opens beside the endpoints.
 
-    - ``/upload``: the page has no file input, so uploads are refused (Gradio would otherwise
-      store any caller's files and serve them back).
+    - ``/upload``: each request is bounded by ``RequestSizeLimit`` and each file by Gradio's
+      ``max_file_size``; while the files waiting in the upload folder hold ``upload_store_bytes``
+      or more, uploads are refused with "busy", so no caller can fill the disk. The endpoints
+      delete a request's files once read, and Gradio's ``delete_cache`` the rest.
     - A full queue (Gradio's 503) reads "busy, retry" with the setting that bounds it.
     """
 
-    def __init__(self, app: Any, queue_size: int) -> None:
-        self.app, self.queue_size = app, queue_size
+    def __init__(self, app: Any, queue_size: int, upload_store_bytes: int = 200_000_000) -> None:
+        self.app, self.queue_size, self.upload_store_bytes = app, queue_size, upload_store_bytes
 
     async def __call__(self, scope: dict[str, Any], receive: Any, send: Any) -> None:
-        """Refuse uploads; reword a full queue's answer."""
+        """Bound uploads; reword a full queue's answer."""
         path = scope.get("path", "") if scope["type"] == "http" else ""
-        if path.rstrip("/").endswith("/upload"):
+        if path.rstrip("/").endswith("/upload") and upload_store_size() >= self.upload_store_bytes:
             # Read the body (RequestSizeLimit bounds it) so the caller sees the answer, not a reset.
             while (await receive()).get("more_body"):
                 pass
-            await _json_response(send, 403, {"detail": "This app takes no file uploads."})
+            await _json_response(
+                send, 503, {"detail": "Busy: too many uploaded files are waiting; retry in a minute."}
+            )
             return
         if not path.endswith("/queue/join") and "/call/" not in path:
             await self.app(scope, receive, send)
@@ -581,7 +708,7 @@ async def _json_response(
 
 # Inputs an event may be called without, at the end of its list (filled with None, which
 # means the default): /brag's cost unit and prices came after its first eight inputs.
-OPTIONAL_INPUTS = {"run_brag": 3}
+OPTIONAL_INPUTS = {"run_brag": 4, "run_calibrate": 1}
 
 
 class Blocks(gr.Blocks):
@@ -785,14 +912,25 @@ class CorpusStore:
                 )
             return self._corpora[name]
 
-    def documents(self, text: str) -> brag.Corpus:
-        """Pasted documents (checked against the limits first), indexed once while they stay cached."""
-        key = hashlib.sha256(text.encode()).hexdigest()
+    def documents(self, text: str, files: list[tuple[str, bytes]] = ()) -> brag.Corpus:  # type: ignore[assignment]
+        """Pasted documents and uploaded files, checked against the limits and indexed once.
+
+        They stay cached in memory while the budget allows, and are never written to disk.
+        """
+        digest = hashlib.sha256(text.encode())
+        for name, data in files:
+            digest.update(b"\0" + name.encode() + b"\0" + hashlib.sha256(data).digest())
+        key = digest.hexdigest()
         with self._documents_lock:
             if key in self._documents:
                 self._documents.move_to_end(key)
                 return self._documents[key]
-        corpus = brag.Corpus(check_documents(text, self.limits))
+        pasted = check_documents(text, self.limits) if text.strip() else []
+        uploaded = documents_from_files(files, self.limits) if files else []
+        if len(pasted) + len(uploaded) > self.limits.passages:
+            count = len(pasted) + len(uploaded)
+            raise _too_big("The documents", count, self.limits.passages, "passages", "BRAG_MAX_PASSAGES")
+        corpus = brag.Corpus([*pasted, *uploaded])
         with self._documents_lock:
             self._documents[key] = corpus
             while self._documents and self.cached_bytes() > self.documents_budget:
@@ -907,7 +1045,7 @@ def _failure(err: Exception) -> gr.Error:
         done = report["totals"]["llm_calls"]
         best = report["answer"] or "none yet"
         return user_error(
-            f"{err} — work done before the failure: {done} LLM call(s), best answer so far: {best}"
+            f"{err} — work done before the failure: {plural(done, 'LLM call')}, best answer so far: {best}"
         )
     if isinstance(err, ValueError | llms.LLMError):
         return user_error(str(err))
@@ -967,6 +1105,8 @@ class AskRequest:
     cost: Any = brag.DEFAULT_COST_UNIT
     price_in: Any = None
     price_out: Any = None
+    files: Any = None
+    session: str = ""  # the browser session, which may name the files it uploaded before
 
 
 class Server:
@@ -989,15 +1129,22 @@ class Server:
             settings.limits.per_session, settings.limits.per_address, settings.trusted_proxies
         )
         self.secrets = settings.secrets
+        self.uploads = SessionUploads(settings.limits.files_bytes * 4)
 
-    def pick_corpus(self, corpus: Any, documents: Any) -> tuple[brag.Corpus, str]:
-        """Pasted documents win over a named corpus; neither is an error."""
-        if isinstance(documents, str) and documents.strip():
-            return self.store.documents(documents), "your documents"
+    def pick_corpus(
+        self, corpus: Any, documents: Any, files: Any = None, session: str = ""
+    ) -> tuple[brag.Corpus, str]:
+        """Uploaded files and pasted documents win over a named corpus; none is an error."""
+        uploads = read_uploads(files, self.limits, self.uploads, session)
+        text = documents if isinstance(documents, str) else ""
+        if uploads or text.strip():
+            label = ", ".join(name for name, _ in uploads) if uploads else "your documents"
+            return self.store.documents(text, uploads), label
         name = (corpus or "").strip() if isinstance(corpus, str) else ""
         if name == YOUR_DOCUMENTS:
             raise user_error(
-                "“Your documents” is selected but none are pasted: paste some, or choose a corpus."
+                "“Your documents” is selected but none are given: upload files or paste text, or "
+                "choose a corpus."
             )
         if not name:
             raise user_error(
@@ -1020,6 +1167,7 @@ class Server:
         cost: str = brag.DEFAULT_COST_UNIT,
         price_in: float | None = None,
         price_out: float | None = None,
+        files: list[str] | None = None,
         request: gr.Request = None,  # type: ignore[assignment]  # Gradio passes it; not an API input
     ) -> Iterator[tuple[str, dict[str, Any]]]:
         """Answer a question over a corpus, step by step.
@@ -1040,6 +1188,8 @@ class Server:
             cost,
             price_in,
             price_out,
+            files,
+            getattr(request, "session_hash", None) or "",
         )
         with self._scrubbed_errors(), self.callers.slot(request):
             for answer, report in self._answer(ask):
@@ -1081,7 +1231,7 @@ class Server:
         self, ask: AskRequest, lam: float, pricing: tuple[str, tuple[float, float] | None]
     ) -> tuple[brag.Corpus, str, brag.BRAG]:
         """The corpus, the backend and the calibration a request names, as a controller."""
-        chosen, label = self.pick_corpus(ask.corpus, ask.documents)
+        chosen, label = self.pick_corpus(ask.corpus, ask.documents, ask.files, ask.session)
         backend = self.llms.get(ask.model, ask.hf_token, ask.provider)
         cal = read_calibration(
             ask.calibration, label, getattr(backend, "name", ""), self.shipped, self.kept, self.limits
@@ -1097,6 +1247,7 @@ class Server:
         model: str,
         hf_token: str,
         provider: str,
+        files: list[str] | None = None,
         progress: gr.Progress = gr.Progress(),  # noqa: B008 (Gradio's own idiom)
         request: gr.Request = None,  # type: ignore[assignment]  # Gradio passes it; not an API input
     ) -> str:
@@ -1105,7 +1256,8 @@ class Server:
             items = read_labelled(labelled_json, self.limits)
             try:
                 with llms.deadline(self.limits.calibrate_timeout):  # one call: no yields inside
-                    chosen, label = self.pick_corpus(corpus, documents)
+                    session = getattr(request, "session_hash", None) or ""
+                    chosen, label = self.pick_corpus(corpus, documents, files, session)
                     backend = self.llms.get(model, hf_token, provider)
                     result = _fit(items, chosen, label, backend, model, progress)
             except gr.Error:
@@ -1334,11 +1486,18 @@ def totals_markdown(report: dict[str, Any]) -> str:
     estimated = " (estimated)" if t["tokens_estimated"] else ""
     cached = f" · {t['cached_calls']} from cache" if t["cached_calls"] else ""
     return (
-        f"**{t['llm_calls']}** LLM calls{cached} · **{t['prompt_tokens'] + t['completion_tokens']}** tokens "
+        f"**{t['llm_calls']}** {plural(t['llm_calls'], 'LLM call', number=False)}{cached} · "
+        f"**{t['prompt_tokens'] + t['completion_tokens']}** tokens "
         f"({t['prompt_tokens']} prompt + {t['completion_tokens']} completion){estimated} · "
         f"**{t['wall_time_s']:.2f} s** · controller {t['policy_us']:.0f} µs{in_unit} · "
         f"stop: {report['stop_reason']}"
     )
+
+
+def plural(n: int, noun: str, number: bool = True) -> str:
+    """``1 LLM call``, ``2 LLM calls`` (just the noun when ``number`` is False)."""
+    word = noun if n == 1 else f"{noun}s"
+    return f"{n} {word}" if number else word
 
 
 def progress_markdown(report: dict[str, Any]) -> str:
@@ -1346,10 +1505,10 @@ def progress_markdown(report: dict[str, Any]) -> str:
     steps, totals = report.get("steps", []), report.get("totals", {})
     calls, elapsed = totals.get("llm_calls", 0), report.get("elapsed_s", totals.get("wall_time_s", 0.0))
     if report.get("finished", True):
-        return f"✔ Done: {calls} LLM call(s) in {elapsed:.1f} s."
+        return f"✔ Done: {plural(calls, 'LLM call')} in {elapsed:.1f} s."
     step = steps[-1]
     doing = f"**Running · step {step['step']} · {ACTION_TEXT[step['action']]}…**"
-    return f"{doing} · {calls} LLM call(s) so far · {elapsed:.1f} s"
+    return f"{doing} · {plural(calls, 'LLM call')} so far · {elapsed:.1f} s"
 
 
 def trust_line(report: dict[str, Any]) -> str:
@@ -1373,6 +1532,9 @@ def render(answer: str, report: dict[str, Any] | None) -> tuple[Any, ...]:
         headline = f"### Best so far: {answer}" if answer else "### Working…"
     elif answer:
         headline = f"## {answer}\n\n{trust_line(report)} · corpus: {report.get('corpus', '')}"
+        source = (report.get("confidence") or {}).get("source")
+        if source:
+            headline += f"\n\n> {html.escape(source['quote'])}\n>\n> — *{html.escape(source['passage'])}*"
     else:
         headline = "## No answer found\n\nNo action returned an answer the controller could vote for."
     if finished:
@@ -1463,9 +1625,9 @@ CSS = """
 """
 
 
-def use_documents(documents: str, corpus: str) -> Any:
-    """Pasted documents select "Your documents"; clearing them goes back to Demo."""
-    if isinstance(documents, str) and documents.strip():
+def use_documents(documents: Any, corpus: str) -> Any:
+    """Pasted documents or uploaded files select "Your documents"; clearing them goes back to Demo."""
+    if (isinstance(documents, str) and documents.strip()) or (isinstance(documents, list) and documents):
         return gr.update(value=YOUR_DOCUMENTS)
     return gr.update(value=DEMO if corpus == YOUR_DOCUMENTS else corpus)
 
@@ -1483,7 +1645,7 @@ def build(settings: Settings | None = None) -> gr.Blocks:
     server = Server(settings or Settings.from_env())
     choices = [*server.store.names, YOUR_DOCUMENTS]
     # Files Gradio makes for downloads are deleted an hour after they were made.
-    with Blocks(title="BRAG · cost-aware question answering", delete_cache=(600, 3600)) as demo:
+    with Blocks(title="BRAG · cost-aware question answering", delete_cache=(300, 600)) as demo:
         gr.Markdown(INTRO)
         with gr.Tab("Ask"):
             _ask_tab(server, choices)
@@ -1494,16 +1656,32 @@ def build(settings: Settings | None = None) -> gr.Blocks:
     return demo
 
 
+def _file_input() -> gr.File:
+    """Documents as files, several at once; they are read once and deleted when the request ends."""
+    return gr.File(
+        label="Your files (optional): .txt .md .pdf .docx .html, or passages as .json / .jsonl",
+        file_count="multiple",
+        file_types=list(doc_files.SUFFIXES),
+        type="filepath",
+        elem_id="files",
+    )
+
+
 def _model_row() -> list[gr.Textbox]:
-    """The model, HF token and provider inputs, as both tabs show them."""
-    with gr.Row():
+    """The model, HF token and provider inputs, as both tabs show them.
+
+    The model gets a line of its own, so a long id or URL stays readable at 1280 px.
+    """
+    with gr.Group():
         model = gr.Textbox(
             label="Model",
             placeholder=f"default: {llms.redact_url(llms.default_model())}",
             info="HF model id, an OpenAI-compatible URL, or 'local'",
+            elem_id="model",
         )
-        hf_token = gr.Textbox(label="HF token", type="password", placeholder="optional")
-        provider = gr.Textbox(label="Provider", value="auto")
+        with gr.Row():
+            hf_token = gr.Textbox(label="HF token", type="password", placeholder="optional", scale=2)
+            provider = gr.Textbox(label="Provider", value="auto", scale=1, min_width=100)
     return [model, hf_token, provider]
 
 
@@ -1519,13 +1697,14 @@ def _ask_tab(server: Server, choices: list[str]) -> None:
                     choices,
                     value=DEMO,
                     label="Corpus",
-                    info="pasting documents below selects “Your documents”",
+                    info="files or pasted documents below select “Your documents”",
                     allow_custom_value=True,
                 )
                 lam = gr.Slider(0.0, 0.5, value=0.05, step=0.005, label="λ (price of one LLM call)")
             cost = _cost_row()
+            files = _file_input()
             documents = gr.Textbox(
-                label="Your documents (optional: one passage per line, or a JSON list)", lines=4
+                label="Or paste documents (optional: one passage per line, or a JSON list)", lines=3
             )
             model_row = _model_row()
             with gr.Accordion("Advanced: calibration", open=False):
@@ -1540,8 +1719,9 @@ def _ask_tab(server: Server, choices: list[str]) -> None:
     with gr.Accordion("Raw report", open=False):
         report = gr.JSON(label="report")
     answer = gr.Textbox(label="answer", visible=False)
-    documents.change(ui_helper(use_documents), [documents, corpus], corpus, api_visibility="private")
-    inputs = [question, corpus, documents, lam, *model_row, calibration, *cost]
+    for given in (documents, files):
+        given.change(ui_helper(use_documents), [given, corpus], corpus, api_visibility="private")
+    inputs = [question, corpus, documents, lam, *model_row, calibration, *cost, files]
     for trigger, name in ((ask.click, "brag"), (question.submit, None)):
         started = trigger(starting, None, shown, api_visibility="private", show_progress="hidden")
         ran = started.then(
@@ -1624,7 +1804,8 @@ def _calibrate_tab(server: Server, choices: list[str]) -> None:
     )
     with gr.Row():
         cal_corpus = gr.Dropdown(choices, value=DEMO, label="Corpus", allow_custom_value=True)
-        cal_documents = gr.Textbox(label="Your documents (optional)", lines=2)
+        cal_documents = gr.Textbox(label="Or paste documents (optional)", lines=2)
+    cal_files = _file_input()
     model_row = _model_row()
     fit = gr.Button("Calibrate", variant="primary")
     cal_table = gr.Dataframe(
@@ -1633,12 +1814,11 @@ def _calibrate_tab(server: Server, choices: list[str]) -> None:
     cal_file = gr.File(label="Download the calibration (JSON)")
     with gr.Accordion("Calibration JSON", open=False):
         cal_out = gr.Code(label="calibration", language="json")
-    cal_documents.change(
-        ui_helper(use_documents), [cal_documents, cal_corpus], cal_corpus, api_visibility="private"
-    )
+    for given in (cal_documents, cal_files):
+        given.change(ui_helper(use_documents), [given, cal_corpus], cal_corpus, api_visibility="private")
     fit.click(
         server.run_calibrate,
-        [labelled, cal_corpus, cal_documents, *model_row],
+        [labelled, cal_corpus, cal_documents, *model_row, cal_files],
         cal_out,
         api_name="calibrate",
         # Its own slots, so an hour-long fit never holds up /brag.
@@ -1658,11 +1838,20 @@ def launch_options(settings: Settings) -> dict[str, Any]:
         "show_error": False,
         # Gradio serves the kept fit the calibration tab offers for download from there.
         "allowed_paths": [str(settings.cache_dir / "calibrations")],
-        "max_file_size": "1mb",
+        "max_file_size": settings.limits.file_bytes,
         "app_kwargs": {
             "middleware": [
-                Middleware(RequestSizeLimit, max_bytes=max_request_bytes(settings.limits)),
-                Middleware(PublicRoutes, queue_size=settings.limits.queue_size),
+                Middleware(
+                    RequestSizeLimit,
+                    max_bytes=max_request_bytes(settings.limits),
+                    # a request's files, and room for the multipart framing
+                    upload_bytes=settings.limits.files_bytes + 1_000_000,
+                ),
+                Middleware(
+                    PublicRoutes,
+                    queue_size=settings.limits.queue_size,
+                    upload_store_bytes=settings.limits.upload_store_bytes,
+                ),
             ]
         },
     }

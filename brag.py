@@ -2587,6 +2587,29 @@ def _appears_in(answer: str, texts: Iterable[str]) -> bool:
     return any(f" {wanted} " in f" {normalize_answer(text)} " for text in texts)
 
 
+QUOTE_WORDS = 12  # words shown on each side of an answer quoted from its passage
+
+
+def _source_of(answer: str, passages: Sequence[Passage]) -> dict[str, str] | None:
+    """The first passage read that holds ``answer`` word for word, and its words around it."""
+    words = answer.split()
+    if not words:
+        return None
+    pattern = re.compile(r"(?<!\w)" + r"\s+".join(map(re.escape, words)) + r"(?!\w)", re.IGNORECASE)
+    for passage in passages:
+        found = pattern.search(passage.text)
+        if found is None:
+            continue
+        before = [w.start() for w in re.finditer(r"\S+", passage.text[: found.start()])]
+        after = [found.end() + w.end() for w in re.finditer(r"\S+", passage.text[found.end() :])]
+        start = before[-QUOTE_WORDS] if len(before) >= QUOTE_WORDS else 0
+        end = after[QUOTE_WORDS - 1] if len(after) >= QUOTE_WORDS else len(passage.text)
+        lead = "… " if len(before) > QUOTE_WORDS else ""
+        tail = " …" if len(after) > QUOTE_WORDS else ""
+        return {"passage": passage.label(), "quote": lead + " ".join(passage.text[start:end].split()) + tail}
+    return None
+
+
 def _confidence_summary(p_correct: float, runner_up: dict[str, Any] | None, supported: bool) -> str:
     """One sentence a person can act on: a guess or not, the runner-up, and the corpus's say."""
     parts = [f"a guess: {p_correct:.0%}" if p_correct < GUESS_BELOW else f"P(correct) ≈ {p_correct:.0%}"]
@@ -2698,10 +2721,9 @@ class _Run:
         if decision.action is None:
             self.stop_reason = decision.stop_reason or ""
             if self.floor_reason:
-                self.stop_reason += (
-                    f"; the first {self.brag.min_calls} call(s) were made by the min_calls floor "
-                    f"({self.floor_reason})"
-                )
+                n = self.brag.min_calls
+                made = "the first call was" if n == 1 else f"the first {n} calls were"
+                self.stop_reason += f"; {made} made by the min_calls floor ({self.floor_reason})"
         return step
 
     def _below_the_floor(
@@ -2909,25 +2931,35 @@ class _Run:
         corpus does not hold lacks.
         """
         if not answer:
-            return {"p_correct": 0.0, "guess": True, "runner_up": None, "supported": False, "summary": ""}
+            return {
+                "p_correct": 0.0,
+                "guess": True,
+                "runner_up": None,
+                "supported": False,
+                "source": None,
+                "summary": "",
+            }
         ranked = sorted(range(len(self.probs)), key=lambda i: (-self.probs[i], i))
         p_correct = 1.0 - error_probability(self.probs)
         runner_up = None
         if len(ranked) > 1:
             second = ranked[1]
             runner_up = {"answer": self.candidates.texts[second], "p": round(self.probs[second], 6)}
-        supported = _appears_in(answer, self._passages_read())
+        read = self._passages_read()
+        supported = _appears_in(answer, (p.render() for p in read))
         return {
             "p_correct": round(p_correct, 6),
             "guess": p_correct < GUESS_BELOW,
             "runner_up": runner_up,
             "supported": supported,
+            "source": _source_of(answer, read),
             "summary": _confidence_summary(p_correct, runner_up, supported),
         }
 
-    def _passages_read(self) -> list[str]:
-        ids = {p["id"] for step in self.steps for p in (step.get("observation") or {}).get("passages", [])}
-        return [self.corpus[i].render() for i in sorted(ids)]
+    def _passages_read(self) -> list[Passage]:
+        """The passages the run's reads showed the LLM, in the order they were first read."""
+        ids = [p["id"] for step in self.steps for p in (step.get("observation") or {}).get("passages", [])]
+        return [self.corpus[i] for i in dict.fromkeys(ids)]
 
     def answer(self) -> str:
         """The most probable candidate so far (ties: the earliest), or "" before any."""
@@ -3083,14 +3115,70 @@ def _read_collection(path: Path) -> list[Any]:
     return passages
 
 
+def _read_documents(paths: Sequence[Path]) -> list[Any]:
+    """Passages from document files and folders (``documents.py``), each file reported as it goes.
+
+    A file that cannot be read is reported with the reason and skipped; the rest are indexed.
+    """
+    import documents  # an optional engine beside this module: pypdf, python-docx, selectolax
+
+    files = [
+        f
+        for p in paths
+        for f in (sorted(x for x in p.rglob("*") if x.is_file()) if p.is_dir() else [p])
+        if p.is_file() or f.suffix.lower() in documents.SUFFIXES
+    ]
+    limits = documents.FileLimits(files=len(files), total_bytes=1 << 62, text_chars=1 << 62)
+    passages: list[Any] = []
+    skipped = 0
+    for number, path in enumerate(files, 1):
+        try:
+            found = documents.read_file(path.name, path.read_bytes(), limits)
+        except (documents.DocumentError, OSError) as err:
+            skipped += 1
+            print(f"[{number}/{len(files)}] skipped {path}: {str(err).split(': ', 1)[-1]}", file=sys.stderr)
+            continue
+        # As dicts: run as ``python -m brag`` this module is __main__, and documents.py's
+        # Passage is the class of the module imported as ``brag``.
+        passages += [{"title": p.title, "text": p.text, "doc_id": str(path)} for p in found]
+        count = f"{len(found):,} passage{'s' if len(found) != 1 else ''}"
+        print(f"[{number}/{len(files)}] {path}: {count}", file=sys.stderr, flush=True)
+    if not passages:
+        raise ValueError(f"no readable document among {len(files)} file{'s' if len(files) != 1 else ''}")
+    if skipped:
+        print(f"{skipped} of {len(files)} files skipped (above)", file=sys.stderr)
+    return passages
+
+
+def _save_whole(corpus: Corpus, out: Path, name: str) -> None:
+    """Save into a hidden folder beside ``out`` and rename it: ``out`` appears only when complete."""
+    import shutil
+    import tempfile
+
+    if out.exists():
+        raise ValueError(f"{out} already exists: give a new folder, or delete it first")
+    out.parent.mkdir(parents=True, exist_ok=True)
+    partial = Path(tempfile.mkdtemp(prefix=f".{out.name}.partial-", dir=out.parent))
+    try:
+        corpus.save(partial, name=name)
+        partial.rename(out)
+    finally:
+        shutil.rmtree(partial, ignore_errors=True)
+
+
 def main(argv: Sequence[str] | None = None) -> int:
-    """``python -m brag index DOCS OUT``: index a collection once, for ``Corpus.load``."""
+    """``python -m brag index PATH... OUT``: index documents once, for ``Corpus.load``."""
     import argparse
 
     parser = argparse.ArgumentParser(prog="python -m brag", description="BRAG's command line.")
     commands = parser.add_subparsers(dest="command", required=True)
-    index = commands.add_parser("index", help="index a JSON / JSONL collection into a folder")
-    index.add_argument("docs", type=Path, help="a JSON list, or JSON Lines: a string or {title, text} each")
+    index = commands.add_parser("index", help="index documents or a passage collection into a folder")
+    index.add_argument(
+        "docs",
+        type=Path,
+        nargs="+",
+        help="files and folders: .txt .md .pdf .docx .html, or passages as a JSON list or JSON Lines",
+    )
     index.add_argument("out", type=Path, help="the folder to write (the app serves it with BRAG_CORPUS_DIR)")
     index.add_argument("--name", help="the corpus's name in the app (default: the folder's name)")
     index.add_argument("--variant", default="okapi", choices=list(BM25_VARIANTS))
@@ -3099,13 +3187,17 @@ def main(argv: Sequence[str] | None = None) -> int:
     args = parser.parse_args(argv)
     started = time.perf_counter()
     try:
-        print(f"reading {args.docs}", file=sys.stderr, flush=True)
-        passages = _read_collection(args.docs)
+        docs = args.docs
+        if len(docs) == 1 and docs[0].is_file() and docs[0].suffix.lower() in (".json", ".jsonl"):
+            print(f"reading {docs[0]}", file=sys.stderr, flush=True)
+            passages = _read_collection(docs[0])
+        else:
+            passages = _read_documents(docs)
         print(f"indexing {len(passages):,} passages", file=sys.stderr, flush=True)
         corpus = Corpus(passages, variant=args.variant, k1=args.k1, b=args.b, show_progress=True)
         del passages
         print(f"writing {args.out}", file=sys.stderr, flush=True)
-        corpus.save(args.out, name=args.name or args.out.resolve().name)
+        _save_whole(corpus, args.out, args.name or args.out.resolve().name)
     except (ValueError, OSError) as err:
         print(f"brag index: {err}", file=sys.stderr)
         return 2

@@ -392,7 +392,7 @@ def upload(lab: Lab) -> str:
     boundary = "brag-probe"
     body = (
         f'--{boundary}\r\nContent-Disposition: form-data; name="files"; filename="{lab.marker}.txt"\r\n'
-        f"Content-Type: text/plain\r\n\r\n{'x' * 5 * MB}\r\n--{boundary}--\r\n"
+        f"Content-Type: text/plain\r\n\r\n{'x' * (5 * MB + 1)}\r\n--{boundary}--\r\n"
     ).encode()
     request = urllib.request.Request(
         lab.public.url + "gradio_api/upload",
@@ -407,8 +407,8 @@ def upload(lab: Lab) -> str:
 
 
 def nothing_uploaded(lab: Lab, response: str) -> str | None:
-    stored = files_named(list(lab.folders.values()), lab.marker)
-    return f"the upload was stored: {stored}" if stored else error_matching("403")(lab, response)
+    stored = [f for f in files_named(list(lab.folders.values()), lab.marker) if os.path.isfile(f)]
+    return f"the upload was stored: {stored}" if stored else error_matching("413")(lab, response)
 
 
 def long_answer(lab: Lab) -> str:
@@ -920,8 +920,8 @@ def probes() -> list[Probe]:
             error_matching("needs your own HF token"),
         ),
         Probe(
-            "upload route: 5 MB to /gradio_api/upload",
-            "POST /gradio_api/upload, one 5 MB file",
+            "upload route: a file past BRAG_MAX_FILE_BYTES to /gradio_api/upload",
+            "POST /gradio_api/upload, one file of 5,000,001 bytes (the limit is 5,000,000)",
             "public",
             upload,
             nothing_uploaded,

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import shutil
 import signal
 import subprocess
@@ -19,6 +20,7 @@ from pathlib import Path
 import pytest
 from app_server import AppProcess, rest_call, rest_events
 from conftest import PRIORS, ROOT
+from document_files import pdf_bytes
 from gradio_client import Client
 from gradio_client.exceptions import AppError
 from hub_server import FakeHub
@@ -152,8 +154,10 @@ def test_the_api_names_its_outputs(client):
         "cost",
         "price_in",
         "price_out",
+        "files",
     ]
     assert [r["label"] for r in endpoints["/calibrate"]["returns"]] == ["calibration"]
+    assert [p["parameter_name"] for p in endpoints["/calibrate"]["parameters"]][-1] == "files"
 
 
 def test_pasted_documents_select_your_documents_and_the_result_names_what_was_read(client):
@@ -162,6 +166,8 @@ def test_pasted_documents_select_your_documents_and_the_result_names_what_was_re
     assert brag_app.use_documents("a passage", "Demo")["value"] == brag_app.YOUR_DOCUMENTS
     assert brag_app.use_documents("", brag_app.YOUR_DOCUMENTS)["value"] == brag_app.DEMO
     assert brag_app.use_documents("  ", "MuSiQue")["value"] == "MuSiQue"
+    assert brag_app.use_documents(["/tmp/gradio/x/a.pdf"], "Demo")["value"] == brag_app.YOUR_DOCUMENTS
+    assert brag_app.use_documents([], brag_app.YOUR_DOCUMENTS)["value"] == brag_app.DEMO
     answer, report = client.predict(*args(corpus="Your documents"), api_name="/brag")
     assert answer == "Bergen" and report["corpus"] == "your documents"
     _, headline, *_ = brag_app.render(answer, report)
@@ -175,7 +181,7 @@ def test_pasted_documents_select_your_documents_and_the_result_names_what_was_re
         ({"question": "   "}, "question is empty"),
         ({"documents": '["unclosed", '}, "malformed JSON"),
         ({"documents": "", "corpus": "Wikipedia"}, "Unknown corpus: use one of Demo, HotpotQA"),
-        ({"documents": "", "corpus": "Your documents"}, "none are pasted"),
+        ({"documents": "", "corpus": "Your documents"}, "none are given"),
         ({"documents": "", "corpus": ""}, "No corpus"),
         ({"cal": '{"version": 1, "eta": 2}'}, "calibration"),
         ({"cal": "{not json"}, "malformed JSON"),
@@ -206,7 +212,7 @@ def test_unreachable_model_is_reported(client):
     with pytest.raises(AppError, match="cannot reach") as err:
         client.predict(*args(model=url + "#m"), api_name="/brag")
     assert time.monotonic() - started < 30
-    assert "failed: cannot reach" in str(err.value) and "0 LLM call(s)" in str(err.value)
+    assert "failed: cannot reach" in str(err.value) and "0 LLM calls" in str(err.value)
     assert client.predict(*args(), api_name="/brag")[0] == "Bergen"
 
 
@@ -402,10 +408,10 @@ def test_progress_and_headline_while_running_and_when_done():
 
     progress, headline, _, table, totals = brag_app.render("Bergen", fake_report(finished=False))
     assert progress.startswith("**Running · step 2 · CB: closed-book samples…**")
-    assert "1 LLM call(s) so far · 2.0 s" in progress
+    assert "1 LLM call so far · 2.0 s" in progress
     assert headline == "### Best so far: Bergen" and totals == "" and table["visible"] is True
     progress, headline, *_ = brag_app.render("Bergen", fake_report())
-    assert progress == "✔ Done: 1 LLM call(s) in 2.0 s."
+    assert progress == "✔ Done: 1 LLM call in 2.0 s."
     assert "## Bergen" in headline and "Read: The Glass Tower in Oslo…" in headline
     assert "Calibration: uncalibrated" in headline
     assert brag_app.render("", None)[3] == {"__type__": "update", "visible": False}  # no empty table
@@ -657,6 +663,8 @@ def test_a_real_browser_sees_progress_then_the_answer_an_error_and_a_calibration
         page.goto(slow_app.url, wait_until="domcontentloaded")
         page.get_by_role("button", name="Ask").wait_for(timeout=30_000)
         assert not page.locator("#steps").is_visible()  # no empty table, no "1 2 3" headers
+        # The model box is not squeezed into a narrow column at 1280 px.
+        assert page.locator("#model").bounding_box()["width"] >= 300
         shoot("home")
 
         page.get_by_label("Question").first.fill(QUESTION)
@@ -664,7 +672,7 @@ def test_a_real_browser_sees_progress_then_the_answer_an_error_and_a_calibration
         # Progress shows in the main column while the run goes on, before the answer exists.
         page.locator("#progress").filter(has_text="Running · step").wait_for(timeout=30_000)
         assert page.locator("#answer h2").count() == 0
-        assert page.locator("#progress").filter(has_text="LLM call(s) so far").count() == 1
+        assert page.locator("#progress").filter(has_text=re.compile(r"\d+ LLM calls? so far")).count() == 1
         shoot("running")
         page.locator("#answer h2").filter(has_text="Bergen").wait_for(timeout=60_000)
         page.locator("#progress").filter(has_text="Done").wait_for(timeout=15_000)
@@ -681,6 +689,25 @@ def test_a_real_browser_sees_progress_then_the_answer_an_error_and_a_calibration
         assert not clipped
         shoot("answered")
 
+        # Files: a PDF and a Markdown file; the answer is on the PDF's page 3, and the page says so.
+        pdf = tmp_path / "tower.pdf"
+        pdf.write_bytes(
+            pdf_bytes(["Fjords and hills.", "Nothing here.", "Lina Berg was born in Bergen in 1961."])
+        )
+        notes = tmp_path / "notes.md"
+        notes.write_text("# Notes\n\nThe Glass Tower in Oslo was designed by the architect Lina Berg.\n")
+        page.locator("#files input[type=file]").set_input_files([str(pdf), str(notes)])
+        page.locator("#files").filter(has_text="notes").filter(has_text="tower").wait_for(timeout=30_000)
+        page.get_by_role("button", name="Ask").click()
+        page.locator("#answer").filter(has_text="tower.pdf, p. 3").wait_for(timeout=60_000)
+        assert "Lina Berg was born in Bergen in 1961." in page.locator("#answer").inner_text()
+        assert "corpus: tower.pdf, notes.md" in page.locator("#answer").inner_text()
+        shoot("documents")
+        # The same tab asks again over the same files: they were read once and are kept for it.
+        page.get_by_role("button", name="Ask").click()
+        page.locator("#progress").filter(has_text="Done").wait_for(timeout=60_000)
+        page.locator("#answer").filter(has_text="tower.pdf, p. 3").wait_for(timeout=60_000)
+
         # The cost unit: the prices show only for usd, and the totals say what the run cost in it.
         assert not page.get_by_label("$ / M input tokens").is_visible()
         page.get_by_label("Price actions in").click()
@@ -689,7 +716,7 @@ def test_a_real_browser_sees_progress_then_the_answer_an_error_and_a_calibration
         page.get_by_label("$ / M input tokens").fill("0.5")
         page.get_by_label("$ / M output tokens").fill("2")
         page.get_by_role("button", name="Ask").click()
-        page.get_by_text("priced in usd").first.wait_for(timeout=60_000)
+        page.get_by_text("priced in usd").first.wait_for(timeout=90_000)
         page.locator("#answer h2").filter(has_text="Bergen").wait_for(timeout=60_000)
 
         page.get_by_label("Question").first.fill("   ")
@@ -782,3 +809,91 @@ def test_the_cost_unit_is_an_optional_input_over_gradio_client_and_rest(client, 
         client.predict(*args(), "usd", None, None, api_name="/brag")
     with pytest.raises(AppError, match="not in the list of choices"):
         client.predict(*args(), "euros", None, None, api_name="/brag")
+
+
+def upload_over_rest(url: str, name: str, data: bytes) -> str:
+    """POST a file to Gradio's upload route, as a REST caller does; its server path."""
+    boundary = "brag-test"
+    body = (
+        (
+            f'--{boundary}\r\nContent-Disposition: form-data; name="files"; filename="{name}"\r\n'
+            "Content-Type: application/octet-stream\r\n\r\n"
+        ).encode()
+        + data
+        + f"\r\n--{boundary}--\r\n".encode()
+    )
+    request = urllib.request.Request(
+        url + "gradio_api/upload",
+        data=body,
+        headers={"Content-Type": f"multipart/form-data; boundary={boundary}"},
+    )
+    with urllib.request.urlopen(request, timeout=60) as reply:
+        (path,) = json.loads(reply.read())
+    return path
+
+
+def test_files_are_uploaded_over_gradio_client_and_rest_read_and_deleted(client, app, tmp_path):
+    from gradio_client import handle_file
+
+    pdf = tmp_path / "tower.pdf"
+    pdf.write_bytes(
+        pdf_bytes(["Fjords and hills.", "Nothing here.", "Lina Berg was born in Bergen in 1961."])
+    )
+    notes = tmp_path / "notes.md"
+    notes.write_text("# Notes\n\nThe Glass Tower in Oslo was designed by the architect Lina Berg.\n")
+    files = [handle_file(str(pdf)), handle_file(str(notes))]
+    answer, report = client.predict(*args(documents=""), "tokens", None, None, files, api_name="/brag")
+    assert answer == "Bergen" and report["corpus"] == "tower.pdf, notes.md"
+    assert report["confidence"]["source"] == {
+        "passage": "tower.pdf, p. 3",
+        "quote": "Lina Berg was born in Bergen in 1961.",
+    }
+    read = {p["title"] for s in report["steps"] for p in (s.get("observation") or {}).get("passages", [])}
+    assert "tower.pdf, p. 3" in read
+    # REST: upload, then name the uploaded file in the call; it is gone once the request ends.
+    path = upload_over_rest(app.url, "tower.pdf", pdf.read_bytes())
+    assert Path(path).is_file()
+    file_data = {"path": path, "meta": {"_type": "gradio.FileData"}}
+    answer, report = rest_call(app.url, "brag", [*args(documents=""), "tokens", None, None, [file_data]])
+    assert answer == "Bergen" and report["corpus"] == "tower.pdf" and not Path(path).exists()
+    # A bad file is named with the reason; a path never uploaded is not read.
+    broken = upload_over_rest(app.url, "broken.docx", b"PK\x03\x04 junk")
+    with pytest.raises(RuntimeError, match=r"broken\.docx: not a readable Word"):
+        rest_call(
+            app.url,
+            "brag",
+            [
+                *args(documents=""),
+                "tokens",
+                None,
+                None,
+                [{"path": broken, "meta": {"_type": "gradio.FileData"}}],
+            ],
+        )
+    secret = tmp_path / "secret.txt"
+    secret.write_text("Lina Berg was born in Bergen.")
+    with pytest.raises(RuntimeError) as err:
+        rest_call(
+            app.url,
+            "brag",
+            [
+                *args(documents=""),
+                "tokens",
+                None,
+                None,
+                [{"path": str(secret), "meta": {"_type": "gradio.FileData"}}],
+            ],
+        )
+    assert "Bergen" not in str(err.value) and secret.exists()
+    # The calibrate tab takes files too (its last, optional input).
+    with pytest.raises(AppError, match="at least 30"):
+        client.predict(
+            '[{"question": "q", "gold": ["a"]}]',
+            "",
+            "",
+            "",
+            "",
+            "auto",
+            [handle_file(str(notes))],
+            api_name="/calibrate",
+        )

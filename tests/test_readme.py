@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import os
 import re
+import shutil
 import socket
 import subprocess
 import sys
@@ -80,7 +81,7 @@ def port_7860_free() -> bool:
 
 @pytest.mark.skipif(not port_7860_free(), reason="port 7860 is taken")
 def test_the_client_example_runs_as_written_against_the_app(tmp_path):
-    (snippet,) = [b for b in blocks("python") if "from gradio_client import Client" in b]
+    (snippet,) = [b for b in blocks("python") if "from gradio_client import Client\n" in b]
     with FakeOpenAI(answer="Answer: Bergen\nFollow-up query: Lina Berg") as server:
         app = AppProcess({"BRAG_MODEL": server.url + "#m"})
         app.port, app.url = 7860, "http://127.0.0.1:7860/"
@@ -89,3 +90,25 @@ def test_the_client_example_runs_as_written_against_the_app(tmp_path):
             result = run_snippet(snippet + "\nprint(answer)\n", tmp_path, timeout=120)
     assert result.returncode == 0, result.stderr[-2000:]
     assert result.stdout.strip().endswith("Bergen")
+
+
+@pytest.mark.skipif(not port_7860_free(), reason="port 7860 is taken")
+def test_the_file_snippets_run_as_written_against_the_app(tmp_path):
+    """The gradio_client upload, then the two REST commands (curl), from a fresh folder."""
+    (snippet,) = [b for b in blocks("python") if "handle_file" in b]
+    (rest,) = [b for b in blocks("bash") if "gradio_api/upload" in b]
+    with FakeOpenAI(answer="Answer: Bergen\nFollow-up query: Lina Berg") as server:
+        app = AppProcess({"BRAG_MODEL": server.url + "#m"})
+        app.port, app.url = 7860, "http://127.0.0.1:7860/"
+        app.env["GRADIO_SERVER_PORT"] = "7860"
+        with app:
+            result = run_snippet(snippet, tmp_path, timeout=120)
+            assert result.returncode == 0, result.stderr[-2000:]
+            assert "\nBergen {'passage': 'notes.md › Tower'" in result.stdout
+            if shutil.which("curl") is None:
+                pytest.skip("curl is not installed")
+            called = subprocess.run(
+                ["bash", "-c", rest], cwd=tmp_path, capture_output=True, text=True, timeout=60
+            )
+    assert called.returncode == 0, called.stderr
+    assert '"event_id"' in called.stdout

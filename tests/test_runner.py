@@ -307,3 +307,20 @@ def test_a_confident_answer_is_not_called_a_guess():
     assert answer == "Bergen" and confidence["supported"] is True
     assert confidence["p_correct"] >= brag.GUESS_BELOW and confidence["guess"] is False
     assert confidence["summary"] == f"P(correct) ≈ {confidence['p_correct']:.0%}"
+
+
+def test_the_answer_is_quoted_from_the_first_passage_read_that_holds_it():
+    words = " ".join(f"w{i}" for i in range(30))
+    passages = [
+        brag.Passage("a.pdf, p. 1", "Nothing to see."),
+        brag.Passage("a.pdf, p. 3", f"{words} Lina Berg was born in BERGEN, Norway. {words}"),
+        brag.Passage("b.md", "Bergen again."),
+    ]
+    source = brag._source_of("Bergen", passages)
+    assert source == {
+        "passage": "a.pdf, p. 3",
+        "quote": "… w23 w24 w25 w26 w27 w28 w29 Lina Berg was born in BERGEN, Norway. "
+        "w0 w1 w2 w3 w4 w5 w6 w7 w8 w9 …",
+    }
+    assert brag._source_of("Berg", [brag.Passage("x", "Bergen only.")]) is None  # whole words only
+    assert brag._source_of("New York", [brag.Passage("x", "in New\nYork.")])["quote"] == "in New York."
