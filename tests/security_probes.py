@@ -406,6 +406,18 @@ def upload(lab: Lab) -> str:
         return f"error: HTTP {err.code} {err.read()[:200].decode(errors='replace')}"
 
 
+def server_paths_as_files(lab: Lab) -> str:
+    """/brag's files input naming server files, as FileData a caller writes by hand."""
+    secret = next(iter(lab.folders.values())) / f"{lab.marker}-secret.txt"
+    secret.write_text("Lina Berg was born in Bergen. root:x:0:0")
+    answers = []
+    for path in ("/etc/passwd", str(secret), "../../etc/passwd"):
+        files = [{"path": path, "meta": {"_type": "gradio.FileData"}}]
+        data = [*brag_args(documents=""), "tokens", None, None, files]
+        answers.append(rest_result(lab.public.url, "brag", rest_post(lab.public.url, "brag", data, {})))
+    return " | ".join(answers)
+
+
 def nothing_uploaded(lab: Lab, response: str) -> str | None:
     stored = [f for f in files_named(list(lab.folders.values()), lab.marker) if os.path.isfile(f)]
     return f"the upload was stored: {stored}" if stored else error_matching("413")(lab, response)
@@ -925,6 +937,19 @@ def probes() -> list[Probe]:
             "public",
             upload,
             nothing_uploaded,
+        ),
+        Probe(
+            "file read: server paths as /brag's uploaded files",
+            'files=[{"path": "/etc/passwd"}], a file the server wrote in its own folder, "../../etc/passwd"',
+            "public",
+            server_paths_as_files,
+            lambda lab, r: (
+                None
+                if all(a.startswith("error") for a in r.split(" | "))
+                and "root:" not in r
+                and "Bergen" not in r
+                else f"a server file was read: {r[:300]}"
+            ),
         ),
         Probe(
             "fair queues: one caller floods, another is still answered; a full queue says busy",
