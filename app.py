@@ -97,7 +97,7 @@ class Secrets:
     @classmethod
     def from_env(cls) -> Secrets:
         """The secrets this server holds in its environment."""
-        values = [os.environ.get(name, "") for name in ("HF_TOKEN", "OPENAI_API_KEY")]
+        values = [os.environ.get(name, "") for name in ("HF_TOKEN", "OPENAI_API_KEY", "BRAG_MILVUS_TOKEN")]
         model = os.environ.get("BRAG_MODEL", "").strip()
         if model.startswith(("http://", "https://")):
             netloc = urllib.parse.urlsplit(model).netloc
@@ -865,6 +865,41 @@ def corpus_file(name: str) -> Path:
         raise user_error(f"cannot download the {name} corpus ({hub_name} from {repo}): {err}") from None
 
 
+@dataclass(frozen=True)
+class MilvusSettings:
+    """``BRAG_MILVUS_URI`` (with ``BRAG_MILVUS_TOKEN``): the owner's Milvus, never a caller's.
+
+    ``BRAG_MILVUS_COLLECTIONS`` (comma-separated, default ``brag``) are offered in the corpus
+    picker under their own names.
+    """
+
+    uri: str
+    token: str
+    collections: tuple[str, ...]
+
+    @classmethod
+    def from_env(cls) -> MilvusSettings | None:
+        """The owner's Milvus, or None when ``BRAG_MILVUS_URI`` is unset."""
+        uri = os.environ.get("BRAG_MILVUS_URI", "").strip()
+        if not uri:
+            return None
+        names = os.environ.get("BRAG_MILVUS_COLLECTIONS", "brag")
+        collections = tuple(n.strip() for n in names.split(",") if n.strip())
+        if not collections:
+            raise SystemExit("BRAG_MILVUS_COLLECTIONS: name at least one collection")
+        return cls(uri, os.environ.get("BRAG_MILVUS_TOKEN", ""), collections)
+
+
+def open_milvus(settings: MilvusSettings, collection: str) -> Any:
+    """A Milvus collection as the corpus (``milvus_corpus.py``); a clear error when it cannot be."""
+    import milvus_corpus
+
+    try:
+        return milvus_corpus.MilvusCorpus(settings.uri, collection, token=settings.token)
+    except milvus_corpus.MilvusError as err:
+        raise user_error(f"The corpus {collection} is not available: {err}.") from None
+
+
 def own_index() -> tuple[str, Path] | None:
     """``BRAG_CORPUS_DIR``: the owner's collection, indexed by ``python -m brag index``; its name."""
     configured = os.environ.get("BRAG_CORPUS_DIR", "").strip()
@@ -882,10 +917,14 @@ def own_index() -> tuple[str, Path] | None:
 class CorpusStore:
     """Named corpora, indexed once and shared; pasted document sets, kept to a memory budget."""
 
-    def __init__(self, limits: Limits, own: tuple[str, Path] | None = None) -> None:
-        self.limits, self.own = limits, own
-        # Every corpus a request may name: the demo, the owner's own, and the HippoRAG ones.
-        self.names = [DEMO, *([own[0]] if own else []), *CORPORA]
+    def __init__(
+        self, limits: Limits, own: tuple[str, Path] | None = None, milvus: MilvusSettings | None = None
+    ) -> None:
+        self.limits, self.own, self.milvus = limits, own, milvus
+        # Every corpus a request may name: the demo, the owner's own index and Milvus
+        # collections, and the HippoRAG ones.
+        collections = list(milvus.collections) if milvus else []
+        self.names = [DEMO, *([own[0]] if own else []), *collections, *CORPORA]
         self._corpora: dict[str, brag.Corpus] = {}
         self._locks: dict[str, threading.Lock] = {name: threading.Lock() for name in self.names}
         self._documents: OrderedDict[str, brag.Corpus] = OrderedDict()
@@ -904,6 +943,8 @@ class CorpusStore:
                 started = time.perf_counter()
                 if self.own is not None and name == self.own[0]:
                     corpus = brag.Corpus.load(self.own[1])
+                elif self.milvus is not None and name in self.milvus.collections:
+                    corpus = open_milvus(self.milvus, name)
                 else:
                     corpus = brag.cached_corpus(corpus_file(name), name)
                 self._corpora[name] = corpus
@@ -1067,6 +1108,7 @@ class Settings:
     secrets: Secrets = field(default_factory=lambda: Secrets(()))
     trusted_proxies: frozenset[str] = frozenset()
     own_index: tuple[str, Path] | None = None  # BRAG_CORPUS_DIR: its name and folder
+    milvus: MilvusSettings | None = None  # BRAG_MILVUS_URI: the owner's collections
     concurrency: int = 16
     cache_dir: Path = field(default_factory=brag.cache_dir)
 
@@ -1085,6 +1127,7 @@ class Settings:
             secrets=Secrets.from_env(),
             trusted_proxies=trusted_proxies(),
             own_index=own_index(),
+            milvus=MilvusSettings.from_env(),
             concurrency=concurrency(),
             cache_dir=brag.cache_dir(),
         )
@@ -1123,7 +1166,7 @@ class Server:
         # models. A request names one, names one that /calibrate kept, or sends JSON.
         self.shipped = brag.shipped_calibrations()
         self.kept = KeptCalibrations(settings.cache_dir / "calibrations")
-        self.store = CorpusStore(settings.limits, settings.own_index)
+        self.store = CorpusStore(settings.limits, settings.own_index, settings.milvus)
         self.llms = LLMPool(settings.endpoints, settings.models)
         self.callers = CallerLimits(
             settings.limits.per_session, settings.limits.per_address, settings.trusted_proxies
@@ -1216,6 +1259,7 @@ class Server:
                 answer, report = item
                 report.update(
                     corpus=label,
+                    engine=chosen.stats().get("engine", "bm25s"),  # which engine served the passages
                     calibration=report["config"]["calibration"],
                     model=model_label(ask.model),
                     elapsed_s=round(time.monotonic() - started, 3),  # the whole request

@@ -3150,6 +3150,46 @@ def _read_documents(paths: Sequence[Path]) -> list[Any]:
     return passages
 
 
+def _read_inputs(docs: Sequence[Path]) -> list[Any]:
+    """Passages from one passage file, or from document files and folders."""
+    if len(docs) == 1 and docs[0].is_file() and docs[0].suffix.lower() in (".json", ".jsonl"):
+        print(f"reading {docs[0]}", file=sys.stderr, flush=True)
+        return _read_collection(docs[0])
+    return _read_documents(docs)
+
+
+def _index_into_milvus(args: Any) -> int:
+    """``index ... --milvus URI``: the same passages and ingestion dedup, into a collection."""
+    import milvus_corpus  # an optional engine beside this module: pymilvus
+
+    try:
+        # As dicts: run as ``python -m brag`` this module's Passage is not ``brag.Passage``.
+        passages = [
+            {"title": p.title, "text": p.text, "doc_id": p.doc_id} if isinstance(p, Passage) else p
+            for p in _read_inputs(args.paths)
+        ]
+        embedder = None
+        if args.dense:
+            import embedders
+
+            embedder = embedders.make_embedder(args.dense)
+        client = milvus_corpus.connect(args.milvus, args.token)
+
+        def progress(done: int, total: int) -> None:
+            print(f"\rinserting: {done:,} of {total:,} passages", end="", file=sys.stderr, flush=True)
+
+        counts = milvus_corpus.ingest(passages, client, args.collection, embedder=embedder, progress=progress)
+        print(file=sys.stderr)
+    except (ValueError, OSError) as err:
+        print(f"brag index: {err}", file=sys.stderr)
+        return 2
+    print(
+        f"{counts['passages']:,} passages, {counts['kept']:,} kept, {counts['inserted']:,} inserted into "
+        f"{args.collection!r}"
+    )
+    return 0
+
+
 def _save_whole(corpus: Corpus, out: Path, name: str) -> None:
     """Save into a hidden folder beside ``out`` and rename it: ``out`` appears only when complete."""
     import shutil
@@ -3174,25 +3214,33 @@ def main(argv: Sequence[str] | None = None) -> int:
     commands = parser.add_subparsers(dest="command", required=True)
     index = commands.add_parser("index", help="index documents or a passage collection into a folder")
     index.add_argument(
-        "docs",
+        "paths",
         type=Path,
         nargs="+",
-        help="files and folders: .txt .md .pdf .docx .html, or passages as a JSON list or JSON Lines",
+        help="files and folders (.txt .md .pdf .docx .html, or passages as a JSON list or JSON Lines), "
+        "then the folder to write (the app serves it with BRAG_CORPUS_DIR); no folder with --milvus",
     )
-    index.add_argument("out", type=Path, help="the folder to write (the app serves it with BRAG_CORPUS_DIR)")
+    index.add_argument(
+        "--milvus", help="index into Milvus instead: a Milvus Lite file, or http(s)://host:19530"
+    )
+    index.add_argument("--collection", default="brag", help="the Milvus collection (default: brag)")
+    index.add_argument(
+        "--token", default=os.environ.get("BRAG_MILVUS_TOKEN", ""), help="a Milvus server's token"
+    )
+    index.add_argument("--dense", help="with --milvus: also store dense vectors from this embedder")
     index.add_argument("--name", help="the corpus's name in the app (default: the folder's name)")
     index.add_argument("--variant", default="okapi", choices=list(BM25_VARIANTS))
     index.add_argument("--k1", type=float, default=1.5)
     index.add_argument("--b", type=float, default=0.75)
     args = parser.parse_args(argv)
+    if args.milvus:
+        return _index_into_milvus(args)
+    if len(args.paths) < 2:
+        parser.error("give the documents, then the folder to write")
+    args.docs, args.out = args.paths[:-1], args.paths[-1]
     started = time.perf_counter()
     try:
-        docs = args.docs
-        if len(docs) == 1 and docs[0].is_file() and docs[0].suffix.lower() in (".json", ".jsonl"):
-            print(f"reading {docs[0]}", file=sys.stderr, flush=True)
-            passages = _read_collection(docs[0])
-        else:
-            passages = _read_documents(docs)
+        passages = _read_inputs(args.docs)
         print(f"indexing {len(passages):,} passages", file=sys.stderr, flush=True)
         corpus = Corpus(passages, variant=args.variant, k1=args.k1, b=args.b, show_progress=True)
         del passages

@@ -1,0 +1,300 @@
+"""Retrieval on Milvus: a ``brag.Retriever`` over a Milvus collection, and the ingestion into one.
+
+The same client code talks to Milvus Lite (a local file: the tests and a laptop) and to a Milvus
+server or cluster (``http(s)://host:19530``, with a token). A collection holds each passage once,
+keyed by the hash of its title and text, with a ``BM25`` function that turns the analysed text
+into a sparse vector, and optionally a dense vector from one of our embedders; ``retrieve`` is a
+BM25 full-text search, or a hybrid search with Milvus's RRF ranker when there are dense vectors.
+
+    MilvusError (ValueError)    unreachable server, bad token, missing collection, wrong schema
+"""
+
+from __future__ import annotations
+
+import hashlib
+import re
+from collections import OrderedDict
+from collections.abc import Callable, Iterable, Sequence
+from typing import Any
+
+import numpy as np
+
+import brag
+
+FIELDS = ("pid", "title", "text", "doc_id", "sparse")
+RRF_K = 60
+BATCH = 500
+_TOKEN = re.compile(r"^[\w-]{1,64}$")
+
+
+class MilvusError(ValueError):
+    """A Milvus server or collection BRAG cannot use, and why."""
+
+
+def passage_id(passage: brag.Passage) -> int:
+    """A passage's key: the first 63 bits of the SHA-256 of its title and text.
+
+    The same text gives the same key, so ingestion is idempotent.
+    """
+    digest = hashlib.sha256(f"{passage.title}\n{passage.text}".encode()).digest()
+    return int.from_bytes(digest[:8], "big") >> 1
+
+
+def connect(uri: str, token: str = "", timeout: float = 10.0) -> Any:
+    """A client for ``uri``: a file path is Milvus Lite, ``http(s)://`` a server."""
+    from pymilvus import MilvusClient
+
+    shown = re.sub(r"//[^/@]*@", "//", uri)
+    try:
+        return MilvusClient(uri=uri, token=token, timeout=timeout)
+    except Exception as err:  # pymilvus raises many kinds: connection, auth, server errors
+        text = str(err).lower()
+        if "auth" in text or "token" in text or "password" in text or "permission" in text:
+            raise MilvusError(f"Milvus at {shown} refused the token") from None
+        said = str(err).replace(token, "***") if token else str(err)
+        raise MilvusError(f"cannot reach Milvus at {shown}: {type(err).__name__}: {said[:200]}") from None
+
+
+class MilvusCorpus:
+    """A Milvus collection as BRAG's retriever (``brag.Retriever``).
+
+    ``embedder`` must be the one the collection's dense vectors came from (its name is checked);
+    without it, or without dense vectors, retrieval is BM25 only.
+    """
+
+    def __init__(
+        self,
+        uri: str,
+        collection: str,
+        *,
+        token: str = "",
+        embedder: brag.Embedder | None = None,
+        client: Any = None,
+        cache_size: int = 10_000,
+    ) -> None:
+        self.uri, self.collection = uri, collection
+        self.client = client if client is not None else connect(uri, token)
+        fields = _check_schema(self.client, collection)
+        self.dense = "dense" in fields
+        self.embedder = embedder if self.dense else None
+        self._passages: OrderedDict[int, brag.Passage] = OrderedDict()
+        self._vectors: dict[int, np.ndarray] = {}
+        self._shares: dict[str, float] = {}
+        self._cache_size = cache_size
+        self._size = _count(self.client, collection)
+
+    def __len__(self) -> int:
+        return self._size
+
+    def __getitem__(self, pid: int) -> brag.Passage:
+        if pid not in self._passages:
+            rows = self.client.get(self.collection, ids=[int(pid)], output_fields=["title", "text", "doc_id"])
+            if not rows:
+                raise KeyError(pid)
+            self._keep(rows[0])
+        return self._passages[pid]
+
+    def retrieve(self, query: str, k: int = 5) -> brag.Retrieval:
+        """BM25 full-text search (hybrid with the dense vectors when the collection has them)."""
+        if k <= 0 or not query.strip():
+            return brag.Retrieval([], [], 0)
+        wanted = ["title", "text", "doc_id", *(["dense"] if self.embedder is not None else [])]
+        if self.embedder is None:
+            found = self.client.search(
+                self.collection, data=[query], anns_field="sparse", limit=k, output_fields=wanted
+            )[0]
+            # Milvus gives BM25 as a distance to minimise (its negative) on some builds.
+            hits = [(int(h["pid"]), abs(float(h["distance"]))) for h in found]
+            for h in found:
+                self._keep({"pid": h["pid"], **h["entity"]})
+            return brag.Retrieval(hits, [], len(hits))
+        return self._hybrid(query, k, wanted)
+
+    def _hybrid(self, query: str, k: int, wanted: list[str]) -> brag.Retrieval:
+        from pymilvus import AnnSearchRequest, RRFRanker
+
+        pool = max(4 * k, 50)
+        vector = self.embedder.embed([query])[0].astype(np.float32).tolist()
+        requests = [
+            AnnSearchRequest(data=[query], anns_field="sparse", param={}, limit=pool),
+            AnnSearchRequest(data=[vector], anns_field="dense", param={"metric_type": "IP"}, limit=pool),
+        ]
+        found = self.client.hybrid_search(
+            self.collection, requests, RRFRanker(RRF_K), limit=pool, output_fields=wanted
+        )[0]
+        best = 2 / (RRF_K + 1)  # first in both lists: a fused score of 1.0, as brag.Corpus scales it
+        ranked = [(int(h["pid"]), float(h["distance"]) / best) for h in found]
+        for h in found:
+            self._keep({"pid": h["pid"], **h["entity"]})
+        vectors = {pid: self._vectors[pid] for pid, _ in ranked if pid in self._vectors}
+        hits, removed = brag.dedup_ranked(ranked, vectors, brag.DedupConfig(), k)
+        return brag.Retrieval(hits, removed, len(hits) + len(removed))
+
+    def document_share(self, token: str) -> float:
+        """Share of the passages whose analysed text holds ``token`` (a text-match count), cached."""
+        if token not in self._shares:
+            if not _TOKEN.match(token) or not self._size:
+                return 0.0
+            rows = self.client.query(
+                self.collection, filter=f"TEXT_MATCH(text, '{token}')", output_fields=["count(*)"]
+            )
+            self._shares[token] = rows[0]["count(*)"] / self._size if rows else 0.0
+        return self._shares[token]
+
+    def novel(self, candidates: Sequence[int], read: Sequence[int]) -> list[int]:
+        """Candidates that repeat none of the passages read (by their dense vectors, when any)."""
+        if self.embedder is None or not read:
+            return list(candidates)
+        seen = [self._vectors[i] for i in read if i in self._vectors]
+        if not seen:
+            return list(candidates)
+        threshold = brag.DedupConfig().retrieval_similarity_threshold
+        stack = np.stack(seen)
+        return [
+            i
+            for i in candidates
+            if i not in self._vectors or float(np.max(stack @ self._vectors[i])) < threshold
+        ]
+
+    def stats(self) -> dict[str, Any]:
+        """Figures for reports, with the engine that served the passages."""
+        return {
+            "passages": self._size,
+            "engine": "milvus",
+            "collection": self.collection,
+            "search": "hybrid (BM25 + dense, RRF)" if self.embedder is not None else "BM25 full text",
+            "embedder": self.embedder.name if self.embedder is not None else None,
+        }
+
+    def _keep(self, row: dict[str, Any]) -> None:
+        pid = int(row["pid"])
+        self._passages[pid] = brag.Passage(row.get("title", ""), row.get("text", ""), row.get("doc_id", ""))
+        self._passages.move_to_end(pid)
+        if row.get("dense") is not None:
+            self._vectors[pid] = np.asarray(row["dense"], dtype=np.float32)
+        while len(self._passages) > self._cache_size:
+            old, _ = self._passages.popitem(last=False)
+            self._vectors.pop(old, None)
+
+
+# ------------------------------------------------------------------------------------------
+# The collection: schema, checks, ingestion
+# ------------------------------------------------------------------------------------------
+
+
+def _check_schema(client: Any, collection: str) -> set[str]:
+    """The collection's field names, or MilvusError when it is missing or not BRAG's."""
+    try:
+        exists = client.has_collection(collection)
+    except Exception as err:
+        raise MilvusError(f"Milvus refused the request ({type(err).__name__}): check the token") from None
+    if not exists:
+        raise MilvusError(
+            f"no collection {collection!r} on this Milvus; index one with "
+            f"`python -m brag index DOCS --milvus URI --collection {collection}`"
+        )
+    described = client.describe_collection(collection)
+    fields = {f["name"] for f in described.get("fields", [])}
+    missing = [f for f in FIELDS if f not in fields]
+    if missing:
+        raise MilvusError(
+            f"collection {collection!r} is not a BRAG collection: it lacks the fields {', '.join(missing)}"
+        )
+    client.load_collection(collection)  # a collection another process made starts released
+    return fields
+
+
+def _count(client: Any, collection: str) -> int:
+    rows = client.query(collection, filter="", output_fields=["count(*)"])
+    return int(rows[0]["count(*)"]) if rows else 0
+
+
+def create_collection(client: Any, collection: str, dense_dim: int | None = None) -> None:
+    """A collection for passages: BM25 over the analysed text, and optionally dense vectors."""
+    from pymilvus import DataType, Function, FunctionType
+
+    schema = client.create_schema(auto_id=False)
+    schema.add_field("pid", DataType.INT64, is_primary=True)
+    schema.add_field("title", DataType.VARCHAR, max_length=4096)
+    schema.add_field("text", DataType.VARCHAR, max_length=65535, enable_analyzer=True, enable_match=True)
+    schema.add_field("doc_id", DataType.VARCHAR, max_length=4096)
+    schema.add_field("sparse", DataType.SPARSE_FLOAT_VECTOR)
+    schema.add_function(
+        Function(
+            name="bm25",
+            function_type=FunctionType.BM25,
+            input_field_names=["text"],
+            output_field_names=["sparse"],
+        )
+    )
+    index = client.prepare_index_params()
+    index.add_index(field_name="sparse", index_type="SPARSE_INVERTED_INDEX", metric_type="BM25")
+    if dense_dim is not None:
+        schema.add_field("dense", DataType.FLOAT_VECTOR, dim=dense_dim)
+        index.add_index(field_name="dense", index_type="FLAT", metric_type="IP")
+    client.create_collection(collection, schema=schema, index_params=index)
+
+
+def ingest(
+    passages: Sequence[Any],
+    client: Any,
+    collection: str,
+    *,
+    embedder: brag.Embedder | None = None,
+    batch: int = BATCH,
+    progress: Callable[[int, int], None] | None = None,
+) -> dict[str, int]:
+    """Dedup ``passages`` as ``brag.Corpus`` does at ingestion, then insert the kept ones.
+
+    Each passage's key is the hash of its text, and a batch inserts only the keys the
+    collection lacks: a re-run after an interruption resumes, and inserts nothing twice.
+    """
+    parsed = [p for p in brag._parse_passages(list(passages)) if p is not None] if passages else []
+    if not parsed:
+        raise ValueError("nothing to index: no passage holds any text")
+    embeddings = embedder.embed([p.render() for p in parsed]) if embedder is not None else None
+    kept = brag.dedup_ingestion(parsed, embeddings, brag.DedupConfig()).kept
+    if not client.has_collection(collection):
+        create_collection(client, collection, embeddings.shape[1] if embeddings is not None else None)
+    else:
+        _check_schema(client, collection)
+    inserted = 0
+    for start in range(0, len(kept), batch):
+        rows = [
+            _row(parsed[i], embeddings[i] if embeddings is not None else None)
+            for i in kept[start : start + batch]
+        ]
+        present = {
+            int(r["pid"]) for r in client.get(collection, ids=[r["pid"] for r in rows], output_fields=["pid"])
+        }
+        fresh = list({r["pid"]: r for r in rows if r["pid"] not in present}.values())
+        if fresh:
+            client.insert(collection, fresh)
+            inserted += len(fresh)
+        if progress is not None:
+            progress(min(start + batch, len(kept)), len(kept))
+    return {"passages": len(parsed), "kept": len(kept), "inserted": inserted}
+
+
+def _row(passage: brag.Passage, vector: np.ndarray | None) -> dict[str, Any]:
+    row: dict[str, Any] = {
+        "pid": passage_id(passage),
+        "title": passage.title[:4000],
+        "text": passage.text[:60000],
+        "doc_id": passage.doc_id[:4000],
+    }
+    if vector is not None:
+        row["dense"] = vector.astype(np.float32).tolist()
+    return row
+
+
+def collections(client: Any, names: Iterable[str]) -> list[str]:
+    """Which of ``names`` are BRAG collections on this Milvus."""
+    found = []
+    for name in names:
+        try:
+            _check_schema(client, name)
+        except MilvusError:
+            continue
+        found.append(name)
+    return found

@@ -1,0 +1,187 @@
+"""MilvusCorpus on a real Milvus (Milvus Lite, a local file): protocol, ranks, hybrid, resume, errors."""
+
+from __future__ import annotations
+
+import itertools
+import json
+import subprocess
+import sys
+
+import pytest
+from conftest import PRIORS, ROOT, ScriptedLLM
+
+import brag
+import embedders
+import milvus_corpus as mc
+
+pytest.importorskip("pymilvus")
+
+PASSAGES = [
+    {"title": "Glass Tower", "text": "The Glass Tower in Oslo was designed by the architect Lina Berg."},
+    {"title": "Lina Berg", "text": "Lina Berg is a Norwegian architect, born in Bergen in 1961."},
+    {"title": "Oslo", "text": "Oslo is the capital of Norway and its largest city."},
+    {"title": "Bergen", "text": "Bergen is a city on the west coast of Norway, known for its harbour."},
+    {"title": "Fjord", "text": "A fjord is a long, narrow inlet with steep sides, made by a glacier."},
+    {"title": "Trondheim", "text": "Trondheim is a city in Norway where the Nidaros Cathedral stands."},
+    {
+        "title": "Silent Orchard",
+        "text": "The Silent Orchard is a novel by Kari Holm, who was born in Trondheim.",
+    },
+    {"title": "Norway", "text": "Norway is a country in Northern Europe whose capital is Oslo."},
+]
+QUESTIONS = [
+    "Where was Lina Berg born?",
+    "Who designed the Glass Tower?",
+    "Which city has the Nidaros Cathedral?",
+    "What is a fjord?",
+    "Who wrote The Silent Orchard?",
+    "What is the capital of Norway?",
+]
+
+
+@pytest.fixture(scope="module")
+def milvus(tmp_path_factory):
+    uri = str(tmp_path_factory.mktemp("milvus") / "brag.db")
+    client = mc.connect(uri)
+    mc.ingest(PASSAGES, client, "demo")
+    yield uri, client
+    client.close()
+
+
+def test_brag_answers_through_milvus_end_to_end(milvus):
+    uri, client = milvus
+    corpus = mc.MilvusCorpus(uri, "demo", client=client)
+    assert len(corpus) == len(PASSAGES)
+
+    def reader(prompt: str) -> str:
+        if "born in Bergen" in prompt:
+            return "Answer: Bergen\nFollow-up query: Lina Berg"
+        return "Answer: NONE\nFollow-up query: Lina Berg birthplace"
+
+    llm = ScriptedLLM(read=reader, closed_book=lambda p, n: ["NONE"] * n)
+    answer, report = brag.BRAG(llm, calibration=PRIORS, k=2).run(
+        "Where was the architect Lina Berg born?", corpus
+    )
+    assert answer == "Bergen" and report["corpus"]["engine"] == "milvus"
+    read = {p["title"] for s in report["steps"] for p in (s.get("observation") or {}).get("passages", [])}
+    assert "Lina Berg" in read
+    assert corpus.document_share("norway") == pytest.approx(
+        sum("norway" in p["text"].lower() for p in PASSAGES) / len(PASSAGES)
+    )
+    assert corpus.document_share("zzz") == 0.0 and corpus.document_share("a' OR 1") == 0.0  # no injection
+
+
+def test_bm25_ranks_like_bm25s_on_a_fixed_corpus(milvus):
+    uri, client = milvus
+    corpus = mc.MilvusCorpus(uri, "demo", client=client)
+    reference = brag.Corpus(PASSAGES)
+    for question in QUESTIONS:
+        mine = [corpus[pid].title for pid, _ in corpus.retrieve(question, 3).hits]
+        theirs = [reference[i].title for i, _ in reference.retrieve(question, 3).hits]
+        assert mine[0] == theirs[0], question
+        assert len(set(mine) & set(theirs)) >= 2, question
+        scores = [s for _, s in corpus.retrieve(question, 3).hits]
+        assert scores == sorted(scores, reverse=True) and scores[0] > 0
+
+
+def test_hybrid_search_fuses_bm25_with_dense_vectors(milvus):
+    uri, client = milvus
+    embedder = embedders.make_embedder("hashing")
+    counts = mc.ingest(PASSAGES, client, "dense", embedder=embedder)
+    assert counts == {"passages": len(PASSAGES), "kept": len(PASSAGES), "inserted": len(PASSAGES)}
+    corpus = mc.MilvusCorpus(uri, "dense", client=client, embedder=embedder)
+    assert corpus.stats()["search"] == "hybrid (BM25 + dense, RRF)"
+    hits = corpus.retrieve("Where was Lina Berg born?", 3).hits
+    assert corpus[hits[0][0]].title == "Lina Berg" and hits[0][1] == pytest.approx(1.0, abs=0.05)
+    assert all(a[1] >= b[1] for a, b in itertools.pairwise(hits))
+    # Without the embedder the same collection is searched by BM25 alone.
+    assert mc.MilvusCorpus(uri, "dense", client=client).stats()["search"] == "BM25 full text"
+
+
+def test_an_interrupted_ingestion_resumes_and_inserts_nothing_twice(milvus):
+    uri, client = milvus
+
+    class Flaky:
+        """The real client, failing on its second insert, as a dropped connection would."""
+
+        def __init__(self) -> None:
+            self.inserts = 0
+
+        def __getattr__(self, name):
+            return getattr(client, name)
+
+        def insert(self, collection, rows):
+            self.inserts += 1
+            if self.inserts == 2:
+                raise ConnectionError("connection dropped")
+            return client.insert(collection, rows)
+
+    many = [{"title": f"T{i}", "text": f"passage number {i} about topic {i % 7}"} for i in range(25)]
+    with pytest.raises(ConnectionError):
+        mc.ingest(many, Flaky(), "resume", batch=10)
+    assert mc.MilvusCorpus(uri, "resume", client=client).__len__() == 10
+    counts = mc.ingest(many, client, "resume", batch=10)
+    assert counts["inserted"] == 15 and len(mc.MilvusCorpus(uri, "resume", client=client)) == 25
+    assert mc.ingest(many, client, "resume", batch=10)["inserted"] == 0  # a third run adds nothing
+
+
+def test_each_error_is_clear(milvus, tmp_path):
+    uri, client = milvus
+    with pytest.raises(mc.MilvusError, match=r"cannot reach Milvus at http://127\.0\.0\.1:9/"):
+        mc.connect("http://user:secret@127.0.0.1:9/", timeout=2)
+    with pytest.raises(mc.MilvusError, match="no collection 'missing'"):
+        mc.MilvusCorpus(uri, "missing", client=client)
+    from pymilvus import DataType
+
+    schema = client.create_schema(auto_id=True)
+    schema.add_field("id", DataType.INT64, is_primary=True)
+    schema.add_field("v", DataType.FLOAT_VECTOR, dim=2)
+    index = client.prepare_index_params()
+    index.add_index(field_name="v", index_type="FLAT", metric_type="L2")
+    client.create_collection("other", schema=schema, index_params=index)
+    with pytest.raises(mc.MilvusError, match="not a BRAG collection: it lacks the fields pid, title, text"):
+        mc.MilvusCorpus(uri, "other", client=client)
+    with pytest.raises(mc.MilvusError, match="not a BRAG collection"):
+        mc.ingest(PASSAGES, client, "other")
+
+
+def test_the_index_command_ingests_into_milvus(tmp_path):
+    docs = tmp_path / "docs.jsonl"
+    docs.write_text("\n".join(f'{{"title": "T{i}", "text": "words {i} and more"}}' for i in range(7)))
+    uri = str(tmp_path / "cli.db")
+    command = [sys.executable, "-m", "brag", "index", str(docs), "--milvus", uri, "--collection", "cli"]
+    result = subprocess.run(command, capture_output=True, text=True, cwd=ROOT, timeout=300)
+    assert result.returncode == 0, result.stderr
+    assert "7 passages, 7 kept, 7 inserted" in result.stdout
+    again = subprocess.run(command, capture_output=True, text=True, cwd=ROOT, timeout=300)
+    assert "7 passages, 7 kept, 0 inserted" in again.stdout
+    client = mc.connect(uri)
+    assert len(mc.MilvusCorpus(uri, "cli", client=client)) == 7
+    client.close()
+
+
+def test_the_owners_milvus_collection_is_offered_in_the_app_and_named_in_the_report(tmp_path):
+    from app_server import AppProcess
+    from gradio_client import Client
+    from openai_server import FakeOpenAI, Reply
+
+    # Milvus Lite is one process's file: the index command writes it and exits, then the app opens it.
+    uri = str(tmp_path / "owner.db")
+    docs = tmp_path / "docs.json"
+    docs.write_text(json.dumps(PASSAGES))
+    command = [sys.executable, "-m", "brag", "index", str(docs), "--milvus", uri, "--collection", "norway"]
+    assert subprocess.run(command, capture_output=True, cwd=ROOT, timeout=300).returncode == 0
+
+    def reader(request):
+        prompt = request["messages"][-1]["content"]
+        if "Passages:" in prompt and "born in Bergen" in prompt:
+            return Reply(texts=["Answer: Bergen\nFollow-up query: Lina Berg"])
+        return Reply(texts=["NONE"] * request.get("n", 1))
+
+    env = {"BRAG_MILVUS_URI": uri, "BRAG_MILVUS_COLLECTIONS": "norway", "BRAG_MILVUS_TOKEN": "tok-SECRET-1"}
+    with FakeOpenAI(handler=reader) as server, AppProcess({**env, "BRAG_MODEL": server.url + "#m"}) as app:
+        caller = Client(app.url, verbose=False)
+        args = ["Where was the architect Lina Berg born?", "norway", "", 0.05, "", "", "auto", ""]
+        answer, report = caller.predict(*args, api_name="/brag")
+        assert answer == "Bergen" and report["corpus"] == "norway" and report["engine"] == "milvus"
+        assert "tok-SECRET-1" not in json.dumps(report) and "tok-SECRET-1" not in app.log()
