@@ -21,8 +21,14 @@ import numpy as np
 
 import brag
 
-FIELDS = ("pid", "title", "text", "doc_id", "sparse")
+FIELDS = ("pid", "title", "text", "doc_id", "content", "sparse")
 RRF_K = 60
+# As close to brag.tokenize as Milvus's analysers come: Unicode word tokens, lower-cased, the
+# same English stop words removed, no stemming.
+ANALYZER = {
+    "tokenizer": "standard",
+    "filter": ["lowercase", {"type": "stop", "stop_words": sorted(brag._STOPWORDS)}],
+}
 BATCH = 500
 _TOKEN = re.compile(r"^[\w-]{1,64}$")
 
@@ -131,12 +137,12 @@ class MilvusCorpus:
         return brag.Retrieval(hits, removed, len(hits) + len(removed))
 
     def document_share(self, token: str) -> float:
-        """Share of the passages whose analysed text holds ``token`` (a text-match count), cached."""
+        """Share of the passages whose analysed title and text hold ``token`` (a text-match count)."""
         if token not in self._shares:
             if not _TOKEN.match(token) or not self._size:
                 return 0.0
             rows = self.client.query(
-                self.collection, filter=f"TEXT_MATCH(text, '{token}')", output_fields=["count(*)"]
+                self.collection, filter=f"TEXT_MATCH(content, '{token}')", output_fields=["count(*)"]
             )
             self._shares[token] = rows[0]["count(*)"] / self._size if rows else 0.0
         return self._shares[token]
@@ -216,19 +222,34 @@ def create_collection(client: Any, collection: str, dense_dim: int | None = None
     schema = client.create_schema(auto_id=False)
     schema.add_field("pid", DataType.INT64, is_primary=True)
     schema.add_field("title", DataType.VARCHAR, max_length=4096)
-    schema.add_field("text", DataType.VARCHAR, max_length=65535, enable_analyzer=True, enable_match=True)
+    schema.add_field("text", DataType.VARCHAR, max_length=65535)
+    # What BM25 reads, as brag.Corpus does: the title, then the text.
+    schema.add_field(
+        "content",
+        DataType.VARCHAR,
+        max_length=65535,
+        enable_analyzer=True,
+        enable_match=True,
+        analyzer_params=ANALYZER,
+    )
     schema.add_field("doc_id", DataType.VARCHAR, max_length=4096)
     schema.add_field("sparse", DataType.SPARSE_FLOAT_VECTOR)
     schema.add_function(
         Function(
             name="bm25",
             function_type=FunctionType.BM25,
-            input_field_names=["text"],
+            input_field_names=["content"],
             output_field_names=["sparse"],
         )
     )
     index = client.prepare_index_params()
-    index.add_index(field_name="sparse", index_type="SPARSE_INVERTED_INDEX", metric_type="BM25")
+    # brag.Corpus's k1 and b (Milvus's own default k1 is 1.2)
+    index.add_index(
+        field_name="sparse",
+        index_type="SPARSE_INVERTED_INDEX",
+        metric_type="BM25",
+        params={"bm25_k1": 1.5, "bm25_b": 0.75},
+    )
     if dense_dim is not None:
         schema.add_field("dense", DataType.FLOAT_VECTOR, dim=dense_dim)
         index.add_index(field_name="dense", index_type="FLAT", metric_type="IP")
@@ -282,6 +303,7 @@ def _row(passage: brag.Passage, vector: np.ndarray | None) -> dict[str, Any]:
         "title": passage.title[:4000],
         "text": passage.text[:60000],
         "doc_id": passage.doc_id[:4000],
+        "content": passage.render()[:65000],
     }
     if vector is not None:
         row["dense"] = vector.astype(np.float32).tolist()
