@@ -50,7 +50,9 @@ def by_finding(outcomes, start: str):
 
 def test_nothing_is_read_and_memory_stays_flat(outcomes):
     zero = by_finding(outcomes, "file read: /dev/zero")
-    assert zero.seconds < 5 and zero.rss_after - zero.rss_before < 50
+    # It is the first probe, so the app's first-request warm-up (about 40-55 MB) is in it; a read
+    # of /dev/zero would grow without bound.
+    assert zero.seconds < 5 and zero.rss_after - zero.rss_before < 100
     question = by_finding(outcomes, "size: a 10 MB question")
     assert question.rss_after - question.rss_before < 150
 
