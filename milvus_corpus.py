@@ -14,7 +14,7 @@ from __future__ import annotations
 import hashlib
 import re
 from collections import OrderedDict
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Callable, Sequence
 from typing import Any
 
 import numpy as np
@@ -308,15 +308,3 @@ def _row(passage: brag.Passage, vector: np.ndarray | None) -> dict[str, Any]:
     if vector is not None:
         row["dense"] = vector.astype(np.float32).tolist()
     return row
-
-
-def collections(client: Any, names: Iterable[str]) -> list[str]:
-    """Which of ``names`` are BRAG collections on this Milvus."""
-    found = []
-    for name in names:
-        try:
-            _check_schema(client, name)
-        except MilvusError:
-            continue
-        found.append(name)
-    return found

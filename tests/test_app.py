@@ -853,37 +853,21 @@ def test_files_are_uploaded_over_gradio_client_and_rest_read_and_deleted(client,
     # REST: upload, then name the uploaded file in the call; it is gone once the request ends.
     path = upload_over_rest(app.url, "tower.pdf", pdf.read_bytes())
     assert Path(path).is_file()
-    file_data = {"path": path, "meta": {"_type": "gradio.FileData"}}
-    answer, report = rest_call(app.url, "brag", [*args(documents=""), "tokens", None, None, [file_data]])
+
+    def ask_with(*paths: str) -> list:
+        files = [{"path": p, "meta": {"_type": "gradio.FileData"}} for p in paths]
+        return rest_call(app.url, "brag", [*args(documents=""), "tokens", None, None, files])
+
+    answer, report = ask_with(path)
     assert answer == "Bergen" and report["corpus"] == "tower.pdf" and not Path(path).exists()
     # A bad file is named with the reason; a path never uploaded is not read.
     broken = upload_over_rest(app.url, "broken.docx", b"PK\x03\x04 junk")
     with pytest.raises(RuntimeError, match=r"broken\.docx: not a readable Word"):
-        rest_call(
-            app.url,
-            "brag",
-            [
-                *args(documents=""),
-                "tokens",
-                None,
-                None,
-                [{"path": broken, "meta": {"_type": "gradio.FileData"}}],
-            ],
-        )
+        ask_with(broken)
     secret = tmp_path / "secret.txt"
     secret.write_text("Lina Berg was born in Bergen.")
     with pytest.raises(RuntimeError) as err:
-        rest_call(
-            app.url,
-            "brag",
-            [
-                *args(documents=""),
-                "tokens",
-                None,
-                None,
-                [{"path": str(secret), "meta": {"_type": "gradio.FileData"}}],
-            ],
-        )
+        ask_with(str(secret))
     assert "Bergen" not in str(err.value) and secret.exists()
     # The calibrate tab takes files too (its last, optional input).
     with pytest.raises(AppError, match="at least 30"):

@@ -79,14 +79,19 @@ def port_7860_free() -> bool:
         return s.connect_ex(("127.0.0.1", 7860)) != 0
 
 
+def app_on_7860(llm_url: str) -> AppProcess:
+    """The app where the README's snippets look for it, on port 7860."""
+    app = AppProcess({"BRAG_MODEL": llm_url + "#m"})
+    app.port, app.url = 7860, "http://127.0.0.1:7860/"
+    app.env["GRADIO_SERVER_PORT"] = "7860"
+    return app
+
+
 @pytest.mark.skipif(not port_7860_free(), reason="port 7860 is taken")
 def test_the_client_example_runs_as_written_against_the_app(tmp_path):
     (snippet,) = [b for b in blocks("python") if "from gradio_client import Client\n" in b]
     with FakeOpenAI(answer="Answer: Bergen\nFollow-up query: Lina Berg") as server:
-        app = AppProcess({"BRAG_MODEL": server.url + "#m"})
-        app.port, app.url = 7860, "http://127.0.0.1:7860/"
-        app.env["GRADIO_SERVER_PORT"] = "7860"
-        with app:
+        with app_on_7860(server.url):
             result = run_snippet(snippet + "\nprint(answer)\n", tmp_path, timeout=120)
     assert result.returncode == 0, result.stderr[-2000:]
     assert result.stdout.strip().endswith("Bergen")
@@ -98,10 +103,7 @@ def test_the_file_snippets_run_as_written_against_the_app(tmp_path):
     (snippet,) = [b for b in blocks("python") if "handle_file" in b]
     (rest,) = [b for b in blocks("bash") if "gradio_api/upload" in b]
     with FakeOpenAI(answer="Answer: Bergen\nFollow-up query: Lina Berg") as server:
-        app = AppProcess({"BRAG_MODEL": server.url + "#m"})
-        app.port, app.url = 7860, "http://127.0.0.1:7860/"
-        app.env["GRADIO_SERVER_PORT"] = "7860"
-        with app:
+        with app_on_7860(server.url):
             result = run_snippet(snippet, tmp_path, timeout=120)
             assert result.returncode == 0, result.stderr[-2000:]
             assert "\nBergen {'passage': 'notes.md › Tower'" in result.stdout
