@@ -895,7 +895,7 @@ def open_milvus(settings: MilvusSettings, collection: str) -> Any:
     import milvus_corpus
 
     try:
-        return milvus_corpus.MilvusCorpus(settings.uri, collection, token=settings.token)
+        return milvus_corpus.open_corpus(settings.uri, collection, settings.token)
     except milvus_corpus.MilvusError as err:
         raise user_error(f"The corpus {collection} is not available: {err}.") from None
 

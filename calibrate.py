@@ -35,6 +35,7 @@ from typing import Any
 import numpy as np
 
 import brag
+import milvus_corpus
 
 MIN_QUESTIONS = 30
 PRIOR_STRENGTH = 4.0  # pseudo-observations pulling each fitted rate toward PRIOR
@@ -239,7 +240,7 @@ def observe_one(item: Labelled, corpus: brag.Corpus, controller: brag.BRAG, f1_t
 
 
 def progress_key(
-    llm: brag.LLM, corpus: brag.Corpus, k: int, m: int, hops: int, seed: int, f1_threshold: float
+    llm: brag.LLM, corpus: brag.Retriever, k: int, m: int, hops: int, seed: int, f1_threshold: float
 ) -> str:
     """What observed outcomes depend on: the model, the corpus, the settings and the prompts."""
     prompts = [brag.read_messages("Q", []), brag.closed_book_messages("Q"), brag.READ_STOP]
@@ -1078,7 +1079,8 @@ def main_gate(argv: Sequence[str]) -> int:
         prog="calibrate.py gate", description="Fit the weak-retrieval gate (no LLM)."
     )
     parser.add_argument("--questions", required=True, help="questions whose supporting passages are known")
-    parser.add_argument("--corpus", required=True)
+    parser.add_argument("--corpus", help="corpus JSON (or --milvus and --collection)")
+    milvus_corpus.add_arguments(parser)
     parser.add_argument("--split", default="0:100")
     parser.add_argument("--k", type=int, default=5)
     parser.add_argument("--target-recall", type=float, help="threshold for this share of weak windows caught")
@@ -1087,7 +1089,7 @@ def main_gate(argv: Sequence[str]) -> int:
     args = parser.parse_args(argv)
     try:
         items = select(read_labelled(args.questions), args.split)
-        corpus = brag.Corpus(Path(args.corpus).read_text(encoding="utf-8"))
+        corpus = corpus_from_args(args)
         gate = fit_gate(gate_rows(items, corpus, args.k), k=args.k, target_recall=args.target_recall)
         result: dict[str, Any] = gate
         if args.into:
@@ -1115,7 +1117,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     args = _parser(llms.CACHE_MODES).parse_args(argv)
     try:
         result = _calibrate_from_args(args)
-    except (ValueError, llms.LLMError, brag.RunAborted) as err:
+    except (ValueError, OSError, llms.LLMError, brag.RunAborted) as err:
         print(f"calibrate: {err}", file=sys.stderr)
         return 2
     brag.write_atomic(args.out, json.dumps(result, indent=1) + "\n")
@@ -1125,6 +1127,14 @@ def main(argv: Sequence[str] | None = None) -> int:
         + ", ".join(f"{a} acc {result['diagnostics'][a]['accuracy']:.2f}" for a in brag.ACTIONS)
     )
     return 0
+
+
+def corpus_from_args(args: argparse.Namespace) -> brag.Retriever:
+    """``--corpus FILE``, or ``--milvus URI --collection NAME``: exactly one of them."""
+    if bool(args.milvus or args.collection) == bool(args.corpus):
+        raise ValueError("give the corpus as --corpus FILE or as --milvus URI --collection NAME (one)")
+    milvus = milvus_corpus.from_arguments(args)
+    return milvus if milvus is not None else brag.Corpus(Path(args.corpus).read_text(encoding="utf-8"))
 
 
 def _parser(cache_modes: Sequence[str]) -> argparse.ArgumentParser:
@@ -1137,7 +1147,10 @@ def _parser(cache_modes: Sequence[str]) -> argparse.ArgumentParser:
         action="store_true",
         help="questions may lack gold answers (strings, {question}, JSON Lines): fitted by EM, checked",
     )
-    parser.add_argument("--corpus", required=True, help="corpus JSON: list of {title, text} or strings")
+    parser.add_argument(
+        "--corpus", help="corpus JSON: list of {title, text} or strings (or --milvus and --collection)"
+    )
+    milvus_corpus.add_arguments(parser)
     parser.add_argument("--split", default="0:100", help="which questions, as start:stop (default 0:100)")
     parser.add_argument("--model", default="local", help="make_llm spec (default: the embedded model)")
     parser.add_argument("--provider", default="auto")
@@ -1165,7 +1178,7 @@ def _calibrate_from_args(args: argparse.Namespace) -> dict[str, Any]:
 
     read = read_questions if args.unlabelled else read_labelled
     items = select(read(args.questions), args.split)
-    corpus = brag.Corpus(Path(args.corpus).read_text(encoding="utf-8"))
+    corpus = corpus_from_args(args)
     llm = llms.CachedLLM(llms.make_llm(args.model, provider=args.provider), args.cache, mode=args.cache_mode)
     bar = tqdm(total=len(items), desc="calibrating", unit="q")
 
@@ -1187,7 +1200,7 @@ def _calibrate_from_args(args: argparse.Namespace) -> dict[str, Any]:
         meta={
             "name": Path(args.out).stem,
             "model_spec": args.model,
-            "corpus": args.name or Path(args.corpus).name,
+            "corpus": args.name or (Path(args.corpus).name if args.corpus else args.collection),
             "questions_file": Path(args.questions).name,
             "split": args.split,
             "note": f"fitted by calibrate.py on questions {args.split} of {Path(args.questions).name}",

@@ -11,7 +11,10 @@ BM25 full-text search, or a hybrid search with Milvus's RRF ranker when there ar
 
 from __future__ import annotations
 
+import argparse
 import hashlib
+import json
+import os
 import re
 from collections import OrderedDict
 from collections.abc import Callable, Sequence
@@ -30,6 +33,8 @@ ANALYZER = {
     "filter": ["lowercase", {"type": "stop", "stop_words": sorted(brag._STOPWORDS)}],
 }
 BATCH = 500
+BM25_PARAMS = {"bm25_k1": 1.5, "bm25_b": 0.75}  # brag.Corpus's (Milvus's own default k1 is 1.2)
+EMBEDDER_PROPERTY = "brag.embedder"  # the collection property naming its dense vectors' embedder
 _TOKEN = re.compile(r"^[\w-]{1,64}$")
 
 
@@ -54,18 +59,34 @@ def connect(uri: str, token: str = "", timeout: float = 10.0) -> Any:
     try:
         return MilvusClient(uri=uri, token=token, timeout=timeout)
     except Exception as err:  # pymilvus raises many kinds: connection, auth, server errors
-        text = str(err).lower()
-        if "auth" in text or "token" in text or "password" in text or "permission" in text:
+        if _refused(err):
             raise MilvusError(f"Milvus at {shown} refused the token") from None
         said = str(err).replace(token, "***") if token else str(err)
         raise MilvusError(f"cannot reach Milvus at {shown}: {type(err).__name__}: {said[:200]}") from None
+
+
+def _refused(err: BaseException | None) -> bool:
+    """Whether the server refused the credentials: pymilvus wraps the gRPC status it got."""
+    seen: set[int] = set()
+    while err is not None and id(err) not in seen:  # exception chains may loop
+        seen.add(id(err))
+        code = getattr(err, "code", None)
+        status = code() if callable(code) else None
+        if getattr(status, "name", "") in ("UNAUTHENTICATED", "PERMISSION_DENIED"):
+            return True
+        text = str(err).lower()
+        if "auth" in text or "password" in text or "permission" in text:
+            return True
+        err = err.__cause__ or err.__context__
+    return False
 
 
 class MilvusCorpus:
     """A Milvus collection as BRAG's retriever (``brag.Retriever``).
 
     ``embedder`` must be the one the collection's dense vectors came from (its name is checked);
-    without it, or without dense vectors, retrieval is BM25 only.
+    without it, or without dense vectors, retrieval is BM25 only. ``open_corpus`` loads the
+    recorded embedder itself.
     """
 
     def __init__(
@@ -82,10 +103,17 @@ class MilvusCorpus:
         self.client = client if client is not None else connect(uri, token)
         fields = _check_schema(self.client, collection)
         self.dense = "dense" in fields
+        self.embedder_name = recorded_embedder(self.client, collection) if self.dense else None
+        if embedder is not None and self.dense and embedder.name != self.embedder_name:
+            raise MilvusError(
+                f"collection {collection!r} holds dense vectors from {self.embedder_name}, "
+                f"not {embedder.name}: search it with that embedder"
+            )
         self.embedder = embedder if self.dense else None
         self._passages: OrderedDict[int, brag.Passage] = OrderedDict()
         self._vectors: dict[int, np.ndarray] = {}
         self._shares: dict[str, float] = {}
+        self._fingerprint: str | None = None
         self._cache_size = cache_size
         self._size = _count(self.client, collection)
 
@@ -162,6 +190,23 @@ class MilvusCorpus:
             if i not in self._vectors or float(np.max(stack @ self._vectors[i])) < threshold
         ]
 
+    def fingerprint(self) -> str:
+        """SHA-256 of what retrieval depends on, which a calibration's progress file checks.
+
+        That is every passage's key (the hash of its text), the analyser, BM25's settings and
+        the embedder.
+        """
+        if self._fingerprint is None:
+            keys = []
+            iterator = self.client.query_iterator(self.collection, batch_size=10_000, output_fields=["pid"])
+            while batch := iterator.next():
+                keys.extend(int(row["pid"]) for row in batch)
+            iterator.close()
+            digest = hashlib.sha256(json.dumps([ANALYZER, BM25_PARAMS, self.embedder_name]).encode())
+            digest.update(np.sort(np.array(keys, dtype=np.int64)).tobytes())
+            self._fingerprint = digest.hexdigest()
+        return self._fingerprint
+
     def stats(self) -> dict[str, Any]:
         """Figures for reports, with the engine that served the passages."""
         return {
@@ -210,13 +255,24 @@ def _check_schema(client: Any, collection: str) -> set[str]:
     return fields
 
 
+def recorded_embedder(client: Any, collection: str) -> str | None:
+    """The name of the embedder a collection's dense vectors came from, as ingestion recorded it."""
+    properties = client.describe_collection(collection).get("properties") or {}
+    return properties.get(EMBEDDER_PROPERTY)
+
+
 def _count(client: Any, collection: str) -> int:
     rows = client.query(collection, filter="", output_fields=["count(*)"])
     return int(rows[0]["count(*)"]) if rows else 0
 
 
-def create_collection(client: Any, collection: str, dense_dim: int | None = None) -> None:
-    """A collection for passages: BM25 over the analysed text, and optionally dense vectors."""
+def create_collection(
+    client: Any, collection: str, embedder: brag.Embedder | None = None, dim: int = 0
+) -> None:
+    """A collection for passages: BM25 over the analysed text, and optionally dense vectors.
+
+    The vectors are ``dim`` wide, from ``embedder``, whose name a collection property records.
+    """
     from pymilvus import DataType, Function, FunctionType
 
     schema = client.create_schema(auto_id=False)
@@ -243,17 +299,17 @@ def create_collection(client: Any, collection: str, dense_dim: int | None = None
         )
     )
     index = client.prepare_index_params()
-    # brag.Corpus's k1 and b (Milvus's own default k1 is 1.2)
     index.add_index(
         field_name="sparse",
         index_type="SPARSE_INVERTED_INDEX",
         metric_type="BM25",
-        params={"bm25_k1": 1.5, "bm25_b": 0.75},
+        params=BM25_PARAMS,
     )
-    if dense_dim is not None:
-        schema.add_field("dense", DataType.FLOAT_VECTOR, dim=dense_dim)
+    if embedder is not None:
+        schema.add_field("dense", DataType.FLOAT_VECTOR, dim=dim)
         index.add_index(field_name="dense", index_type="FLAT", metric_type="IP")
-    client.create_collection(collection, schema=schema, index_params=index)
+    properties = {EMBEDDER_PROPERTY: embedder.name} if embedder is not None else {}
+    client.create_collection(collection, schema=schema, index_params=index, properties=properties)
 
 
 def ingest(
@@ -276,7 +332,7 @@ def ingest(
     embeddings = embedder.embed([p.render() for p in parsed]) if embedder is not None else None
     kept = brag.dedup_ingestion(parsed, embeddings, brag.DedupConfig()).kept
     if not client.has_collection(collection):
-        create_collection(client, collection, embeddings.shape[1] if embeddings is not None else None)
+        create_collection(client, collection, embedder, embeddings.shape[1] if embeddings is not None else 0)
     else:
         _check_schema(client, collection)
     inserted = 0
@@ -294,6 +350,9 @@ def ingest(
             inserted += len(fresh)
         if progress is not None:
             progress(min(start + batch, len(kept)), len(kept))
+    # Sealed segments are indexed; rows left in a growing segment are searched by brute force
+    # (a query on 100,000 unflushed passages took seconds in Milvus Lite).
+    client.flush(collection)
     return {"passages": len(parsed), "kept": len(kept), "inserted": inserted}
 
 
@@ -308,3 +367,47 @@ def _row(passage: brag.Passage, vector: np.ndarray | None) -> dict[str, Any]:
     if vector is not None:
         row["dense"] = vector.astype(np.float32).tolist()
     return row
+
+
+# ------------------------------------------------------------------------------------------
+# Command lines: --milvus URI --collection NAME instead of --corpus
+# ------------------------------------------------------------------------------------------
+
+
+def open_corpus(uri: str, collection: str, token: str = "") -> MilvusCorpus:
+    """A collection as BRAG's corpus, with the embedder its dense vectors came from, if any."""
+    client = connect(uri, token)
+    _check_schema(client, collection)  # its clear errors before anything else is asked
+    name = recorded_embedder(client, collection)
+    embedder = None
+    if name is not None:
+        import embedders
+
+        known = {
+            "hashing": "hashing",
+            "model2vec-tokenlearn-static": "model2vec",
+            "all-MiniLM-L6-v2": "minilm",
+        }
+        if name in known and embedders.available(known[name]):
+            embedder = embedders.make_embedder(known[name])
+    return MilvusCorpus(uri, collection, token=token, embedder=embedder, client=client)
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    """``--milvus URI --collection NAME``: retrieve from a Milvus collection instead of ``--corpus``."""
+    group = parser.add_argument_group("Milvus (instead of --corpus)")
+    group.add_argument(
+        "--milvus",
+        metavar="URI",
+        help="a Milvus Lite file or http(s)://host:19530 (a server's token from BRAG_MILVUS_TOKEN)",
+    )
+    group.add_argument("--collection", help="the collection, made by python -m brag index --milvus")
+
+
+def from_arguments(args: argparse.Namespace) -> MilvusCorpus | None:
+    """The collection ``--milvus`` and ``--collection`` name, or None when neither is given."""
+    if not args.milvus and not args.collection:
+        return None
+    if not (args.milvus and args.collection):
+        raise ValueError("--milvus and --collection go together: the server (or file) and the collection")
+    return open_corpus(args.milvus, args.collection, os.environ.get("BRAG_MILVUS_TOKEN", ""))

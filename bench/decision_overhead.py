@@ -23,6 +23,9 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
+sys.path.insert(0, str(ROOT / "bench"))
+
+from results_file import write_keeping  # noqa: E402
 
 import brag  # noqa: E402
 
@@ -112,10 +115,7 @@ def main() -> None:
         lines.append(f"| {policy} | {count} | {median:.2f} | {fastest:.2f} | {p95:.2f} | {target} |")
     lines += [""] + [f"Round medians, {p} (µs): {', '.join(f'{m:.2f}' for m in ms)}" for p, *_, ms in rows]
     lines += ["", __doc__.split("\n\n")[1].replace("\n", " ").strip(), ""]
-    old = args.out.read_text(encoding="utf-8") if args.out.exists() else ""
-    if NOTES in old:
-        lines += [NOTES + old.split(NOTES, 1)[1].rstrip("\n"), ""]
-    args.out.write_text("\n".join(lines), encoding="utf-8")
+    write_keeping(args.out, lines, NOTES)
     print("\n".join(lines))
 
 

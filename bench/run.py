@@ -35,6 +35,7 @@ sys.path.insert(0, str(ROOT))
 import brag  # noqa: E402
 import calibrate  # noqa: E402
 import llms  # noqa: E402
+import milvus_corpus  # noqa: E402
 
 LAMBDAS = (0.01, 0.02, 0.05, 0.1, 0.2)
 DEFAULT_LAMBDA = 0.05
@@ -184,11 +185,14 @@ def run_dataset(
     m: int,
     workers: int = 1,
     cost: str = brag.DEFAULT_COST_UNIT,
+    corpus: brag.Retriever | None = None,
 ) -> dict[str, Any]:
+    """One dataset's tables; ``corpus`` (a Milvus collection, say) in place of its corpus file."""
     everything = calibrate.read_labelled(root / ds.questions)
     size = n if n is not None else ds.test_size
     items = everything[ds.calibration_size :][:size]
-    corpus = brag.Corpus((root / ds.corpus).read_text(encoding="utf-8"))
+    if corpus is None:
+        corpus = brag.Corpus((root / ds.corpus).read_text(encoding="utf-8"))
     cal = brag.shipped_calibration(getattr(llm, "name", ""), ds.name)
     fixed = brag.BRAG(llm, calibration=cal, lam=0.0, k=k, m=m, hops=3)
     calibration_items = everything[: ds.calibration_size]
@@ -499,9 +503,13 @@ def main(argv: list[str] | None = None) -> int:
     )
     parser.add_argument("--out", type=Path, default=ROOT / "bench" / "results")
     parser.add_argument("--data", type=Path, default=None, help="data directory (default BRAG_DATA_DIR)")
+    milvus_corpus.add_arguments(parser)
     args = parser.parse_args(argv)
     try:
         sizes = split_sizes(args.n)
+        if (args.milvus or args.collection) and len(args.datasets) != 1:
+            raise ValueError("--milvus serves one dataset's corpus: name it with --datasets")
+        served = milvus_corpus.from_arguments(args)
     except ValueError as err:
         parser.error(str(err))
     root = args.data or brag.data_dir()
@@ -514,7 +522,7 @@ def main(argv: list[str] | None = None) -> int:
     for key in args.datasets:
         try:
             result = run_dataset(
-                DATASETS[key], root, llm, sizes.get(key), args.k, args.m, args.workers, args.cost
+                DATASETS[key], root, llm, sizes.get(key), args.k, args.m, args.workers, args.cost, served
             )
         except (brag.RunAborted, llms.LLMError) as err:
             print(f"run: {DATASETS[key].name}: {err}", file=sys.stderr)
@@ -525,6 +533,8 @@ def main(argv: list[str] | None = None) -> int:
         print(text, flush=True)
     given = f" --n {' '.join(args.n)}" if args.n else ""
     command = f"python bench/run.py --model {args.model}{given} --datasets {' '.join(args.datasets)}"
+    if served is not None:
+        command += f" --milvus {args.milvus} --collection {args.collection}"
     lines = [
         "# Benchmark: BRAG against the baselines",
         "",

@@ -23,6 +23,7 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(ROOT / "bench"))
 
+from results_file import write_keeping  # noqa: E402
 from run import DATASETS  # noqa: E402
 
 import brag  # noqa: E402
@@ -120,10 +121,7 @@ def main() -> int:
         except brag.RunAborted as err:  # the benchmark never ran these schedules in full
             lines += [f"### {ds.name}: transfer not run from the cache ({err})", ""]
         print(f"{ds.name} done", file=sys.stderr)
-    old = args.out.read_text(encoding="utf-8") if args.out.exists() else ""
-    if NOTES in old:  # the written verdicts, kept when the tables are rewritten
-        lines += [NOTES + old.split(NOTES, 1)[1].rstrip("\n")]
-    args.out.write_text("\n".join(lines) + "\n", encoding="utf-8")
+    write_keeping(args.out, lines, NOTES)  # the written verdicts are kept
     print("\n".join(lines))
     return 0
 

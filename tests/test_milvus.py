@@ -187,3 +187,142 @@ def test_the_owners_milvus_collection_is_offered_in_the_app_and_named_in_the_rep
         answer, report = caller.predict(*args, api_name="/brag")
         assert answer == "Bergen" and report["corpus"] == "norway" and report["engine"] == "milvus"
         assert "tok-SECRET-1" not in json.dumps(report) and "tok-SECRET-1" not in app.log()
+
+
+def test_a_refused_token_is_named_and_never_shown():
+    """A real gRPC server on loopback refusing every call as Milvus's authentication does."""
+    from concurrent import futures
+
+    import grpc
+
+    seen: list[dict] = []
+
+    class Refuse(grpc.GenericRpcHandler):
+        def service(self, details):
+            seen.append(dict(details.invocation_metadata))
+
+            def deny(request, context):
+                context.abort(grpc.StatusCode.UNAUTHENTICATED, "auth check failure, please check the token")
+
+            return grpc.unary_unary_rpc_method_handler(deny)
+
+    server = grpc.server(futures.ThreadPoolExecutor(2))
+    server.add_generic_rpc_handlers((Refuse(),))
+    port = server.add_insecure_port("127.0.0.1:0")
+    server.start()
+    try:
+        with pytest.raises(mc.MilvusError) as refused:
+            mc.connect(f"http://127.0.0.1:{port}", token="root:WRONG-secret", timeout=5)
+    finally:
+        server.stop(None)
+    assert str(refused.value) == f"Milvus at http://127.0.0.1:{port} refused the token"
+    assert any("authorization" in metadata for metadata in seen)  # the token was sent, then refused
+
+
+def test_dense_vectors_are_searched_with_the_embedder_that_made_them(milvus):
+    uri, client = milvus
+    mc.ingest(PASSAGES, client, "recorded", embedder=brag.HashingEmbedder())
+    opened = mc.open_corpus(uri, "recorded")
+    assert (
+        opened.stats()["search"] == "hybrid (BM25 + dense, RRF)" and opened.stats()["embedder"] == "hashing"
+    )
+    assert opened[opened.retrieve("Where was Lina Berg born?", 1).hits[0][0]].title == "Lina Berg"
+    with pytest.raises(mc.MilvusError, match="dense vectors from hashing, not other-embedder"):
+        mc.MilvusCorpus(uri, "recorded", client=client, embedder=brag.HashingEmbedder(name="other-embedder"))
+    assert mc.open_corpus(uri, "demo").stats()["search"] == "BM25 full text"  # no vectors: BM25
+
+
+def labelled_questions(copies: int) -> list[dict]:
+    """Questions about PASSAGES with their gold answers and supporting passages."""
+    facts = [
+        ("Where was Lina Berg born?", "Bergen", ["Lina Berg"]),
+        ("Who designed the Glass Tower?", "Lina Berg", ["Glass Tower"]),
+        ("Which city has the Nidaros Cathedral?", "Trondheim", ["Trondheim"]),
+        # Its second passage shares no word with it: a weak window, for the gate's fit.
+        ("Who designed the Glass Tower, what is it near?", "Lina Berg", ["Glass Tower", "Fjord"]),
+    ]
+    text = {p["title"]: p["text"] for p in PASSAGES}
+    return [
+        {
+            "id": f"q{i}-{n}",
+            "question": question,
+            "answer": [gold],
+            "paragraphs": [{"title": t, "text": text[t], "is_supporting": True} for t in titles],
+        }
+        for n in range(copies)
+        for i, (question, gold, titles) in enumerate(facts)
+    ]
+
+
+def reads_the_passages(request):
+    """A reader that answers from the passages in its prompt, so a right answer shows retrieval."""
+    from openai_server import Reply
+
+    prompt = request["messages"][-1]["content"]
+    if "Passages:" not in prompt:
+        return Reply(texts=["NONE"] * request.get("n", 1))
+    passages = prompt.split("Passages:", 1)[1]
+    for clue, answer in (("born in Bergen", "Bergen"), ("architect Lina Berg", "Lina Berg")):
+        if clue in passages:
+            return Reply(texts=[f"Answer: {answer}\nFollow-up query: {answer}"])
+    if "Nidaros Cathedral stands" in passages:
+        return Reply(texts=["Answer: Trondheim\nFollow-up query: Trondheim"])
+    return Reply(texts=["Answer: NONE\nFollow-up query: Norway"])
+
+
+def test_calibration_and_the_benchmark_retrieve_from_a_milvus_collection(tmp_path):
+    from openai_server import FakeOpenAI
+
+    import calibrate
+
+    sys.path.insert(0, str(ROOT / "bench"))
+    import run as bench_run
+
+    uri = str(tmp_path / "served.db")
+    client = mc.connect(uri)
+    mc.ingest(PASSAGES, client, "served")
+    client.close()
+    # No corpus file anywhere: every passage the reader sees comes from the collection.
+    data = tmp_path / "data" / "hotpotqa"
+    data.mkdir(parents=True)
+    (data / "hotpotqa_ircot500.json").write_text(json.dumps(labelled_questions(16)))
+    questions = tmp_path / "questions.json"
+    questions.write_text(json.dumps(labelled_questions(8)))
+    served = ["--milvus", uri, "--collection", "served"]
+    with FakeOpenAI(handler=reads_the_passages) as server:
+        model = server.url + "#m"
+        out = tmp_path / "cal.json"
+        cache = ["--cache", str(tmp_path / "c.sqlite")]
+        args = ["--questions", str(questions), *served, "--model", model, *cache, "--split", "0:30"]
+        assert calibrate.main([*args, "--out", str(out)]) == 0
+        results = tmp_path / "results"
+        results.mkdir()
+        bench = ["--datasets", "hotpotqa", "--n", "3", "--data", str(tmp_path / "data"), *cache]
+        assert bench_run.main(["--model", model, "--out", str(results), *bench, *served]) == 0
+    fitted = json.loads(out.read_text())
+    assert fitted["corpus"] == "served" and fitted["diagnostics"]["R1"]["accuracy"] == 1.0
+    table = json.loads((results / "benchmark.json").read_text())[0]["rows"]
+    assert [row[0] for row in table["Vanilla RAG"]] == [1, 1, 1]  # right from Milvus's passages
+    assert "--milvus" in (results / "benchmark.md").read_text()
+    gate = tmp_path / "gate.json"
+    assert calibrate.main(["gate", "--questions", str(questions), *served, "--out", str(gate)]) == 0
+    fitted_gate = json.loads(gate.read_text())
+    assert fitted_gate["n"] == 32 and fitted_gate["weak_rate"] == pytest.approx(1 / 4)  # one fact in 4
+
+
+def test_a_corpus_is_a_file_or_a_collection_not_both(tmp_path, capsys):
+    import calibrate
+
+    questions = tmp_path / "q.json"
+    questions.write_text(json.dumps(labelled_questions(1)))
+    corpus = tmp_path / "c.json"
+    corpus.write_text(json.dumps(PASSAGES))
+    for extra in (
+        [],
+        ["--corpus", str(corpus), "--milvus", "x.db", "--collection", "c"],
+        ["--milvus", "x.db"],
+    ):
+        assert calibrate.main(["gate", "--questions", str(questions), *extra, "--out", "-"]) == 2
+        said = capsys.readouterr().err
+        assert "calibrate gate:" in said and "--milvus" in said and "Traceback" not in said
+    assert not (tmp_path / "never-made.db").exists()  # refused before anything was opened
