@@ -976,6 +976,12 @@ class CorpusStore:
             self._documents[key] = corpus
             while self._documents and self.cached_bytes() > self.documents_budget:
                 self._documents.popitem(last=False)
+            log.info(
+                "documents cache: %d sets, %d of %d bytes",
+                len(self._documents),
+                self.cached_bytes(),
+                self.documents_budget,
+            )
         return corpus
 
     def cached_bytes(self) -> int:

@@ -48,6 +48,7 @@ def main(argv: list[str]) -> None:
         except (EOFError, OSError):
             return  # the parent closed the pipe or died
         try:
+            replies.send({"generating": True})  # the parent logs it: the request is in the model
             replies.send(generate(model, request))
         except Exception as err:  # e.g. a prompt longer than the context
             replies.send({"error": str(err)})

@@ -33,6 +33,7 @@ import fcntl
 import hashlib
 import ipaddress
 import json
+import logging
 import os
 import random
 import re
@@ -62,6 +63,7 @@ import brag
 from brag import LLM, Completion
 
 HERE = Path(__file__).resolve().parent
+log = logging.getLogger("brag.llms")
 DEFAULT_HF_MODEL = "Qwen/Qwen2.5-7B-Instruct"
 
 
@@ -1020,13 +1022,7 @@ class LocalRunner:
             assert self._requests is not None and self._replies is not None
             try:
                 self._requests.send(request)
-                if not self._replies.poll(max(deadline - time.monotonic(), 0.0)):
-                    self.stop()
-                    raise LLMTimeout(
-                        f"the local model took longer than {timeout:g} s; it was stopped and restarts "
-                        "on the next request"
-                    )
-                reply = self._replies.recv()
+                reply = self._reply_by(deadline, timeout)
             except (EOFError, OSError):
                 raise self._crashed("while answering") from None
         finally:
@@ -1036,6 +1032,21 @@ class LocalRunner:
         if "error" in reply:
             raise RequestRejected(f"local model rejected the request: {reply['error']}")
         return reply
+
+    def _reply_by(self, deadline: float, timeout: float) -> dict[str, Any]:
+        """The worker's reply to the request just sent; the notice that it is generating, logged."""
+        assert self._replies is not None
+        while True:
+            if not self._replies.poll(max(deadline - time.monotonic(), 0.0)):
+                self.stop()
+                raise LLMTimeout(
+                    f"the local model took longer than {timeout:g} s; it was stopped and restarts "
+                    "on the next request"
+                )
+            reply = self._replies.recv()
+            if not reply.get("generating"):
+                return reply
+            log.info("local model: worker %s generating", self.pid)
 
     def _schedule_idle_stop(self) -> None:
         if self._idle_timer is not None:

@@ -50,6 +50,7 @@ class FakeOpenAI:
         self.headers: list[dict[str, str]] = []
         self.usage_sent: list[dict[str, int]] = []
         self.release = threading.Event()  # set on exit so a hanging handler ends
+        self.abandoned = threading.Event()  # set when a client closed the connection mid-reply
         self._lock = threading.Lock()
         self._server = ThreadingHTTPServer(("127.0.0.1", 0), self._handler_class())
         self._server.daemon_threads = True
@@ -138,7 +139,7 @@ class FakeOpenAI:
                         if server.release.wait(trickle):
                             return
                 except (BrokenPipeError, ConnectionResetError):
-                    pass
+                    server.abandoned.set()
 
             def do_GET(self) -> None:
                 if self.path.rstrip("/").endswith("/models"):

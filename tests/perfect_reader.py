@@ -9,6 +9,7 @@ controller that reads when reading pays answers nearly everything such a reader 
 
 from __future__ import annotations
 
+import itertools
 import re
 from typing import Any
 
@@ -36,3 +37,28 @@ class PerfectReader(FakeOpenAI):
         if gold and not missing:
             return Reply(texts=[f"Answer: {gold}\nFollow-up query: {gold}"])
         return Reply(texts=[f"Answer: NONE\nFollow-up query: {missing[0] if missing else question}"])
+
+
+def calls_it_needs(report: dict[str, Any], supporting: set[str]) -> list[str]:
+    """What is wrong with the calls BRAG made for one question with this reader (nothing: [])."""
+    steps = [s for s in report["steps"] if s["action"]]
+    reads = [s for s in steps if s["action"] in ("R1", "R2")]
+    problems = []
+    if report["totals"]["llm_calls"] != len(steps):
+        problems.append(f"{report['totals']['llm_calls']} calls for {len(steps)} actions")
+    # A read is right exactly when its prompt held every supporting passage: reading on after
+    # such a read wastes a call, and so does a second closed-book call (its answer never changes).
+    whole = [supporting <= {p["title"] for p in s["observation"]["passages"]} for s in reads]
+    if True in whole and len(reads) > whole.index(True) + 1:
+        problems.append(f"{len(reads) - whole.index(True) - 1} read(s) after the passages were all read")
+    if [s["action"] for s in steps].count("CB") > 1:
+        problems.append("closed-book asked more than once")
+    # Each hop searches for what the reader said was missing (a supporting passage's title) and
+    # brings that passage into its prompt.
+    for before, hop in itertools.pairwise(reads):
+        wanted = before["observation"]["follow_up_query"]
+        if hop["observation"]["query"] != wanted:
+            problems.append(f"a hop searched {hop['observation']['query']!r}, not the reader's {wanted!r}")
+        if wanted in supporting and wanted not in {p["title"] for p in hop["observation"]["passages"]}:
+            problems.append(f"a hop did not bring in {wanted!r}, which the reader asked for")
+    return problems

@@ -142,7 +142,7 @@ def start_lab(stack: ExitStack) -> Lab:
         "HF_TOKEN": SERVER_HF_TOKEN,
         "SECRET_NOTE": ENV_SECRET,
         "BRAG_REQUEST_TIMEOUT": str(REQUEST_TIMEOUT),
-        "BRAG_DOCUMENTS_CACHE_BYTES": "20000000",
+        "BRAG_DOCUMENTS_CACHE_BYTES": str(DOCUMENTS_BUDGET),
         "BRAG_ALLOWED_ENDPOINTS": "",
     }
     public = stack.enter_context(AppProcess({**env, **app_folders(stack, "public", folders)}))
@@ -625,7 +625,8 @@ def too_few_inputs(lab: Lab) -> str:
     return "answered"
 
 
-DISTINCT_SETS = 8
+DISTINCT_SETS = 16  # about 10 MB each in memory once indexed: several times the lab's budget
+DOCUMENTS_BUDGET = 20_000_000
 
 
 def distinct_documents(lab: Lab) -> str:
@@ -637,6 +638,21 @@ def distinct_documents(lab: Lab) -> str:
         if not reply.startswith("answer:"):
             return reply
     return f"{DISTINCT_SETS} distinct 0.8 MB document sets answered"
+
+
+def documents_cache_kept_within_budget(lab: Lab) -> str | None:
+    """The app's own account of its pasted-documents cache (its log) stayed within the budget."""
+    counts = [
+        (int(m[1]), int(m[2]), int(m[3]))
+        for m in re.finditer(r"documents cache: (\d+) sets, (\d+) of (\d+) bytes", lab.public.log())
+    ]
+    if len(counts) < DISTINCT_SETS:
+        return f"the log accounts for {len(counts)} of the {DISTINCT_SETS} document sets"
+    if any(held > budget for _, held, budget in counts) or counts[-1][2] != DOCUMENTS_BUDGET:
+        return f"the documents cache held more than its budget: {max(h for _, h, _ in counts):,} bytes"
+    if counts[-1][0] >= DISTINCT_SETS:
+        return "no document set was evicted"
+    return None
 
 
 def calibration_json(**changes: Any) -> str:
@@ -790,7 +806,10 @@ def probes() -> list[Probe]:
             "model=<trickle>/v1#m",
             "listed",
             lambda lab: call(lab, "listed", brag_args(model=lab.trickle.url + "#m")),
-            error_matching("time limit|did not answer in time"),
+            lambda lab, r: (
+                error_matching("time limit|did not answer in time")(lab, r)
+                or (None if lab.trickle.abandoned.wait(30) else "the app kept reading the trickle")
+            ),
             watch="",
         ),
         Probe(
@@ -816,10 +835,12 @@ def probes() -> list[Probe]:
         ),
         Probe(
             "size: distinct pasted corpora stay cached without bound",
-            "8 distinct 0.8 MB document sets",
+            f"{DISTINCT_SETS} distinct 0.8 MB document sets",
             "public",
             distinct_documents,
-            lambda lab, r: None if r.startswith("8 distinct") else r,
+            lambda lab, r: (
+                r if not r.startswith(f"{DISTINCT_SETS} ") else documents_cache_kept_within_budget(lab)
+            ),
             watch="",
         ),
         Probe(

@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import re
 import sys
+import zlib
 
 import pytest
 from conftest import ROOT
@@ -36,27 +37,63 @@ QUESTIONS = [
 ]
 
 
-DELAY = 0.02  # seconds per LLM call, so LLM time is measurable
+# Test questions the calibration split does not hold: the live run must ask the LLM about them.
+FRESH = [
+    (
+        "Which river flows through Trondheim?",
+        "Nidelva",
+        "Nidelva",
+        "The Nidelva is the river that flows through Trondheim.",
+    ),
+    ("Who wrote The Silent Orchard?", "Kari Holm", "Silent Orchard", "The Silent Orchard is by Kari Holm."),
+    ("Which fjord is near Bergen?", "Sognefjord", "Sognefjord", "The Sognefjord lies north of Bergen."),
+]
+GOLD = {q["question"]: q["answer"][0] for q in QUESTIONS} | {q: a for q, a, _, _ in FRESH}
+DELAY = 0.02  # seconds per LLM call at least, so the replay's zero-wait time would differ
+
+
+def asked(request) -> str:
+    prompt = request["messages"][-1]["content"]
+    return next(q for q in GOLD if q in prompt)
 
 
 def reply(request):
-    content = request["messages"][-1]["content"].rsplit("\n\nPassages:\n", 1)[-1]
-    if "Passages:" in request["messages"][-1]["content"]:
-        for word in ("Bergen", "Oslo", "Lina Berg"):
-            if word in content.split("Question:")[0]:
-                return Reply(texts=[f"Answer: {word}\nFollow-up query: {word}"], delay=DELAY)
-        return Reply(texts=["Answer: NONE"], delay=DELAY)
-    return Reply(texts=["Oslo"] * request.get("n", 1), delay=DELAY)
+    """Replies that differ by prompt (and their latency too) and by sample.
+
+    Closed-book samples tie the gold answer with a wrong one, gold first: the vote breaks a tie
+    by the answer seen first, so a replay that returned the samples in another order would
+    change the answers.
+    """
+    prompt = request["messages"][-1]["content"]
+    delay = DELAY + 0.005 * (zlib.crc32(prompt.encode()) % 4)
+    if "Passages:" in prompt:
+        passages = prompt.rsplit("\n\nPassages:\n", 1)[-1].split("Question:")[0]
+        question_words = set(asked(request).rstrip("?").split())
+        for passage in passages.splitlines():  # best first: the first passage holding an answer
+            for word in ("Bergen", "Oslo", "Lina Berg", "Nidelva", "Kari Holm", "Sognefjord"):
+                if word in passage and word not in question_words:
+                    return Reply(texts=[f"Answer: {word}\nFollow-up query: {word}"], delay=delay)
+        return Reply(texts=["Answer: NONE"], delay=delay)
+    gold = GOLD[asked(request)]
+    samples = [gold, "Stavanger", gold, "Stavanger", "Paris"]
+    return Reply(texts=samples[: request.get("n", 1)], delay=delay)
 
 
 def test_replay_reproduces_the_tables_exactly(tmp_path):
     data = tmp_path / "data" / "hotpotqa"
     data.mkdir(parents=True)
-    padded = QUESTIONS * 21  # the test split starts after the 60 calibration questions
-    (data / "hotpotqa_ircot500.json").write_text(
-        json.dumps([dict(q, id=f"{q['id']}-{i}") for i, q in enumerate(padded)])
-    )
-    corpus = [{"title": p["title"], "text": p["text"]} for q in QUESTIONS for p in q["paragraphs"]]
+    calibration = [dict(q, id=f"{q['id']}-{i}") for i, q in enumerate(QUESTIONS * 20)]  # 60
+    fresh = [
+        {
+            "id": f"t{i}",
+            "question": q,
+            "answer": [a],
+            "paragraphs": [{"title": t, "text": x, "is_supporting": True}],
+        }
+        for i, (q, a, t, x) in enumerate(FRESH)
+    ]
+    (data / "hotpotqa_ircot500.json").write_text(json.dumps(calibration + fresh))
+    corpus = [{"title": p["title"], "text": p["text"]} for q in QUESTIONS + fresh for p in q["paragraphs"]]
     corpus += [{"title": f"Filler {i}", "text": f"Filler text {i} about rivers."} for i in range(10)]
     (data / "hotpotqa_ircot500_corpus.json").write_text(json.dumps(corpus))
     common = [
@@ -75,12 +112,20 @@ def test_replay_reproduces_the_tables_exactly(tmp_path):
     with FakeOpenAI(handler=reply) as server:
         model = server.url + "#m"
         assert bench_run.main(["--model", model, "--out", str(live_out), *common]) == 0
-        made = len(server.chat_requests)
-    assert made > 0
+        reached = {asked(r) for r in server.chat_requests}
+    assert reached >= {q for q, *_ in FRESH}  # every test question reached the LLM
     # The server is gone: every number must come from the cache.
     assert bench_run.main(["--model", model, "--out", str(replay_out), "--replay", *common]) == 0
     live = json.loads((live_out / "benchmark.json").read_text())
     assert json.loads((replay_out / "benchmark.json").read_text()) == live
+    for name in ("benchmark_hotpotqa.md", "benchmark.md"):
+        assert (replay_out / name).read_text() == (live_out / name).read_text(), name
+    rows = live[0]["rows"]
+    # The ties: closed-book answers right only when the samples come back in the order given.
+    assert [row[0] for row in rows["Closed-book"]] == [1, 1, 1]
+    assert [row[0] for row in rows["Vanilla RAG"]] == [1, 1, 1]  # the reader finds them in passages
+    # The replay reports the latencies the live run stored (compared above), not its own.
+    assert all(row[4] > 0 for row in rows["Closed-book"])
     # Several questions at once, against the endpoint, into a cache of its own: the same results
     # (but for the latencies measured), and its replay gives its tables byte for byte.
     parallel_out, parallel_replay = tmp_path / "parallel", tmp_path / "parallel-replay"
@@ -99,17 +144,9 @@ def test_replay_reproduces_the_tables_exactly(tmp_path):
     assert without_latency(together) == without_latency(live)
     for name in ("benchmark_hotpotqa.md", "benchmark.md"):
         assert (parallel_replay / name).read_text() == (parallel_out / name).read_text(), name
-    assert (live_out / "benchmark_hotpotqa.md").read_text() == (
-        replay_out / "benchmark_hotpotqa.md"
-    ).read_text()
-    rows = live[0]["rows"]
     assert set(rows) >= {*bench_run.BASELINES, "BRAG λ=0.05"}
-    assert (live_out / "benchmark.md").read_text() == (replay_out / "benchmark.md").read_text()
     assert live[0]["best_fixed"]["method"] in bench_run.FIXED
     assert rows["Closed-book"][0][2] == 1  # one call
-    # LLM time is what each call took when made, so the replay reports the live run's time.
-    assert all(r[4] >= DELAY for r in rows["Closed-book"])
-    assert all(r[4] >= 2 * DELAY for r in rows["IRCoT / self-ask"] if r[2] == 2)
     # Each supporting passage shares the question's words, so every R1 window holds it.
     hops = live[0]["hops"]
     assert (hops["questions"], hops["labelled"], hops["r1_missing"]) == (3, 3, 0)

@@ -6,6 +6,7 @@ import json
 import sqlite3
 import threading
 import time
+import zlib
 from concurrent.futures import ThreadPoolExecutor
 
 import pytest
@@ -135,31 +136,37 @@ def test_429_then_success_retries_once_honouring_retry_after(factory):
 
 def test_concurrent_callers_all_honour_retry_after_and_come_back_spread_out():
     """Sixteen callers share one backend. The first eight requests get 429 with Retry-After: 1;
-    eight more callers start right after. All wait the pause out, then return spread over time."""
-    arrivals: list[tuple[float, int]] = []
+    eight more callers start once the pause is in force. On a clock that stands still, every
+    one of them must wait the pause out before its next request, each for its own time."""
+    statuses: list[int] = []
     lock = threading.Lock()
 
     def handler(request):
         with lock:
-            status = 429 if len(arrivals) < 8 else 200
-            arrivals.append((time.monotonic(), status))
+            statuses.append(429 if len(statuses) < 8 else 200)
+            status = statuses[-1]
         return Reply(status=status, headers={"Retry-After": "1"} if status == 429 else {})
 
+    waits: list[float] = []
+
+    def sleep(seconds: float) -> None:
+        with lock:
+            waits.append(seconds)
+
+    policy = RetryPolicy(sleep=sleep, clock=lambda: 1000.0)  # the pause never ends by itself
     with FakeOpenAI(handler=handler) as server:
-        backend = openai_backend(server.url, model="m")
+        backend = openai_backend(server.url, model="m", retry=policy)
         with ThreadPoolExecutor(16) as pool:
             first = [pool.submit(backend.complete, MESSAGES) for _ in range(8)]
             while backend.retry.paused_for() == 0:  # until a 429 is back and the pause in force
-                time.sleep(0.01)
+                threading.Event().wait(0.01)
             second = [pool.submit(backend.complete, MESSAGES) for _ in range(8)]
             results = [f.result() for f in first + second]
-    assert len(results) == 16
-    first_refusal = min(t for t, status in arrivals if status == 429)
-    answered = [t for t, status in arrivals if status == 200]
-    assert len(answered) == 16  # eight retries and eight newcomers, none refused again
-    # Nobody came back before the Retry-After was up (newcomers included), and not all at once.
-    assert min(answered) >= first_refusal + 0.95
-    assert max(answered) - min(answered) > 0.05
+    assert len(results) == 16 and statuses.count(200) == 16  # none refused twice
+    # Eight refused callers waited before their retry, and eight newcomers before their first
+    # request; none for less than the Retry-After, and not all for the same time.
+    assert len(waits) >= 16 and all(1.0 <= w <= 1.25 for w in waits)
+    assert len(set(waits)) > 1
 
 
 @BACKENDS
@@ -187,12 +194,12 @@ def test_500_repeated_fails_after_bounded_retries_with_backoff(factory):
 
 @BACKENDS
 def test_hanging_server_times_out_within_the_configured_time(factory):
-    with FakeOpenAI(handler=lambda r: Reply(delay=30)) as server:
-        started = time.monotonic()
+    # The answer comes after 3 s: a call that waited for it (a timeout of 3 s or more, or none)
+    # would return it instead of failing.
+    with FakeOpenAI(handler=lambda r: Reply(delay=3.0)) as server:
         with pytest.raises(LLMTimeout, match=r"did not answer in time \(at most 1 s per call\)"):
             factory(server.url, timeout=1.0).complete(MESSAGES)
-        elapsed = time.monotonic() - started
-    assert elapsed < 5
+        assert len(server.chat_requests) == 1  # a timeout is not retried
 
 
 @pytest.fixture(scope="module", autouse=True)
@@ -200,31 +207,35 @@ def hub_calls_are_bounded():
     llms.bound_hub_calls()  # what the app does at start-up, so deadlines hold for HFInference
 
 
+TRICKLE = 0.01  # seconds per byte: the whole reply takes about 3 s, each byte far less than 1 s
+
+
 @BACKENDS
 def test_a_trickling_endpoint_cannot_stretch_a_call_past_its_timeout(factory):
-    with FakeOpenAI(handler=lambda r: Reply(trickle=0.3)) as server:  # a byte every 0.3 s
-        started = time.monotonic()
+    # Each byte arrives well within the timeout; only a bound on the whole call stops it before
+    # the reply is complete (a call bounded per read would return the answer).
+    with FakeOpenAI(handler=lambda r: Reply(trickle=TRICKLE)) as server:
         with pytest.raises(LLMTimeout):
-            factory(server.url, timeout=1.5).complete(MESSAGES)
-        elapsed = time.monotonic() - started
-    assert 1.4 < elapsed < 4, elapsed  # each read alone is quick; the whole call is bounded
+            factory(server.url, timeout=1.0).complete(MESSAGES)
+        assert server.abandoned.wait(30)  # the client hung up; it did not read on
 
 
 @BACKENDS
 def test_a_request_deadline_bounds_every_call_and_the_retries(factory):
-    with FakeOpenAI(handler=lambda r: Reply(trickle=0.3)) as server:
+    with FakeOpenAI(handler=lambda r: Reply(trickle=TRICKLE)) as server:
         backend = factory(server.url, timeout=60.0)
-        started = time.monotonic()
         with llms.deadline(1.0), pytest.raises(LLMTimeout):
-            backend.complete(MESSAGES)
-        assert time.monotonic() - started < 3
+            backend.complete(MESSAGES)  # the reply would be complete in 3 s: the deadline ends it first
+        assert server.abandoned.wait(30)
         with llms.deadline(0.0), pytest.raises(LLMTimeout, match="time limit"):
             backend.complete(MESSAGES)  # past the deadline: fails before sending
+        assert len(server.chat_requests) == 1
+    sleep = RecordingSleep()
     with FakeOpenAI(handler=lambda r: Reply(status=503, headers={"Retry-After": "30"})) as busy:
-        started = time.monotonic()
         with llms.deadline(2.0), pytest.raises(EndpointUnreachable):
-            factory(busy.url).complete(MESSAGES)  # a 30 s Retry-After cannot end in time: no wait
-        assert time.monotonic() - started < 2 and len(busy.chat_requests) == 1
+            # A 30 s Retry-After cannot end in time: the call fails at once, without waiting.
+            factory(busy.url, retry=RetryPolicy(sleep=sleep)).complete(MESSAGES)
+        assert len(busy.chat_requests) == 1 and sleep.delays == []
 
 
 def test_public_only_refuses_private_addresses_at_connection_time():
@@ -403,48 +414,88 @@ def test_cache_is_safe_under_concurrent_writers(tmp_path):
     assert rows == 20
 
 
+MEASURED = {"policy_us", "llm_wait_s", "wall_time_s", "cached_calls"}  # this run's clock and cache
+
+
+def measured_removed(report):
+    """The report without what a replay measures afresh: its own time and its cache hits."""
+    if isinstance(report, dict):
+        return {k: measured_removed(v) for k, v in report.items() if k not in MEASURED}
+    if isinstance(report, list):
+        return [measured_removed(v) for v in report]
+    return report
+
+
 def test_brag_replay_reproduces_the_run_and_counts_cached_calls(tmp_path):
     path = tmp_path / "cache.sqlite"
     corpus = Corpus(["Lina Berg was born in Bergen.", "Oslo is a city.", "The tower is tall."])
-    with FakeOpenAI(answer="Answer: Bergen\nFollow-up query: Bergen") as server:
-        live = CachedLLM(make_llm(server.url + "#m"), path)
-        answer, report = BRAG(live, calibration=PRIORS, lam=0.0, k=1, cost="calls").run(
-            "Where was Lina Berg born?", corpus
+    question = "Where was Lina Berg born?"
+
+    def differing(request):
+        """Replies and latencies that differ by prompt; closed-book samples that differ by sample.
+
+        The samples tie Bergen with Oslo, Bergen first: the vote breaks a tie by the answer
+        seen first, so samples replayed in another order would change the answer.
+        """
+        prompt = request["messages"][-1]["content"]
+        delay = 0.01 + 0.01 * (zlib.crc32(prompt.encode()) % 3)
+        if "Passages:" in prompt:
+            return Reply(texts=["Answer: NONE\nFollow-up query: Lina Berg birthplace"], delay=delay)
+        return Reply(
+            texts=["Bergen", "Oslo", "Bergen", "Oslo", "Trondheim"][: request.get("n", 1)], delay=delay
         )
+
+    with FakeOpenAI(handler=differing) as server:
+        live = CachedLLM(make_llm(server.url + "#m"), path)
+        answer, report = BRAG(live, calibration=PRIORS, lam=0.0, k=1, cost="calls").run(question, corpus)
         live.close()
+        made = len(server.chat_requests)
     replay = CachedLLM(make_llm(server.url + "#m"), path, mode="replay")  # server is gone
-    answer2, report2 = BRAG(replay, calibration=PRIORS, lam=0.0, k=1, cost="calls").run(
-        "Where was Lina Berg born?", corpus
-    )
-    assert answer2 == answer
+    answer2, report2 = BRAG(replay, calibration=PRIORS, lam=0.0, k=1, cost="calls").run(question, corpus)
+    assert answer2 == answer == "Bergen"
     calls = report["totals"]["llm_calls"]
-    assert report2["totals"]["llm_calls"] == calls >= 2
+    assert made == calls >= 3 and "CB" in [s["action"] for s in report["steps"]]
     assert report2["totals"]["cached_calls"] == calls and report["totals"]["cached_calls"] == 0
-    assert [s["action"] for s in report2["steps"]] == [s["action"] for s in report["steps"]]
-    assert report2["totals"]["prompt_tokens"] == report["totals"]["prompt_tokens"]
+    # Everything else, step by step: the actions, the replies, the posteriors, the token counts
+    # and each call's latency as stored by the live run.
+    assert measured_removed(report2) == measured_removed(report)
+    latencies = [s["cost"]["llm_seconds"] for s in report["steps"] if s["action"]]
+    assert len(set(latencies)) > 1 and all(t >= 0.01 for t in latencies)
 
 
 def test_cache_keeps_each_calls_latency_for_replayed_runs(tmp_path):
     path = tmp_path / "cache.sqlite"
     corpus = Corpus(["Lina Berg was born in Bergen.", "Oslo is a city.", "The tower is tall."])
     question = "Where was Lina Berg born?"
-    with FakeOpenAI(handler=lambda request: Reply(delay=0.3), answer="Answer: Bergen") as server:
-        live = CachedLLM(make_llm(server.url + "#m"), path)
-        _, report = BRAG(live, calibration=PRIORS, lam=0.0, k=1, cost="calls").run(question, corpus)
-        live.close()
+
+    class Timed:
+        """A backend that reports how long each call took (a different time per prompt)."""
+
+        name = "timed"
+
+        def __init__(self) -> None:
+            self.reported: list[float] = []
+
+        def complete(self, messages, **options) -> Completion:
+            seconds = 0.25 + 0.01 * (zlib.crc32(messages[-1]["content"].encode()) % 50)
+            self.reported.append(seconds)
+            return Completion(["Answer: Bergen"] * options.get("n", 1), 10, 2, seconds=seconds)
+
+    inner = Timed()
+    live = CachedLLM(inner, path)
+    _, report = BRAG(live, calibration=PRIORS, lam=0.0, k=1, cost="calls").run(question, corpus)
+    live.close()
     calls = report["totals"]["llm_calls"]
-    assert calls >= 2
-    # Live: each call waited on the 0.3 s server, and that is what was stored.
-    assert report["totals"]["llm_seconds"] >= 0.3 * calls
-    assert report["totals"]["llm_wait_s"] >= 0.3 * calls
-    replay = CachedLLM(make_llm(server.url + "#m"), path, mode="replay")
+    assert calls >= 2 and len(inner.reported) == calls
+    # Live: each call's own time is what the report adds up, and what the cache stored.
+    assert report["totals"]["llm_seconds"] == pytest.approx(sum(inner.reported), abs=1e-5)
+    replay = CachedLLM(Timed(), path, mode="replay")
     _, again = BRAG(replay, calibration=PRIORS, lam=0.0, k=1, cost="calls").run(question, corpus)
-    # Replayed: no waiting, but the stored latencies add up to the live run's.
-    assert again["totals"]["llm_wait_s"] < 0.3
-    assert again["totals"]["llm_seconds"] == pytest.approx(report["totals"]["llm_seconds"], abs=1e-5)
-    assert again["totals"]["llm_seconds_known"] is True
+    # Replayed: no call is made, but each step's stored latency comes back, in order.
+    assert replay.llm.reported == [] and again["totals"]["cached_calls"] == calls
     per_step = [s["cost"]["llm_seconds"] for s in again["steps"] if s["action"]]
-    assert sum(per_step) == pytest.approx(again["totals"]["llm_seconds"], abs=1e-5)
+    assert per_step == pytest.approx(inner.reported, abs=1e-5)
+    assert again["totals"]["llm_seconds_known"] is True
 
 
 def test_a_cache_without_latencies_is_upgraded_and_retimed_once(tmp_path):
@@ -466,7 +517,7 @@ def test_a_cache_without_latencies_is_upgraded_and_retimed_once(tmp_path):
     retimer = CachedLLM(inner, path, model="counting", mode="retime")
     timed = retimer.complete(MESSAGES)
     assert inner.calls == 1 and timed.texts == ["stored answer"]  # the stored reply is kept
-    assert timed.seconds is not None and timed.seconds >= 0.01  # CountingLLM sleeps 10 ms
+    assert timed.seconds is not None and timed.seconds > 0  # measured now, then stored
     again = retimer.complete(MESSAGES)
     assert inner.calls == 1 and again.seconds == pytest.approx(timed.seconds)  # timed once only
     replayed = CachedLLM(inner, path, model="counting", mode="replay").complete(MESSAGES)

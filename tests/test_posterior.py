@@ -124,10 +124,17 @@ def test_an_extra_vote_never_lowers_its_candidates_posterior(priors, eta, raw, e
     first_seen = {c: i for i, c in enumerate(dict.fromkeys(c for _, c in raw))}
     votes = [Vote(t, first_seen[c]) for t, c in raw]
     n = len(first_seen)
-    for cand in range(n + 1):  # every candidate, and a new one (whose posterior was 0)
-        before = posterior(votes, n, priors, eta)[0] + [0.0]
-        after, _ = posterior([*votes, Vote(extra, cand)], n + (cand == n), priors, eta)
+    for cand in range(n):
+        before = posterior(votes, n, priors, eta)[0]
+        after, _ = posterior([*votes, Vote(extra, cand)], n, priors, eta)
         assert after[cand] >= before[cand] - 1e-12, (cand, before, after)
+    # A new candidate (whose posterior was 0) gains mass from its vote, exactly as much as any
+    # candidate whose only vote is of the same type: candidates differ only by their votes.
+    after, _ = posterior([*votes, Vote(extra, n)], n + 1, priors, eta)
+    assert after[n] > 0, after
+    for peer in range(n):
+        if [v.source for v in votes if v.candidate == peer] == [extra]:
+            assert after[peer] == pytest.approx(after[n], rel=1e-9, abs=1e-15), (peer, after)
 
 
 @settings(max_examples=300, deadline=None)

@@ -70,8 +70,22 @@ def test_the_programmatic_example_runs_as_written(tmp_path):
 @needs_qwen
 def test_the_backends_example_runs_as_written(tmp_path):
     (snippet,) = [b for b in blocks("python") if "from llms import make_llm, CachedLLM" in b]
-    result = run_snippet(snippet, tmp_path, timeout=120)
+    # After each line that makes a backend, what it made (nothing is contacted until used).
+    show = "print(type(llm).__name__, getattr(llm, 'model', None), getattr(llm, 'base_url', None))"
+    traced = "\n".join(
+        f"{line}\n{show}" if line.startswith("llm = ") else line for line in snippet.splitlines()
+    )
+    result = run_snippet(traced, tmp_path, timeout=120)
     assert result.returncode == 0, result.stderr[-2000:]
+    made = [line.split(" ", 2) for line in result.stdout.splitlines()]
+    assert made == [
+        ["LocalModel", "None", "None"],
+        ["OpenAICompatible", "None", "http://127.0.0.1:8000/v1"],  # its name comes from GET /models
+        ["OpenAICompatible", "llama3.2", "http://127.0.0.1:11434/v1"],
+        ["HFInference", "Qwen/Qwen2.5-7B-Instruct", "None"],
+        ["CachedLLM", "Qwen/Qwen2.5-7B-Instruct", "None"],  # keyed by the model it wraps
+    ]
+    assert (tmp_path / "cache.sqlite").is_file()  # the cache, where the snippet said
 
 
 def port_7860_free() -> bool:

@@ -244,7 +244,7 @@ def test_a_perfect_reader_answers_at_least_80_percent_with_the_prior_it_gets(sha
     An uncalibrated endpoint gets the hand-set prior; with a reader that is right whenever the
     supporting passages are in its prompt, BRAG reads until it is.
     """
-    from perfect_reader import PerfectReader
+    from perfect_reader import PerfectReader, calls_it_needs
 
     import calibrate
     from llms import make_llm
@@ -255,10 +255,27 @@ def test_a_perfect_reader_answers_at_least_80_percent_with_the_prior_it_gets(sha
         controller = BRAG(make_llm(server.url + "#perfect"))
         assert controller.calibration.meta["source"] == "prior"
         answers = [controller.run(item.question, corpus) for item in items]
+        requests = len(server.chat_requests)
     right = sum(brag.exact_match(answer, item.gold) for (answer, _), item in zip(answers, items, strict=True))
     status = answers[0][1]["config"]["calibration"]["status"]
     assert "uncalibrated" in status and "run /calibrate" in status
     assert right >= 0.8 * len(items), right
+    # ... and with the calls it needs: none after the supporting passages were all read, one
+    # closed-book call at most, each hop searching what the reader said was missing.
+    wasted = {
+        item.id: calls_it_needs(report, set(item.supporting))
+        for (_, report), item in zip(answers, items, strict=True)
+    }
+    assert not any(wasted.values()), {k: v for k, v in wasted.items() if v}
+    assert requests == sum(report["totals"]["llm_calls"] for _, report in answers)
+    # Priced in tokens, the prior makes closed-book (a short prompt) the first call; priced in
+    # calls, a read is worth more per call, and closed-book comes only once reads have failed.
+    with PerfectReader(items) as server:
+        per_call = BRAG(make_llm(server.url + "#perfect"), cost="calls")
+        by_calls = [per_call.run(item.question, corpus)[1] for item in items]
+    for report, item in zip(by_calls, items, strict=True):
+        actions = [s["action"] for s in report["steps"] if s["action"]]
+        assert actions[0] == "R1" and not calls_it_needs(report, set(item.supporting)), (item.id, actions)
 
 
 def weak_reads() -> dict:

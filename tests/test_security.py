@@ -18,10 +18,9 @@ import threading
 from contextlib import ExitStack
 
 import pytest
-import security_probes
 from conftest import ROOT
 from openai_server import FakeOpenAI, Reply
-from security_probes import REQUEST_TIMEOUT, probes, run, start_lab
+from security_probes import probes, run, start_lab
 from test_llms import BACKENDS, MESSAGES  # the same backends, made the same way
 
 import brag
@@ -52,27 +51,27 @@ def test_nothing_is_read_and_memory_stays_flat(outcomes):
     zero = by_finding(outcomes, "file read: /dev/zero")
     # It is the first probe, so the app's first-request warm-up (about 40-55 MB) is in it; a read
     # of /dev/zero would grow without bound.
-    assert zero.seconds < 5 and zero.rss_after - zero.rss_before < 100
+    assert zero.failure is None and zero.rss_after - zero.rss_before < 100
     question = by_finding(outcomes, "size: a 10 MB question")
     assert question.rss_after - question.rss_before < 150
 
 
 def test_the_deadline_holds_against_a_trickling_endpoint(outcomes):
+    # The reply would take minutes at a byte a second, each byte well within any read timeout:
+    # the request ends with the deadline's error, the app hangs up on the endpoint, and then
+    # answers the next question (all three checked by the probe and its run).
     trickle = by_finding(outcomes, "no deadline")
-    assert trickle.seconds < REQUEST_TIMEOUT + 5, trickle.seconds
+    assert trickle.failure is None, trickle.failure
+    assert re.search("time limit|did not answer in time", trickle.response)
 
 
 def test_pasted_corpora_are_cached_within_the_budget(outcomes):
     cached = by_finding(outcomes, "size: distinct pasted corpora")
-    # 8 distinct sets of about 5 MB each once indexed; the 20 MB budget keeps a few of them.
-    assert cached.rss_after - cached.rss_before < 30 * security_probes.DISTINCT_SETS
-
-
-def test_refusals_are_quick(outcomes):
-    for start in ("SSRF", "port scan", "allow-list", "local:<path>", "file read"):
-        for outcome in outcomes:
-            if outcome.probe.finding.startswith(start):
-                assert outcome.seconds < 5, (outcome.probe.finding, outcome.seconds)
+    # The app's own accounting stayed within the budget and evicted (checked by the probe), and
+    # its memory agrees: sixteen sets take about 10 MB each once indexed (over 150 MB if all were
+    # kept); the 20 MB budget keeps two.
+    assert cached.failure is None, cached.failure
+    assert cached.rss_after - cached.rss_before < 100
 
 
 # ------------------------------------------------------------------------ second round, unit level
