@@ -25,6 +25,7 @@ import numpy as np
 ROOT = Path(__file__).resolve().parent.parent
 sys.path[:0] = [str(ROOT), str(ROOT / "bench")]
 
+from harness import data_dir_or_exit  # noqa: E402
 from run import DATASETS, LAMBDAS, bootstrap_ci  # noqa: E402
 
 import brag  # noqa: E402
@@ -212,10 +213,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--cache", default=str(ROOT / "bench" / "cache" / "llm.sqlite"))
     parser.add_argument("--out", type=Path, default=ROOT / "bench" / "results" / "controller.md")
     args = parser.parse_args(argv)
-    root = brag.data_dir()
-    if root is None:
-        print("controller: set BRAG_DATA_DIR to the shared evaluation data", file=sys.stderr)
-        return 2
+    root = data_dir_or_exit("controller")
     llm = llms.CachedLLM(llms.make_llm(args.model), args.cache, mode="replay")
     chosen = [v for v in VARIANTS if v.name in args.choose]
     lines = [

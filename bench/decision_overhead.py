@@ -25,7 +25,7 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(ROOT / "bench"))
 
-from results_file import write_keeping  # noqa: E402
+from harness import write_keeping  # noqa: E402
 
 import brag  # noqa: E402
 

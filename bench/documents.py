@@ -18,7 +18,6 @@ import argparse
 import json
 import multiprocessing
 import platform
-import resource
 import sys
 import time
 from pathlib import Path
@@ -27,6 +26,8 @@ from typing import Any
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(ROOT / "tests"))
+
+from harness import data_dir_or_exit, peak_rss_mb  # noqa: E402
 
 import brag  # noqa: E402
 import documents  # noqa: E402
@@ -63,7 +64,7 @@ def ingest(kind: str, queue: Any) -> None:
     read = time.perf_counter() - started
     brag.Corpus(passages)
     total = time.perf_counter() - started
-    rss_mb = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
+    rss_mb = peak_rss_mb()
     queue.put((kind, units, len(passages), read, total, rss_mb, sum(len(d) for _, d in files)))
 
 
@@ -113,10 +114,7 @@ def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--out", type=Path, default=ROOT / "bench" / "results" / "documents.md")
     args = parser.parse_args()
-    root = brag.data_dir()
-    if root is None:
-        print("documents: set BRAG_DATA_DIR to the shared evaluation data", file=sys.stderr)
-        return 2
+    root = data_dir_or_exit("documents")
     lines = [
         "# Documents: extraction, ingestion and retrieval on cut passages",
         "",

@@ -19,7 +19,6 @@ from __future__ import annotations
 import argparse
 import json
 import multiprocessing
-import resource
 import statistics
 import sys
 import tempfile
@@ -31,7 +30,7 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(ROOT / "bench"))
 
-from results_file import write_keeping  # noqa: E402
+from harness import data_dir_or_exit, peak_rss_mb, write_keeping  # noqa: E402
 
 import brag  # noqa: E402
 import calibrate  # noqa: E402
@@ -125,7 +124,7 @@ def scale_child(n: int, folder: str, queue: Any) -> None:
     started = time.perf_counter()
     mc.ingest([{"title": "", "text": t} for t in texts], client, "scale", batch=2000)
     ingest_s = time.perf_counter() - started
-    rss = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
+    rss = peak_rss_mb()
     corpus = mc.MilvusCorpus(uri, "scale", client=client)
     corpus.retrieve("w1 w2", K)  # the first search loads the index: not a query's cost
     times = []
@@ -173,10 +172,7 @@ def main() -> int:
     parser.add_argument("--replay", action="store_true", help="BRAG's calls only from the cache")
     parser.add_argument("--out", type=Path, default=ROOT / "bench" / "results" / "milvus.md")
     args = parser.parse_args()
-    root = brag.data_dir()
-    if root is None:
-        print("milvus: set BRAG_DATA_DIR to the shared evaluation data", file=sys.stderr)
-        return 2
+    root = data_dir_or_exit("milvus")
     items = json.loads((root / "hotpotqa/hotpotqa_ircot500_corpus.json").read_text(encoding="utf-8"))
     questions = json.loads((root / "hotpotqa/hotpotqa_ircot500.json").read_text(encoding="utf-8"))[60:260]
     command = "python bench/milvus.py" + (f" --brag {args.brag}" if args.brag != 100 else "")

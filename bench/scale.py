@@ -14,7 +14,6 @@ from __future__ import annotations
 import argparse
 import json
 import platform
-import resource
 import shutil
 import subprocess
 import sys
@@ -26,6 +25,9 @@ import numpy as np
 
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
+sys.path.insert(0, str(ROOT / "bench"))
+
+from harness import peak_rss_mb  # noqa: E402
 
 VOCABULARY = 300_000
 ZIPF = 1.15  # the exponent of the word-rank distribution
@@ -46,10 +48,6 @@ def queries(count: int, seed: int = 1) -> list[str]:
     return [
         " ".join(f"w{r % VOCABULARY}" for r in rng.zipf(ZIPF, size=rng.integers(5, 13))) for _ in range(count)
     ]
-
-
-def peak_rss_mb() -> float:
-    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
 
 
 def write_collection(n: int, path: Path) -> dict:

@@ -23,7 +23,7 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(ROOT / "bench"))
 
-from results_file import write_keeping  # noqa: E402
+from harness import data_dir_or_exit, write_keeping  # noqa: E402
 from run import DATASETS  # noqa: E402
 
 import brag  # noqa: E402
@@ -99,10 +99,7 @@ def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--out", type=Path, default=ROOT / "bench" / "results" / "unlabelled.md")
     args = parser.parse_args()
-    root = brag.data_dir()
-    if root is None:
-        print("unlabelled: set BRAG_DATA_DIR to the shared evaluation data", file=sys.stderr)
-        return 2
+    root = data_dir_or_exit("unlabelled")
     llm = llms.CachedLLM(llms.make_llm("local"), ROOT / "bench" / "cache" / "llm.sqlite", mode="replay")
     lines = [
         "# Calibrating without gold answers",
