@@ -927,7 +927,8 @@ class CorpusStore:
         self.names = [DEMO, *([own[0]] if own else []), *collections, *CORPORA]
         self._corpora: dict[str, brag.Corpus] = {}
         self._locks: dict[str, threading.Lock] = {name: threading.Lock() for name in self.names}
-        self._documents: OrderedDict[str, brag.Corpus] = OrderedDict()
+        # Each pasted set with its memory estimate, taken once: the estimate walks every passage.
+        self._documents: OrderedDict[str, tuple[brag.Corpus, int]] = OrderedDict()
         self._documents_lock = threading.Lock()
         self.documents_budget = limits.documents_cache_bytes
 
@@ -965,15 +966,16 @@ class CorpusStore:
         with self._documents_lock:
             if key in self._documents:
                 self._documents.move_to_end(key)
-                return self._documents[key]
+                return self._documents[key][0]
         pasted = check_documents(text, self.limits) if text.strip() else []
         uploaded = documents_from_files(files, self.limits) if files else []
         if len(pasted) + len(uploaded) > self.limits.passages:
             count = len(pasted) + len(uploaded)
             raise _too_big("The documents", count, self.limits.passages, "passages", "BRAG_MAX_PASSAGES")
         corpus = brag.Corpus([*pasted, *uploaded])
+        size = corpus.memory_bytes()
         with self._documents_lock:
-            self._documents[key] = corpus
+            self._documents[key] = corpus, size
             while self._documents and self.cached_bytes() > self.documents_budget:
                 self._documents.popitem(last=False)
             log.info(
@@ -986,7 +988,7 @@ class CorpusStore:
 
     def cached_bytes(self) -> int:
         """Estimated memory held by the cached pasted corpora."""
-        return sum(corpus.memory_bytes() for corpus in self._documents.values())
+        return sum(size for _, size in self._documents.values())
 
 
 # ------------------------------------------------------------------------------------------
