@@ -376,15 +376,12 @@ def _row(passage: brag.Passage, vector: np.ndarray | None) -> dict[str, Any]:
 
 def open_corpus(uri: str, collection: str, token: str = "") -> MilvusCorpus:
     """A collection as BRAG's corpus, with the embedder its dense vectors came from, if any."""
-    client = connect(uri, token)
-    _check_schema(client, collection)  # its clear errors before anything else is asked
-    name = recorded_embedder(client, collection)
-    embedder = None
-    if name is not None:
+    corpus = MilvusCorpus(uri, collection, token=token)
+    if corpus.embedder_name is not None:  # the collection named it: no mismatch to check
         import embedders
 
-        embedder = embedders.embedder_named(name)
-    return MilvusCorpus(uri, collection, token=token, embedder=embedder, client=client)
+        corpus.embedder = embedders.embedder_named(corpus.embedder_name)
+    return corpus
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
