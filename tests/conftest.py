@@ -6,6 +6,7 @@ import os
 import sys
 from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -50,6 +51,15 @@ class ScriptedLLM:
             texts = [self.read(prompt)]
         assert len(texts) == n
         return brag.Completion(texts, self.prompt_tokens, self.completion_tokens * n)
+
+
+def without(report: Any, keys: set[str]) -> Any:
+    """A report with ``keys`` removed at every depth (what a run measures afresh, say)."""
+    if isinstance(report, dict):
+        return {k: without(v, keys) for k, v in report.items() if k not in keys}
+    if isinstance(report, list):
+        return [without(v, keys) for v in report]
+    return report
 
 
 def last_block(prompt: str) -> str:

@@ -10,7 +10,7 @@ import zlib
 from concurrent.futures import ThreadPoolExecutor
 
 import pytest
-from conftest import PRIORS
+from conftest import PRIORS, without
 from openai_server import FakeOpenAI, Reply
 
 import brag
@@ -417,15 +417,6 @@ def test_cache_is_safe_under_concurrent_writers(tmp_path):
 MEASURED = {"policy_us", "llm_wait_s", "wall_time_s", "cached_calls"}  # this run's clock and cache
 
 
-def measured_removed(report):
-    """The report without what a replay measures afresh: its own time and its cache hits."""
-    if isinstance(report, dict):
-        return {k: measured_removed(v) for k, v in report.items() if k not in MEASURED}
-    if isinstance(report, list):
-        return [measured_removed(v) for v in report]
-    return report
-
-
 def test_brag_replay_reproduces_the_run_and_counts_cached_calls(tmp_path):
     path = tmp_path / "cache.sqlite"
     corpus = Corpus(["Lina Berg was born in Bergen.", "Oslo is a city.", "The tower is tall."])
@@ -458,7 +449,7 @@ def test_brag_replay_reproduces_the_run_and_counts_cached_calls(tmp_path):
     assert report2["totals"]["cached_calls"] == calls and report["totals"]["cached_calls"] == 0
     # Everything else, step by step: the actions, the replies, the posteriors, the token counts
     # and each call's latency as stored by the live run.
-    assert measured_removed(report2) == measured_removed(report)
+    assert without(report2, MEASURED) == without(report, MEASURED)
     latencies = [s["cost"]["llm_seconds"] for s in report["steps"] if s["action"]]
     assert len(set(latencies)) > 1 and all(t >= 0.01 for t in latencies)
 
