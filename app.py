@@ -20,7 +20,6 @@ import base64
 import functools
 import hashlib
 import html
-import ipaddress
 import json
 import logging
 import re
@@ -30,7 +29,7 @@ import urllib.parse
 from collections import Counter, OrderedDict
 from collections.abc import Callable, Iterable, Iterator, Mapping
 from contextlib import contextmanager
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
@@ -42,6 +41,8 @@ import brag
 import calibrate
 import documents as doc_files
 import llms
+import parse_worker
+import uploads
 
 log = logging.getLogger("brag.app")
 HERE = Path(__file__).resolve().parent
@@ -158,7 +159,9 @@ class Limits:
     calibrate_timeout: float = 3_600.0  # BRAG_CALIBRATE_TIMEOUT: /calibrate makes 3 calls a question
     documents_cache_bytes: int = 200_000_000  # BRAG_DOCUMENTS_CACHE_BYTES: pasted corpora kept
     per_session: int = 2  # BRAG_MAX_PER_SESSION: requests one browser tab (session) runs at once
-    per_address: int = 8  # BRAG_MAX_PER_ADDRESS: requests one client address runs at once
+    # BRAG_MAX_PER_ADDRESS: requests one client address runs at once; by default half of
+    # BRAG_CONCURRENCY, and never all of it (Limits.sharing)
+    per_address: int = 8
     queue_size: int = 64  # BRAG_MAX_QUEUE: requests waiting for a worker; more get "busy, retry"
     calibrate_concurrency: int = 1  # BRAG_CALIBRATE_CONCURRENCY: /calibrate runs at once (own slots)
     files: int = 10  # BRAG_MAX_FILES: uploaded files per request
@@ -167,12 +170,34 @@ class Limits:
     pdf_pages: int = 300  # BRAG_MAX_PDF_PAGES: pages per PDF
     text_chars: int = 3_000_000  # BRAG_MAX_TEXT_CHARS: text extracted from a request's files
     upload_store_bytes: int = 200_000_000  # BRAG_MAX_UPLOAD_STORE_BYTES: uploads waiting on disk
+    upload_caller_bytes: int = 20_000_000  # BRAG_MAX_UPLOAD_BYTES_PER_CALLER: one address's share of them
+    upload_ttl: float = 600.0  # BRAG_UPLOAD_TTL_SECONDS: an upload no request read is deleted then
+    parse_memory_mb: int = 512  # BRAG_PARSE_MEMORY_MB: a file reader's address space
+    parse_cpu_seconds: int = 30  # BRAG_PARSE_CPU_SECONDS: CPU time to read one file (wall: twice it)
+    parse_workers: int = 2  # BRAG_PARSE_WORKERS: file readers at once, server-wide
 
     def file_limits(self) -> doc_files.FileLimits:
         """What one request's files may hold, for :func:`documents.read_files`."""
         return doc_files.FileLimits(
             self.files, self.file_bytes, self.files_bytes, self.pdf_pages, self.text_chars
         )
+
+    def parse_caps(self) -> parse_worker.Caps:
+        """What a file reader may use."""
+        return parse_worker.Caps(self.parse_memory_mb, self.parse_cpu_seconds, self.parse_workers)
+
+    def caller_upload_share(self) -> int:
+        """One caller's share of the upload store: never less than one request's files."""
+        return max(self.upload_caller_bytes, self.files_bytes)
+
+    def sharing(self, concurrency: int, per_address_set: bool) -> Limits:
+        """These limits with the per-address cap fitted to ``concurrency`` workers.
+
+        Unset, an address may run half of them; set, at most all but one: one address never
+        holds every worker while another waits.
+        """
+        share = self.per_address if per_address_set else max(1, concurrency // 2)
+        return replace(self, per_address=min(share, concurrency - 1) if concurrency > 1 else 1)
 
     @classmethod
     def from_env(cls) -> Limits:
@@ -198,12 +223,17 @@ class Limits:
             "pdf_pages": "BRAG_MAX_PDF_PAGES",
             "text_chars": "BRAG_MAX_TEXT_CHARS",
             "upload_store_bytes": "BRAG_MAX_UPLOAD_STORE_BYTES",
+            "upload_caller_bytes": "BRAG_MAX_UPLOAD_BYTES_PER_CALLER",
+            "upload_ttl": "BRAG_UPLOAD_TTL_SECONDS",
+            "parse_memory_mb": "BRAG_PARSE_MEMORY_MB",
+            "parse_cpu_seconds": "BRAG_PARSE_CPU_SECONDS",
+            "parse_workers": "BRAG_PARSE_WORKERS",
         }
         defaults = cls()
         values = {
             f: _env_number(env, getattr(defaults, f), type(getattr(defaults, f))) for f, env in names.items()
         }
-        return cls(**values)
+        return cls(**values).sharing(concurrency(), "BRAG_MAX_PER_ADDRESS" in os.environ)
 
 
 def _too_big(what: str, size: int, limit: int, unit: str, variable: str) -> gr.Error:
@@ -221,6 +251,9 @@ def check_question(question: Any, limits: Limits) -> str:
     return question
 
 
+MIN_PRICE = 1e-6  # dollars per million tokens
+
+
 def check_cost(unit: Any, price_in: Any, price_out: Any) -> tuple[str, tuple[float, float] | None]:
     """The unit actions are priced in (empty: the default), with the two prices when it is usd."""
     unit = unit.strip() if isinstance(unit, str) and unit.strip() else brag.DEFAULT_COST_UNIT
@@ -234,8 +267,11 @@ def check_cost(unit: Any, price_in: Any, price_out: Any) -> tuple[str, tuple[flo
         raise user_error(
             "cost usd needs the input and output prices, in dollars per million tokens."
         ) from None
-    if not all(0 <= p <= 10_000 for p in prices) or max(prices) <= 0:  # NaN fails too
-        raise user_error("prices must lie between 0 and 10,000 dollars per million tokens, not both 0.")
+    # NaN fails too; a price is 0 or at least a millionth of a dollar, so a read never costs 0.
+    if not all(p == 0 or MIN_PRICE <= p <= 10_000 for p in prices) or max(prices) <= 0:
+        raise user_error(
+            "prices must be 0 or lie between 0.000001 and 10,000 dollars per million tokens, not both 0."
+        )
     return unit, prices
 
 
@@ -346,9 +382,18 @@ class SessionUploads:
                 self._files.move_to_end((session, path))
             return found
 
+    def known(self, path: str) -> bool:
+        """True when some session keeps a file it uploaded to ``path`` (which session: :meth:`recall`)."""
+        with self._lock:
+            return any(kept_path == path for _, kept_path in self._files)
+
 
 def read_uploads(
-    files: Any, limits: Limits, kept: SessionUploads | None = None, session: str = ""
+    files: Any,
+    limits: Limits,
+    kept: SessionUploads | None = None,
+    session: str = "",
+    ledger: uploads.UploadLedger | None = None,
 ) -> list[tuple[str, bytes]]:
     """The uploaded files' names and bytes, each deleted from disk once read.
 
@@ -364,11 +409,16 @@ def read_uploads(
     found: list[Path | tuple[str, bytes]] = []
     for item in files:
         path = item.get("path") if isinstance(item, dict) else item
-        resolved = Path(path).resolve() if isinstance(path, str) and path else None
+        resolved = Path(path).resolve() if isinstance(path, str) and path and "\0" not in path else None
         if resolved is not None and resolved.is_relative_to(folder) and resolved.is_file():
             found.append(resolved)
         elif resolved is not None and kept is not None and (again := kept.recall(session, str(resolved))):
             found.append(again)
+        elif resolved is not None and ledger is not None and ledger.expired(str(resolved)):
+            raise user_error(
+                f"An uploaded file waited more than {limits.upload_ttl:g} s for a question and was deleted "
+                "(BRAG_UPLOAD_TTL_SECONDS): upload it again."
+            )
         else:
             raise user_error("Files must be uploaded with the request (a file input, or handle_file).")
     read: list[tuple[str, bytes]] = []
@@ -391,15 +441,29 @@ def read_uploads(
         for entry in found:
             if isinstance(entry, Path):
                 entry.unlink(missing_ok=True)
+                if ledger is not None:
+                    ledger.release(str(entry))
     return read
 
 
-def documents_from_files(files: list[tuple[str, bytes]], limits: Limits) -> list[Any]:
-    """Uploaded files cut into passages (``documents.py``); a clear error names a bad file."""
+def documents_from_files(
+    files: list[tuple[str, bytes]],
+    limits: Limits,
+    readers: parse_worker.FileReaders,
+    cancelled: Callable[[], bool] = lambda: False,
+) -> list[Any]:
+    """Uploaded files cut into passages, read in a capped worker process; a clear error names a bad file.
+
+    The reading is part of the request: it ends at the request's deadline, and when the caller
+    has gone (``cancelled``).
+    """
+    left = llms.time_left(error=parse_worker.ReadingAbandoned)
+    deadline = None if left is None else time.monotonic() + left
     try:
-        passages = doc_files.read_files(files, limits.file_limits())
+        rows = readers.read(files, limits.file_limits(), deadline=deadline, cancelled=cancelled)
     except doc_files.DocumentError as err:
         raise user_error(f"{err}.") from None
+    passages = doc_files.as_passages(rows)
     if len(passages) > limits.passages:
         raise _too_big("The documents", len(passages), limits.passages, "passages", "BRAG_MAX_PASSAGES")
     return passages
@@ -576,15 +640,23 @@ class KeptCalibrations:
         return name
 
 
+# A FileData's "path" key in a JSON body (inside a string value its quote would be escaped).
+_PATH_KEY = re.compile(rb'(?<!\\)"path"\s*:')
+
+
 class RequestSizeLimit:
     """ASGI middleware: a request body larger than ``max_bytes`` is refused before it is parsed.
 
     The per-field limits above act on parsed values; this bounds what a caller can make the
-    server read at all (JSON escaping can triple a field's size, hence the allowance).
+    server read at all (JSON escaping can triple a field's size, hence the allowance). A JSON
+    body that names more than ``max_files`` files is refused too, before it is parsed: a list
+    of 100,000 FileData would cost the parser and the files check far more than its bytes.
     """
 
-    def __init__(self, app: Any, max_bytes: int, upload_bytes: int | None = None) -> None:
-        self.app, self.max_bytes = app, max_bytes
+    def __init__(
+        self, app: Any, max_bytes: int, upload_bytes: int | None = None, max_files: int | None = None
+    ) -> None:
+        self.app, self.max_bytes, self.max_files = app, max_bytes, max_files
         self.upload_bytes = max_bytes if upload_bytes is None else upload_bytes
 
     async def __call__(self, scope: dict[str, Any], receive: Any, send: Any) -> None:
@@ -597,82 +669,75 @@ class RequestSizeLimit:
         limit = self.upload_bytes if upload else self.max_bytes
         declared = dict(scope.get("headers", [])).get(b"content-length", b"0")
         if not declared.isdigit() or int(declared) > limit:
-            await self._refuse(send)
+            await self._refuse(send, self._too_large())
             return
-        received = 0
-        started = False
+        received = paths = 0
+        tail = b""
+        started = more = False
+        refusal: _TooLarge | None = None
 
         async def counted_receive() -> dict[str, Any]:
-            nonlocal received
+            nonlocal received, paths, tail, more, refusal
             message = await receive()
-            received += len(message.get("body", b""))
+            chunk, more = message.get("body", b""), bool(message.get("more_body"))
+            received += len(chunk)
             if received > limit:
-                raise _TooLarge
+                refusal = _TooLarge(self._too_large())
+                raise refusal
+            if not upload and self.max_files is not None:
+                seen = tail + chunk  # a key may straddle two chunks: the last few bytes go again
+                paths += len(_PATH_KEY.findall(seen)) - len(_PATH_KEY.findall(tail))
+                tail = seen[-16:]
+                if paths > self.max_files:
+                    refusal = _TooMany(f"a request names at most {self.max_files:,} files (BRAG_MAX_FILES)")
+                    raise refusal
             return message
 
         async def tracked_send(message: dict[str, Any]) -> None:
             nonlocal started
+            if refusal is not None:
+                return  # the app's own answer to a body it could not read (FastAPI says 400)
             started = started or message["type"] == "http.response.start"
             await send(message)
 
         try:
             await self.app(scope, counted_receive, tracked_send)
         except _TooLarge:
-            if not started:
-                await self._refuse(send)
+            pass  # refusal holds it
+        if refusal is None or started:
+            return
+        # The rest of a body within its declared size is read, so the caller sees the answer.
+        while isinstance(refusal, _TooMany) and more:
+            more = bool((await receive()).get("more_body"))
+        await self._refuse(send, str(refusal))
 
-    async def _refuse(self, send: Any) -> None:
-        body = json.dumps({"error": f"request body over {self.max_bytes:,} bytes (BRAG_MAX_REQUEST_BYTES)"})
-        await send(
-            {
-                "type": "http.response.start",
-                "status": 413,
-                "headers": [(b"content-type", b"application/json")],
-            }
-        )
-        await send({"type": "http.response.body", "body": body.encode()})
+    def _too_large(self) -> str:
+        return f"request body over {self.max_bytes:,} bytes (BRAG_MAX_REQUEST_BYTES)"
+
+    async def _refuse(self, send: Any, why: str) -> None:
+        await uploads.json_response(send, 413, {"error": why})
 
 
 class _TooLarge(Exception):
-    pass
+    """A body past a bound: its message says which."""
 
 
-def upload_store_size() -> int:
-    """Bytes of the files waiting in Gradio's upload folder."""
-    total = 0
-    for folder, _, names in os.walk(gr.utils.get_upload_folder()):
-        for name in names:
-            try:
-                total += os.stat(os.path.join(folder, name)).st_size
-            except OSError:
-                continue  # deleted while we counted
-    return total
+class _TooMany(_TooLarge):
+    """A body naming more files than a request may hold (its size is within bounds)."""
 
 
 class PublicRoutes:
-    """ASGI middleware for the routes Gradio opens beside the endpoints.
+    """ASGI middleware that rewords a full queue's answer (Gradio's 503) as "busy, retry".
 
-    - ``/upload``: each request is bounded by ``RequestSizeLimit`` and each file by Gradio's
-      ``max_file_size``; while the files waiting in the upload folder hold ``upload_store_bytes``
-      or more, uploads are refused with "busy", so no caller can fill the disk. The endpoints
-      delete a request's files once read, and Gradio's ``delete_cache`` the rest.
-    - A full queue (Gradio's 503) reads "busy, retry" with the setting that bounds it.
+    Uploads and served files are bounded by :class:`uploads.UploadRoutes`.
     """
 
-    def __init__(self, app: Any, queue_size: int, upload_store_bytes: int = 200_000_000) -> None:
-        self.app, self.queue_size, self.upload_store_bytes = app, queue_size, upload_store_bytes
+    def __init__(self, app: Any, queue_size: int) -> None:
+        self.app, self.queue_size = app, queue_size
 
     async def __call__(self, scope: dict[str, Any], receive: Any, send: Any) -> None:
-        """Bound uploads; reword a full queue's answer."""
+        """Reword a full queue's answer."""
         path = scope.get("path", "") if scope["type"] == "http" else ""
-        if path.rstrip("/").endswith("/upload") and upload_store_size() >= self.upload_store_bytes:
-            # Read the body (RequestSizeLimit bounds it) so the caller sees the answer, not a reset.
-            while (await receive()).get("more_body"):
-                pass
-            await _json_response(
-                send, 503, {"detail": "Busy: too many uploaded files are waiting; retry in a minute."}
-            )
-            return
         if not path.endswith("/queue/join") and "/call/" not in path:
             await self.app(scope, receive, send)
             return
@@ -689,21 +754,11 @@ class PublicRoutes:
                         f"The server is busy: {self.queue_size} requests are waiting (BRAG_MAX_QUEUE). "
                         "Retry in a minute."
                     )
-                    await _json_response(send, 503, {"detail": detail}, {"retry-after": "30"})
+                    await uploads.json_response(send, 503, {"detail": detail}, {"retry-after": "30"})
                 return
             await send(message)
 
         await self.app(scope, receive, reworded)
-
-
-async def _json_response(
-    send: Any, status: int, body: dict[str, Any], headers: dict[str, str] | None = None
-) -> None:
-    raw = [(b"content-type", b"application/json")] + [
-        (k.encode(), v.encode()) for k, v in (headers or {}).items()
-    ]
-    await send({"type": "http.response.start", "status": status, "headers": raw})
-    await send({"type": "http.response.body", "body": json.dumps(body).encode()})
 
 
 # Inputs an event may be called without, at the end of its list (filled with None, which
@@ -712,14 +767,26 @@ OPTIONAL_INPUTS = {"run_brag": 4, "run_calibrate": 1}
 
 
 class Blocks(gr.Blocks):
-    """Gradio Blocks whose wrong-input-count error neither logs nor echoes the inputs.
+    """Gradio Blocks that check a call's inputs before Gradio touches them.
 
-    Gradio's own message lists every value received, a token among them, and prints it to the
-    server log with a traceback.
+    - A wrong input count is refused naming only the counts: Gradio's own message lists every
+      value received, a token among them, and prints it to the server log with a traceback.
+    - A files input is checked (:func:`uploads.check_file_data`) before Gradio moves a file to
+      its cache or downloads a URL: ``check_files`` is set by :func:`build`.
     """
 
+    check_files: Callable[[Any], None] | None = None
+    ledger: uploads.UploadLedger | None = None  # the uploads in the store, set by build
+    downloads: tuple[gr.File, ...] = ()  # output components whose files may be served
+
+    def serves(self, path: str) -> bool:
+        """True for a file Gradio made for one of ``downloads``, and never for an upload."""
+        if self.ledger is not None and self.ledger.holds(path):
+            return False
+        return any(path in {str(Path(p).resolve()) for p in block.temp_files} for block in self.downloads)
+
     def validate_inputs(self, block_fn: Any, inputs: list[Any]) -> None:
-        """Refuse a call with too few inputs, naming only the counts; pad the optional ones."""
+        """Refuse a call with too few inputs or files Gradio should not touch; pad the optional ones."""
         total = len(block_fn.inputs)
         required = total - OPTIONAL_INPUTS.get(block_fn.name, 0)
         if len(inputs) < required:
@@ -730,6 +797,9 @@ class Blocks(gr.Blocks):
                 print_exception=False,
             )
         inputs.extend([None] * (total - len(inputs)))
+        for block, value in zip(block_fn.inputs, inputs, strict=False):
+            if isinstance(block, gr.File) and self.check_files is not None:
+                self.check_files(value)
 
 
 class RedactSecrets(logging.Filter):
@@ -766,15 +836,10 @@ def trusted_proxies() -> frozenset[str]:
     """``BRAG_TRUSTED_PROXIES``: proxy addresses whose X-Forwarded-For names the client (``*``: any)."""
     # On a Space every request comes through Hugging Face's proxy, which sets X-Forwarded-For.
     default = "*" if os.environ.get("SPACE_ID") else ""
-    setting = os.environ.get("BRAG_TRUSTED_PROXIES", default)
-    raw = [p.strip() for p in setting.split(",") if p.strip()]
-    for address in raw:
-        if address != "*":
-            try:
-                ipaddress.ip_address(address)
-            except ValueError:
-                raise SystemExit(f"BRAG_TRUSTED_PROXIES: {address!r} is not an IP address") from None
-    return frozenset(raw)
+    try:
+        return uploads.trusted_addresses(os.environ.get("BRAG_TRUSTED_PROXIES", default))
+    except ValueError as err:
+        raise SystemExit(f"BRAG_TRUSTED_PROXIES: {err}") from None
 
 
 class CallerLimits:
@@ -790,21 +855,14 @@ class CallerLimits:
     """
 
     def __init__(self, per_session: int, per_address: int, trusted: frozenset[str] = frozenset()) -> None:
-        self.per_session, self.per_address = per_session, per_address
-        self.trust_all, self.trusted = "*" in trusted, trusted
+        self.per_session, self.per_address, self.trusted = per_session, per_address, trusted
         self._running: Counter[tuple[str, str]] = Counter()
         self._lock = threading.Lock()
 
     def address(self, request: gr.Request) -> str:
         """The client's address, through trusted proxies."""
         peer = request.client.host if request.client is not None else ""
-        if not (self.trust_all or peer in self.trusted):
-            return peer
-        forwarded = [a.strip() for a in request.headers.get("x-forwarded-for", "").split(",") if a.strip()]
-        for hop in reversed(forwarded):
-            if not (self.trust_all or hop in self.trusted):
-                return hop
-        return forwarded[0] if forwarded else peer
+        return uploads.client_address(peer, request.headers.get("x-forwarded-for", ""), self.trusted)
 
     @contextmanager
     def slot(self, request: gr.Request | None) -> Iterator[None]:
@@ -921,6 +979,7 @@ class CorpusStore:
         self, limits: Limits, own: tuple[str, Path] | None = None, milvus: MilvusSettings | None = None
     ) -> None:
         self.limits, self.own, self.milvus = limits, own, milvus
+        self.readers = parse_worker.FileReaders(limits.parse_caps())
         # Every corpus a request may name: the demo, the owner's own index and Milvus
         # collections, and the HippoRAG ones.
         collections = list(milvus.collections) if milvus else []
@@ -954,10 +1013,17 @@ class CorpusStore:
                 )
             return self._corpora[name]
 
-    def documents(self, text: str, files: list[tuple[str, bytes]] = ()) -> brag.Corpus:  # type: ignore[assignment]
+    def documents(
+        self,
+        text: str,
+        files: list[tuple[str, bytes]] = (),  # type: ignore[assignment]
+        cancelled: Callable[[], bool] = lambda: False,
+    ) -> brag.Corpus:
         """Pasted documents and uploaded files, checked against the limits and indexed once.
 
-        They stay cached in memory while the budget allows, and are never written to disk.
+        Files are read in capped worker processes (``parse_worker.py``), within the request's
+        deadline and only while ``cancelled()`` is False. The corpora stay cached in memory
+        while the budget allows, and are never written to disk.
         """
         digest = hashlib.sha256(text.encode())
         for name, data in files:
@@ -968,7 +1034,7 @@ class CorpusStore:
                 self._documents.move_to_end(key)
                 return self._documents[key][0]
         pasted = check_documents(text, self.limits) if text.strip() else []
-        uploaded = documents_from_files(files, self.limits) if files else []
+        uploaded = documents_from_files(files, self.limits, self.readers, cancelled) if files else []
         if len(pasted) + len(uploaded) > self.limits.passages:
             count = len(pasted) + len(uploaded)
             raise _too_big("The documents", count, self.limits.passages, "passages", "BRAG_MAX_PASSAGES")
@@ -1158,6 +1224,7 @@ class AskRequest:
     price_out: Any = None
     files: Any = None
     session: str = ""  # the browser session, which may name the files it uploaded before
+    gone: Callable[[], bool] = lambda: False  # whether the caller has gone (caller_gone)
 
 
 class Server:
@@ -1176,21 +1243,40 @@ class Server:
         self.kept = KeptCalibrations(settings.cache_dir / "calibrations")
         self.store = CorpusStore(settings.limits, settings.own_index, settings.milvus)
         self.llms = LLMPool(settings.endpoints, settings.models)
-        self.callers = CallerLimits(
-            settings.limits.per_session, settings.limits.per_address, settings.trusted_proxies
-        )
+        per_address = settings.limits.sharing(settings.concurrency, per_address_set=True).per_address
+        self.callers = CallerLimits(settings.limits.per_session, per_address, settings.trusted_proxies)
         self.secrets = settings.secrets
-        self.uploads = SessionUploads(settings.limits.files_bytes * 4)
+        self.session_files = SessionUploads(settings.limits.files_bytes * 4)
+        limits = settings.limits
+        self.ledger = uploads.UploadLedger(
+            limits.upload_store_bytes, limits.caller_upload_share(), limits.upload_ttl
+        )
+
+    def check_files(self, value: Any) -> None:
+        """A files input, before Gradio touches the disk (:func:`uploads.check_file_data`)."""
+        folder = Path(gr.utils.get_upload_folder()).resolve()
+        # A path a session keeps, or one deleted for its age, goes on to read_uploads, which
+        # serves the first and explains the second.
+        known = lambda path: self.session_files.known(path) or self.ledger.expired(path)  # noqa: E731
+        try:
+            uploads.check_file_data(value, folder, self.limits.files, known)
+        except ValueError as err:
+            raise user_error(str(err)) from None
 
     def pick_corpus(
-        self, corpus: Any, documents: Any, files: Any = None, session: str = ""
+        self,
+        corpus: Any,
+        documents: Any,
+        files: Any = None,
+        session: str = "",
+        cancelled: Callable[[], bool] = lambda: False,
     ) -> tuple[brag.Corpus, str]:
         """Uploaded files and pasted documents win over a named corpus; none is an error."""
-        uploads = read_uploads(files, self.limits, self.uploads, session)
+        given = read_uploads(files, self.limits, self.session_files, session, self.ledger)
         text = documents if isinstance(documents, str) else ""
-        if uploads or text.strip():
-            label = ", ".join(name for name, _ in uploads) if uploads else "your documents"
-            return self.store.documents(text, uploads), label
+        if given or text.strip():
+            label = ", ".join(name for name, _ in given) if given else "your documents"
+            return self.store.documents(text, given, cancelled), label
         name = (corpus or "").strip() if isinstance(corpus, str) else ""
         if name == YOUR_DOCUMENTS:
             raise user_error(
@@ -1241,6 +1327,7 @@ class Server:
             price_out,
             files,
             getattr(request, "session_hash", None) or "",
+            caller_gone(),
         )
         with self._scrubbed_errors(), self.callers.slot(request):
             for answer, report in self._answer(ask):
@@ -1283,7 +1370,7 @@ class Server:
         self, ask: AskRequest, lam: float, pricing: tuple[str, tuple[float, float] | None]
     ) -> tuple[brag.Corpus, str, brag.BRAG]:
         """The corpus, the backend and the calibration a request names, as a controller."""
-        chosen, label = self.pick_corpus(ask.corpus, ask.documents, ask.files, ask.session)
+        chosen, label = self.pick_corpus(ask.corpus, ask.documents, ask.files, ask.session, ask.gone)
         backend = self.llms.get(ask.model, ask.hf_token, ask.provider)
         cal = read_calibration(
             ask.calibration, label, getattr(backend, "name", ""), self.shipped, self.kept, self.limits
@@ -1309,7 +1396,7 @@ class Server:
             try:
                 with llms.deadline(self.limits.calibrate_timeout):  # one call: no yields inside
                     session = getattr(request, "session_hash", None) or ""
-                    chosen, label = self.pick_corpus(corpus, documents, files, session)
+                    chosen, label = self.pick_corpus(corpus, documents, files, session, caller_gone())
                     backend = self.llms.get(model, hf_token, provider)
                     result = _fit(items, chosen, label, backend, model, progress)
             except gr.Error:
@@ -1343,7 +1430,34 @@ class Server:
         try:
             yield
         except gr.Error as err:
-            raise gr.Error(self.secrets.scrub(str(err.message)), print_exception=False) from None
+            # The page shows a message as HTML (Gradio sanitises it, but keeps tags such as img
+            # and form), and a message can quote a document or a model: escaped, after scrubbing.
+            message = html.escape(self.secrets.scrub(str(err.message)), quote=False)
+            raise gr.Error(message, print_exception=False) from None
+
+
+def caller_gone() -> Callable[[], bool]:
+    """Whether the caller of the request this thread runs has gone: a check to ask later.
+
+    Gradio marks a running event not alive when its client disconnects, closed when its
+    browser tab goes, and drops it from the running jobs when the client cancels it. Outside an
+    event Gradio runs (a direct Python call) the caller never goes.
+    """
+    from gradio.context import LocalContext
+
+    blocks, event_id = LocalContext.blocks.get(None), LocalContext.event_id.get(None)
+    queue = getattr(blocks, "_queue", None)
+    if queue is None or event_id is None:
+        return lambda: False
+
+    def gone() -> bool:
+        for job in list(queue.active_jobs):
+            for event in job or ():
+                if event._id == event_id:
+                    return not event.alive or event.closed
+        return True  # no longer running: cancelled
+
+    return gone
 
 
 def _fit(
@@ -1563,11 +1677,25 @@ def progress_markdown(report: dict[str, Any]) -> str:
     return f"{doing} · {plural(calls, 'LLM call')} so far · {elapsed:.1f} s"
 
 
+# Every ASCII punctuation character: CommonMark shows a backslash-escaped one as itself.
+_MARKUP = re.compile(r"([!-/:-@\[-`{-~])")
+
+
+def as_text(value: Any) -> str:
+    """Text from a document, a file name or a model, for a Markdown component: shown as written.
+
+    Every ASCII punctuation character is backslash-escaped and line breaks become spaces, so no
+    tag, link, image, heading, emphasis or autolink can form from it.
+    """
+    return _MARKUP.sub(r"\\\1", " ".join(str(value).split()))
+
+
 def trust_line(report: dict[str, Any]) -> str:
     """How far to trust the answer (``report["confidence"]``): in bold when it is a guess."""
     confidence = report.get("confidence") or {}
     summary = str(confidence.get("summary") or f"P(correct) ≈ {1 - float(report['p_err']):.0%}")
-    return f"**{summary[0].upper()}{summary[1:]}**" if confidence.get("guess") else summary
+    summary = as_text(summary[:1].upper() + summary[1:])
+    return f"**{summary}**" if confidence.get("guess") else summary
 
 
 def render(answer: str, report: dict[str, Any] | None) -> tuple[Any, ...]:
@@ -1581,17 +1709,18 @@ def render(answer: str, report: dict[str, Any] | None) -> tuple[Any, ...]:
     )
     status = (report.get("calibration") or {}).get("status", "")
     if not finished:
-        headline = f"### Best so far: {answer}" if answer else "### Working…"
+        headline = f"### Best so far: {as_text(answer)}" if answer else "### Working…"
     elif answer:
-        headline = f"## {answer}\n\n{trust_line(report)} · corpus: {report.get('corpus', '')}"
+        corpus = as_text(report.get("corpus", ""))
+        headline = f"## {as_text(answer)}\n\n{trust_line(report)} · corpus: {corpus}"
         source = (report.get("confidence") or {}).get("source")
         if source:
-            headline += f"\n\n> {html.escape(source['quote'])}\n>\n> — *{html.escape(source['passage'])}*"
+            headline += f"\n\n> {as_text(source['quote'])}\n>\n> — *{as_text(source['passage'])}*"
     else:
         headline = "## No answer found\n\nNo action returned an answer the controller could vote for."
     if finished:
-        headline += f"\n\nRead: {', '.join(read) if read else 'no passage'}"
-        headline += f"\n\nCalibration: {status}" if status else ""
+        headline += f"\n\nRead: {', '.join(map(as_text, read)) if read else 'no passage'}"
+        headline += f"\n\nCalibration: {as_text(status)}" if status else ""
     totals = totals_markdown(report) if finished else ""
     table = gr.update(value=steps_frame(report), visible=True)
     return progress_markdown(report), headline, posterior_svg(report), table, totals
@@ -1692,17 +1821,18 @@ INTRO = (
 )
 
 
-def build(settings: Settings | None = None) -> gr.Blocks:
+def build(settings: Settings | None = None) -> Blocks:
     """The Gradio Blocks app for ``settings`` (by default the environment's)."""
     server = Server(settings or Settings.from_env())
     choices = [*server.store.names, YOUR_DOCUMENTS]
-    # Files Gradio makes for downloads are deleted an hour after they were made.
+    # Files Gradio makes for downloads are deleted ten minutes after they were made.
     with Blocks(title="BRAG · cost-aware question answering", delete_cache=(300, 600)) as demo:
         gr.Markdown(INTRO)
         with gr.Tab("Ask"):
             _ask_tab(server, choices)
         with gr.Tab("Calibrate"):
-            _calibrate_tab(server, choices)
+            download = _calibrate_tab(server, choices)
+    demo.check_files, demo.ledger, demo.downloads = server.check_files, server.ledger, (download,)
     demo.queue(default_concurrency_limit=server.settings.concurrency, max_size=server.limits.queue_size)
     llms.bound_hub_calls()  # deadlines and response caps hold for Inference Providers calls too
     return demo
@@ -1833,16 +1963,20 @@ def _steps_table() -> gr.Dataframe:
 
 def _answer_panel() -> list[Any]:
     """Progress, the headline answer, the totals and the chart (the steps table follows)."""
-    progress = gr.Markdown(elem_id="progress")
-    answer_md = gr.Markdown(elem_id="answer")
-    totals = gr.Markdown()
+    # No LaTeX: the answer and its source are a document's and a model's words, shown as written.
+    progress = gr.Markdown(elem_id="progress", latex_delimiters=[])
+    answer_md = gr.Markdown(elem_id="answer", latex_delimiters=[])
+    totals = gr.Markdown(latex_delimiters=[])
     gr.Markdown("**How the belief moved** (posterior after each step)")
     chart = gr.HTML(posterior_svg({}))
     return [progress, answer_md, chart, totals]
 
 
-def _calibrate_tab(server: Server, choices: list[str]) -> None:
-    """Labelled questions, corpus and model in; the fitted table, a download and the JSON out."""
+def _calibrate_tab(server: Server, choices: list[str]) -> gr.File:
+    """Labelled questions, corpus and model in; the fitted table, a download and the JSON out.
+
+    Returns the download, the one component whose files the app serves.
+    """
     limits = server.limits
     gr.Markdown(
         "Fit the controller's reliabilities for your model and corpus from your questions "
@@ -1877,9 +2011,10 @@ def _calibrate_tab(server: Server, choices: list[str]) -> None:
         concurrency_id="calibrate",
         concurrency_limit=limits.calibrate_concurrency,
     ).success(ui_helper(server.show_calibration), cal_out, [cal_table, cal_file], api_visibility="private")
+    return cal_file
 
 
-def launch_options(settings: Settings) -> dict[str, Any]:
+def launch_options(settings: Settings, demo: Blocks) -> dict[str, Any]:
     """What ``launch`` needs beyond the page: error policy, file serving, the ASGI guards."""
     return {
         "server_name": os.environ.get("GRADIO_SERVER_NAME", "127.0.0.1"),
@@ -1898,11 +2033,14 @@ def launch_options(settings: Settings) -> dict[str, Any]:
                     max_bytes=max_request_bytes(settings.limits),
                     # a request's files, and room for the multipart framing
                     upload_bytes=settings.limits.files_bytes + 1_000_000,
+                    max_files=settings.limits.files,
                 ),
+                Middleware(PublicRoutes, queue_size=settings.limits.queue_size),
                 Middleware(
-                    PublicRoutes,
-                    queue_size=settings.limits.queue_size,
-                    upload_store_bytes=settings.limits.upload_store_bytes,
+                    uploads.UploadRoutes,
+                    ledger=demo.ledger,
+                    served=demo.serves,
+                    trusted=settings.trusted_proxies,
                 ),
             ]
         },
@@ -1913,7 +2051,8 @@ def main() -> None:
     """Read the settings, then serve the app until stopped."""
     settings = Settings.from_env()
     configure_logging(settings.secrets)
-    build(settings).launch(**launch_options(settings))
+    demo = build(settings)
+    demo.launch(**launch_options(settings, demo))
 
 
 if __name__ == "__main__":

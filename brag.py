@@ -78,6 +78,7 @@ __all__ = [  # noqa: RUF022
     "vote_information",
     # Corpus
     "BM25_VARIANTS",
+    "MAX_TITLE_CHARS",
     "Corpus",
     "Passage",
     "Retrieval",
@@ -97,6 +98,7 @@ __all__ = [  # noqa: RUF022
     "reciprocal_rank_fusion",
     "unit_rows",
     # Gate
+    "MAX_TERM_LOOKUPS",
     "Gate",
     "GateSignal",
     "topk_overlap",
@@ -117,6 +119,7 @@ __all__ = [  # noqa: RUF022
     "shipped_calibrations",
     # Prompts
     "CLOSED_BOOK_INSTRUCTIONS",
+    "MAX_PROMPT_PASSAGE_CHARS",
     "READ_STOP",
     "closed_book_messages",
     "expand_query",
@@ -752,8 +755,20 @@ def read_json(source: Any, what: str) -> Any:
     return parse_json(source, what) if isinstance(source, str) else source
 
 
+# A title is a label (a file and heading path, an article's name): longer ones are cut here, so
+# a title cannot blow up a prompt, a report or the page.
+MAX_TITLE_CHARS = 300
+
+
+def _short_title(title: str) -> str:
+    return title if len(title) <= MAX_TITLE_CHARS else title[: MAX_TITLE_CHARS - 1].rstrip() + "…"
+
+
 def _parse_passages(passages: Any) -> list[Passage | None]:
-    """Read strings, ``{title, text}`` dicts, or a JSON string of either; None marks an empty one."""
+    """Read strings, ``{title, text}`` dicts, or a JSON string of either; None marks an empty one.
+
+    Titles longer than ``MAX_TITLE_CHARS`` are cut.
+    """
     if isinstance(passages, str):
         passages = parse_json(passages, "passages")
     if isinstance(passages, dict) or not isinstance(passages, Sequence):
@@ -765,6 +780,8 @@ def _parse_passages(passages: Any) -> list[Passage | None]:
     for i, item in enumerate(passages):
         doc_id, salience = "", 1.0
         if isinstance(item, Passage):
+            if len(item.title) > MAX_TITLE_CHARS:
+                item = replace(item, title=_short_title(item.title))
             parsed.append(item if item.text or item.title else None)
             continue
         if isinstance(item, str):
@@ -783,7 +800,7 @@ def _parse_passages(passages: Any) -> list[Passage | None]:
             raise ValueError(
                 f"passages[{i}]: expected a string or a {{title, text}} object, got {type(item).__name__}"
             )
-        title, text = title.strip(), text.strip()
+        title, text = _short_title(title.strip()), text.strip()
         parsed.append(Passage(title, text, doc_id, float(salience)) if text or title else None)
     return parsed
 
@@ -1662,6 +1679,7 @@ def reciprocal_rank_fusion(rankings: Sequence[Sequence[int]], k: int = 60) -> di
 
 
 _NUMBER = re.compile(r"\d")
+MAX_TERM_LOOKUPS = 32  # above the 24 distinct terms of the longest benchmark question
 
 
 def _salient_terms(question: str, corpus: Retriever, rare_share: float = 0.01) -> set[str]:
@@ -1675,7 +1693,10 @@ def _salient_terms(question: str, corpus: Retriever, rare_share: float = 0.01) -
     named = set(tokenize(spans))
     # A term no passage contains cannot be covered by any window, so it says nothing.
     floor = max(1.0, rare_share * len(corpus)) / len(corpus)
-    rare = {t for t in tokenize(question) if 0 < corpus.document_share(t) <= floor}
+    # Each share can be a query to the retriever (Milvus counts it): a question's first
+    # MAX_TERM_LOOKUPS distinct terms are looked up, however long it is.
+    terms = list(dict.fromkeys(tokenize(question)))[:MAX_TERM_LOOKUPS]
+    rare = {t for t in terms if 0 < corpus.document_share(t) <= floor}
     return named | rare
 
 
@@ -2169,9 +2190,21 @@ def _chat(instructions: str, examples: Iterable[tuple[str, str]], final: str) ->
     return [*messages, {"role": "user", "content": final}]
 
 
+# A passage longer than this is cut in a prompt (retrieval still reads all of it), so a read of
+# k passages stays the size a read of k passages should be, whatever a caller pasted.
+MAX_PROMPT_PASSAGE_CHARS = 10_000
+
+
+def _prompt_passage(passage: Passage) -> str:
+    text = passage.render()
+    return text if len(text) <= MAX_PROMPT_PASSAGE_CHARS else text[:MAX_PROMPT_PASSAGE_CHARS] + " …"
+
+
 def read_messages(question: str, passages: Sequence[Passage]) -> list[dict[str, str]]:
-    """The R1/R2 prompt: worked examples, then the passages and the question."""
-    body = "\n".join(f"[{i}] {p.render()}" for i, p in enumerate(passages, 1)) or "(no passages found)"
+    """The R1/R2 prompt: worked examples, then the passages (each cut short) and the question."""
+    body = (
+        "\n".join(f"[{i}] {_prompt_passage(p)}" for i, p in enumerate(passages, 1)) or "(no passages found)"
+    )
     examples = [(_read_turn(b, q), reply) for b, q, reply in _READ_EXAMPLES]
     return _chat(_READ_INSTRUCTIONS, examples, _read_turn(body, question))
 
@@ -2319,6 +2352,11 @@ def action_costs(
     else:
         base, source = _estimated_costs(k, m), "estimated from prompt sizes: the calibration measured none"
     raw = {a: _price(base[a], unit, output_ratio, prices) for a in ACTIONS}
+    if not (math.isfinite(raw["R1"]) and raw["R1"] > 0 and all(math.isfinite(v) for v in raw.values())):
+        raise ValueError(
+            f"cost {unit!r}: a read would cost {raw['R1']:g} with these figures ({source}); every cost is "
+            "relative to a read, so a read must cost more than 0"
+        )
     return {a: max(raw[a] / raw["R1"], 1e-3) for a in ACTIONS}, source
 
 
@@ -2588,6 +2626,7 @@ def _appears_in(answer: str, texts: Iterable[str]) -> bool:
 
 
 QUOTE_WORDS = 12  # words shown on each side of an answer quoted from its passage
+QUOTE_CHARS = 200  # at most this many characters on each side
 
 
 def _source_of(answer: str, passages: Sequence[Passage]) -> dict[str, str] | None:
@@ -2604,8 +2643,10 @@ def _source_of(answer: str, passages: Sequence[Passage]) -> dict[str, str] | Non
         after = [found.end() + w.end() for w in re.finditer(r"\S+", passage.text[found.end() :])]
         start = before[-QUOTE_WORDS] if len(before) >= QUOTE_WORDS else 0
         end = after[QUOTE_WORDS - 1] if len(after) >= QUOTE_WORDS else len(passage.text)
-        lead = "… " if len(before) > QUOTE_WORDS else ""
-        tail = " …" if len(after) > QUOTE_WORDS else ""
+        lead = "… " if len(before) > QUOTE_WORDS or start < found.start() - QUOTE_CHARS else ""
+        tail = " …" if len(after) > QUOTE_WORDS or end > found.end() + QUOTE_CHARS else ""
+        # Words can be as long as a text without spaces: the quote is cut in characters too.
+        start, end = max(start, found.start() - QUOTE_CHARS), min(end, found.end() + QUOTE_CHARS)
         return {"passage": passage.label(), "quote": lead + " ".join(passage.text[start:end].split()) + tail}
     return None
 
@@ -3122,18 +3163,20 @@ def _read_documents(paths: Sequence[Path]) -> list[Any]:
     """
     import documents  # an optional engine beside this module: pypdf, python-docx, selectolax
 
+    # A folder's regular files of a document type, and every file named (is_file() is False for
+    # a FIFO, a device, or a link to one: those are reported, never opened).
     files = [
         f
         for p in paths
         for f in (sorted(x for x in p.rglob("*") if x.is_file()) if p.is_dir() else [p])
-        if p.is_file() or f.suffix.lower() in documents.SUFFIXES
+        if not p.is_dir() or f.suffix.lower() in documents.SUFFIXES
     ]
     limits = documents.FileLimits(files=len(files), total_bytes=1 << 62, text_chars=1 << 62)
     passages: list[Any] = []
     skipped = 0
     for number, path in enumerate(files, 1):
         try:
-            found = documents.read_file(path.name, path.read_bytes(), limits)
+            found = documents.read_file(path.name, _read_bounded(path, limits.file_bytes), limits)
         except (documents.DocumentError, OSError) as err:
             skipped += 1
             print(f"[{number}/{len(files)}] skipped {path}: {str(err).split(': ', 1)[-1]}", file=sys.stderr)
@@ -3148,6 +3191,24 @@ def _read_documents(paths: Sequence[Path]) -> list[Any]:
     if skipped:
         print(f"{skipped} of {len(files)} files skipped (above)", file=sys.stderr)
     return passages
+
+
+def _read_bounded(path: Path, limit: int) -> bytes:
+    """A regular file's bytes, refused past ``limit`` before it is read (a file growing meanwhile too)."""
+    import documents
+
+    if not path.is_file():
+        raise documents.DocumentError(
+            f"{path.name}: not a regular file (a folder, device, pipe or broken link)"
+        )
+    size = path.stat().st_size
+    if size > limit:
+        raise documents.TooLarge(f"{path.name}: {size:,} bytes, at most {limit:,} per file")
+    with path.open("rb") as handle:
+        data = handle.read(limit + 1)
+    if len(data) > limit:
+        raise documents.TooLarge(f"{path.name}: more than {limit:,} bytes, at most {limit:,} per file")
+    return data
 
 
 def _read_inputs(docs: Sequence[Path]) -> list[Any]:

@@ -3,14 +3,36 @@
 ``read_files`` turns ``.txt``, ``.md``, ``.pdf``, ``.docx``, ``.html`` and passage ``.json`` /
 ``.jsonl`` files into :class:`brag.Passage` objects, each titled with its file and its page or
 heading path, cut at headings and paragraphs into passages of at most ``max_words`` words (a
-paragraph longer than that is cut into windows that overlap by ``overlap`` words). Every file is
-bounded (:class:`FileLimits`) and an unreadable one raises :class:`DocumentError` naming it.
+paragraph longer than that is cut into windows that overlap by ``overlap`` words). An unreadable
+file raises :class:`DocumentError` naming it.
 
-Libraries: pypdf (pure Python) for PDF, python-docx for Word, markdown-it-py (installed with
-Gradio) for Markdown, selectolax for HTML (one small compiled wheel; trafilatura pulls in a
-dozen packages to find the main text of web pages, which uploaded documents do not need). The
-cut is a few lines here: semchunk splits text well but knows nothing of pages and headings,
-which are what a passage's title and source need.
+Libraries: pypdf (pure Python) for PDF, selectolax for HTML (one small compiled wheel;
+trafilatura pulls in a dozen packages to find the main text of web pages, which uploaded
+documents do not need). Word files are read here, straight from their zip: a streaming XML
+parser (expat) that keeps no tree, so a paragraph costs the same whatever the file holds.
+Markdown is cut by a line scanner: a passage needs the heading path and the paragraphs, not
+rendered inline markup, and a scanner takes linear time on any input.
+
+Every file is bounded, and the bound that guards each format is checked before the part of the
+work it guards (each is a :class:`FileLimits` field):
+
+    every file     bytes (file_bytes, total_bytes); text and titles together (text_chars);
+                   a title is cut at title_chars
+    .docx          before inflating: zip entries (zip_entries), the declared size of the parts
+                   read (unzipped_bytes), each part's compression ratio (zip_ratio); each part
+                   read with a byte cap; XML with no DTD (so no entity is ever expanded and no
+                   file or URL resolved), at most xml_elements elements
+    .pdf           objects (pdf_objects) and pages (pdf_pages) before any page is read; drawing
+                   operations and bytes of page content over the whole document (pdf_operations,
+                   pdf_content_bytes), each stream's parse budgeted by what the document has
+                   left, a page drawn again counted again; inflated streams (stream_bytes)
+    .html          nesting (html_depth), scanned before the parser sees the file (its cost grows
+                   with depth times tags); text taken once per text node
+    .md .txt       linear scanners; no parser with backtracking
+    .json .jsonl   a nesting too deep for the parser is an error, not a crash
+
+The app also reads every uploaded file in a worker process whose memory and CPU time are
+capped (``parse_worker.py``), so a bound that does not hold still cannot hurt the server.
 
     DocumentError (ValueError)      a file that cannot be read: its name and why
     └── TooLarge                    a file, or all of them, past a limit
@@ -18,15 +40,19 @@ which are what a passage's title and source need.
 
 from __future__ import annotations
 
+import contextvars
 import io
 import json
 import logging
 import re
-from collections.abc import Iterable, Iterator, Sequence
+import zipfile
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from dataclasses import dataclass
-from pathlib import Path
+from pathlib import Path, PurePosixPath
+from typing import TYPE_CHECKING, Any
 
-import brag
+if TYPE_CHECKING:
+    import brag
 
 SUFFIXES = (".txt", ".md", ".markdown", ".pdf", ".docx", ".html", ".htm", ".json", ".jsonl")
 
@@ -41,13 +67,23 @@ class TooLarge(DocumentError):
 
 @dataclass(frozen=True)
 class FileLimits:
-    """What the files of one request may hold."""
+    """What the files of one request may hold, and the bounds inside each format."""
 
     files: int = 20
     file_bytes: int = 10_000_000
     total_bytes: int = 25_000_000
     pdf_pages: int = 500
-    text_chars: int = 5_000_000  # extracted text, all files together
+    text_chars: int = 5_000_000  # extracted text and titles, all files together
+    title_chars: int = 300  # a passage's title (file name and heading path) is cut here
+    zip_entries: int = 10_000
+    unzipped_bytes: int = 50_000_000  # the declared size of the parts of a .docx that are read
+    zip_ratio: int = 100  # a part over 1 MB may inflate at most this many times its packed size
+    xml_elements: int = 2_000_000
+    pdf_objects: int = 1_000_000
+    pdf_operations: int = 1_000_000  # drawing operations parsed, the whole document's
+    pdf_content_bytes: int = 25_000_000  # page content parsed, the whole document's
+    stream_bytes: int = 20_000_000  # one PDF stream, inflated
+    html_depth: int = 512  # elements open at once (a browser's parser stops nesting there too)
 
 
 @dataclass(frozen=True)
@@ -67,6 +103,11 @@ class Section:
     paragraphs: list[str]
 
 
+# A passage as plain data, ``(title, text, doc_id, salience)``: what the parse worker sends
+# back, and what becomes a brag.Passage in the process that indexes it.
+Row = tuple[str, str, str, float]
+
+
 # ------------------------------------------------------------------------------------------
 # Files to passages
 # ------------------------------------------------------------------------------------------
@@ -77,26 +118,56 @@ def read_files(
 ) -> list[brag.Passage]:
     """Passages from ``(file name, content)`` pairs; :class:`DocumentError` for the first bad one."""
     files = list(files)
-    if len(files) > limits.files:
-        raise TooLarge(f"{len(files)} files: at most {limits.files} at once")
-    total = sum(len(data) for _, data in files)
-    if total > limits.total_bytes:
-        raise TooLarge(f"{total:,} bytes of files: at most {limits.total_bytes:,} at once")
-    passages: list[brag.Passage] = []
-    chars = 0
-    for name, data in files:
-        for passage in read_file(name, data, limits, cut):
-            chars += len(passage.text)
-            if chars > limits.text_chars:
-                raise TooLarge(f"{name}: the files hold more than {limits.text_chars:,} characters of text")
-            passages.append(passage)
-    return passages
+    check_request(files, limits)
+    budget = TextBudget(limits.text_chars)
+    rows = [row for name, data in files for row in budget.spend(name, file_rows(name, data, limits, cut))]
+    return as_passages(rows)
 
 
 def read_file(
     name: str, data: bytes, limits: FileLimits = FileLimits(), cut: Cut = Cut()
 ) -> list[brag.Passage]:
     """One file's passages, titled with the file and its page or heading path."""
+    return as_passages(file_rows(name, data, limits, cut))
+
+
+def check_request(files: Sequence[tuple[str, bytes]], limits: FileLimits) -> None:
+    """The number of files and their bytes, before any is read."""
+    if len(files) > limits.files:
+        raise TooLarge(f"{len(files)} files: at most {limits.files} at once")
+    total = sum(len(data) for _, data in files)
+    if total > limits.total_bytes:
+        raise TooLarge(f"{total:,} bytes of files: at most {limits.total_bytes:,} at once")
+
+
+class TextBudget:
+    """The characters of text and titles a request's files may hold, spent file by file."""
+
+    def __init__(self, chars: int) -> None:
+        self.limit, self.left = chars, chars
+
+    def spend(self, name: str, rows: Iterable[Row]) -> Iterator[Row]:
+        """The rows, each counted; TooLarge once they hold more than the budget."""
+        for row in rows:
+            self.left -= len(row[0]) + len(row[1])
+            if self.left < 0:
+                raise TooLarge(f"{name}: the files hold more than {self.limit:,} characters of text")
+            yield row
+
+
+def as_passages(rows: Iterable[Row]) -> list[brag.Passage]:
+    """Rows as brag.Passage objects.
+
+    brag is imported here, not at the top: the parse worker imports this module to read files
+    and never needs numpy, scipy or bm25s, so it starts fast in a small address space.
+    """
+    import brag
+
+    return [brag.Passage(*row) for row in rows]
+
+
+def file_rows(name: str, data: bytes, limits: FileLimits = FileLimits(), cut: Cut = Cut()) -> list[Row]:
+    """One file's passages as rows: what :func:`read_file` and the parse worker both read."""
     name = Path(name).name  # only the name: a path from a caller never means a place here
     if len(data) > limits.file_bytes:
         raise TooLarge(f"{name}: {len(data):,} bytes, at most {limits.file_bytes:,} per file")
@@ -104,25 +175,26 @@ def read_file(
     if suffix not in SUFFIXES:
         raise DocumentError(f"{name}: unknown type {suffix or '(none)'}; BRAG reads {', '.join(SUFFIXES)}")
     if suffix in (".json", ".jsonl"):
-        return _passage_file(name, data)
-    readers = {
+        return _passage_file(name, data, limits)
+    readers: dict[str, Callable[[str, bytes, FileLimits], list[Section]]] = {
         ".pdf": _pdf_sections,
         ".docx": _docx_sections,
         ".html": _html_sections,
         ".htm": _html_sections,
+        ".md": _markdown_sections,
+        ".markdown": _markdown_sections,
     }
-    if suffix in readers:
-        sections = readers[suffix](name, data, limits)
-    else:
-        text = _text(name, data)
-        sections = _markdown_sections(text) if suffix in (".md", ".markdown") else _plain_sections(text)
-    passages = list(passages_of(name, sections, cut))
-    if not passages:
-        raise DocumentError(f"{name}: no text found (a scanned PDF holds images, not text)")
-    return passages
+    sections = readers.get(suffix, _plain_sections)(name, data, limits)
+    rows = list(rows_of(name, sections, cut, limits.title_chars))
+    if not rows:
+        hint = " (a scanned PDF holds images, not text)" if suffix == ".pdf" else ""
+        raise DocumentError(f"{name}: no text found{hint}")
+    return rows
 
 
-def passages_of(name: str, sections: Iterable[Section], cut: Cut = Cut()) -> Iterator[brag.Passage]:
+def rows_of(
+    name: str, sections: Iterable[Section], cut: Cut = Cut(), title_chars: int = 300
+) -> Iterator[Row]:
     """Each section's paragraphs packed into passages of at most ``cut.max_words`` words."""
     for section in sections:
         title = (
@@ -130,8 +202,13 @@ def passages_of(name: str, sections: Iterable[Section], cut: Cut = Cut()) -> Ite
             + (f", p. {section.page}" if section.page else "")
             + (f" › {section.heading}" if section.heading else "")
         )
+        title = _shorten(title, title_chars)
         for text in _pack(section.paragraphs, cut):
-            yield brag.Passage(title, text, doc_id=name)
+            yield title, text, name, 1.0
+
+
+def _shorten(text: str, chars: int) -> str:
+    return text if len(text) <= chars else text[: chars - 1].rstrip() + "…"
 
 
 def _pack(paragraphs: Sequence[str], cut: Cut) -> Iterator[str]:
@@ -158,8 +235,29 @@ def _pack(paragraphs: Sequence[str], cut: Cut) -> Iterator[str]:
         yield "\n".join(current)
 
 
+class _Headings:
+    """The heading path above the text read so far, and the sections it opens."""
+
+    MAX_CHARS = 120  # one heading's words in a title; a whole line could be a heading
+
+    def __init__(self) -> None:
+        self.path: list[tuple[int, str]] = []
+        self.sections = [Section("", None, [])]
+
+    def open(self, level: int, text: str) -> None:
+        heading = _shorten(" ".join(text.split()), self.MAX_CHARS)
+        self.path = [(lv, h) for lv, h in self.path if lv < level] + [(level, heading)]
+        if len(self.sections) > 1 and not self.sections[-1].paragraphs:
+            self.sections.pop()  # a heading with no text under it: no section to keep
+        self.sections.append(Section(" › ".join(h for _, h in self.path), None, []))
+
+    def add(self, paragraph: str) -> None:
+        if paragraph.strip():
+            self.sections[-1].paragraphs.append(paragraph)
+
+
 # ------------------------------------------------------------------------------------------
-# One reader per type
+# Text and Markdown: linear scanners
 # ------------------------------------------------------------------------------------------
 
 
@@ -173,89 +271,509 @@ def _text(name: str, data: bytes) -> str:
 
 
 def _paragraphs(text: str) -> list[str]:
-    return [p.strip() for p in re.split(r"\n\s*\n", text) if p.strip()]
+    return [p.strip() for p in re.split(r"\n[ \t\r\f\v]*\n", text) if p.strip()]
 
 
-def _plain_sections(text: str) -> list[Section]:
-    return [Section("", None, _paragraphs(text))]
+def _plain_sections(name: str, data: bytes, limits: FileLimits) -> list[Section]:
+    return [Section("", None, _paragraphs(_text(name, data)))]
 
 
-def _markdown_sections(text: str) -> list[Section]:
-    """Paragraphs, list items and code under their heading path (``A › B``)."""
-    from markdown_it import MarkdownIt
+_FENCE = re.compile(r" {0,3}(`{3,}|~{3,})")
+_LIST_MARK = re.compile(r" {0,3}(?:[-+*]|\d{1,9}[.)])(?:[ \t]+|$)")
+_QUOTE_MARK = re.compile(r"(?: {0,3}> ?)+")
+_SETEXT = re.compile(r" {0,3}(?:=+|-+)[ \t]*")
+_THEMATIC_BREAK = re.compile(r" {0,3}(?:(?:-[ \t]*){3,}|(?:\*[ \t]*){3,}|(?:_[ \t]*){3,})")
 
-    tokens = MarkdownIt("commonmark").parse(text)
-    path: list[tuple[int, str]] = []
-    sections = [Section("", None, [])]
-    for i, token in enumerate(tokens):
-        if token.type == "heading_open":
-            level = int(token.tag[1])
-            path = [(lv, h) for lv, h in path if lv < level] + [(level, tokens[i + 1].content.strip())]
-            sections.append(Section(" › ".join(h for _, h in path), None, []))
-        elif token.type == "inline" and tokens[i - 1].type != "heading_open":
-            sections[-1].paragraphs.append(token.content)
-        elif token.type in ("fence", "code_block"):
-            sections[-1].paragraphs.append(token.content)
-    return sections
+
+def _markdown_sections(name: str, data: bytes, limits: FileLimits) -> list[Section]:
+    """Paragraphs, list items and code under their heading path (``A › B``), line by line.
+
+    ATX (``## x``) and setext (underlined) headings, fenced code kept as one paragraph, list
+    and quote markers dropped; inline markup stays as written, as a reader sees it in the file.
+    """
+    headings = _Headings()
+    paragraph: list[str] = []
+    fence: str | None = None
+
+    def flush() -> None:
+        headings.add("\n".join(paragraph))
+        paragraph.clear()
+
+    for line in _text(name, data).splitlines():
+        if fence is not None:  # inside fenced code: until a closing fence of the same kind
+            if line.strip().startswith(fence) and not line.strip().strip(fence[0]):
+                fence = None
+                flush()
+            else:
+                paragraph.append(line)
+            continue
+        if opening := _FENCE.match(line):
+            flush()
+            fence = opening.group(1)
+            continue
+        if not line.strip() or (not paragraph and _THEMATIC_BREAK.fullmatch(line)):
+            flush()
+            continue
+        level, text = _atx_heading(line)
+        if level:
+            flush()
+            headings.open(level, text)
+        elif paragraph and _SETEXT.fullmatch(line):
+            text = " ".join(paragraph)
+            paragraph.clear()
+            headings.open(1 if line.strip()[0] == "=" else 2, text)
+        else:
+            line = _QUOTE_MARK.sub("", line, count=1) if line.lstrip().startswith(">") else line
+            if marker := _LIST_MARK.match(line):
+                flush()
+                line = line[marker.end() :]
+            paragraph.append(line)
+    flush()
+    return headings.sections
+
+
+def _atx_heading(line: str) -> tuple[int, str]:
+    """``(level, text)`` of a ``#`` heading line, else ``(0, "")``; no regex, so no backtracking."""
+    stripped = line.lstrip(" ")
+    if len(line) - len(stripped) > 3 or not stripped.startswith("#"):
+        return 0, ""
+    level = len(stripped) - len(stripped.lstrip("#"))
+    rest = stripped[level:]
+    if level > 6 or (rest and rest[0] not in " \t"):
+        return 0, ""
+    text = rest.strip()
+    closed = text.rstrip("#")
+    if not closed or closed[-1] in " \t":  # a closing run of #s, after a space, is not text
+        text = closed.rstrip()
+    return level, text
+
+
+# ------------------------------------------------------------------------------------------
+# HTML: nesting bounded before the parser, one walk over the tree
+# ------------------------------------------------------------------------------------------
+
+# Elements whose end a parser infers or that hold nothing: they never stay open deep.
+_HTML_IMPLIED = frozenset(
+    b"p li dt dd option optgroup tr td th thead tbody tfoot colgroup caption rb rt rp rtc "
+    b"area base br col embed hr img input link meta source track wbr param keygen".split()
+)
+_HTML_RAW = frozenset(b"script style textarea title xmp iframe noembed noframes plaintext".split())
+_HTML_TAG = re.compile(rb"<(/?)([A-Za-z][^\s/>]*)|<!--")
+_HTML_SKIPPED = frozenset(("script", "style", "noscript", "template", "head"))
+# Inline elements: their text belongs to the block around them. Every other element ends one.
+_HTML_INLINE = frozenset(
+    "a abbr b bdi bdo cite code data dfn em font i kbd mark q s samp small span strong sub sup "
+    "time u var del ins label big tt nobr br wbr img".split()
+)
+
+
+def _html_depth(data: bytes, limit: int) -> int:
+    """How deep elements nest, from the tags alone: a linear scan, before the parser sees the file.
+
+    The parser's own cost grows with the depth of open elements times the tags (5 MB nested
+    20,000 deep took it minutes), so a file nested past ``limit`` is refused here. Tags whose
+    end is implied, empty ones, comments and raw text (script, style) are skipped, as a parser
+    treats them; the scan stops once ``limit`` is passed.
+    """
+    stack: list[bytes] = []
+    open_count: dict[bytes, int] = {}
+    deepest = position = 0
+    while found := _HTML_TAG.search(data, position):
+        position = found.end()
+        if found.group(0) == b"<!--":
+            end = data.find(b"-->", position)
+            position = len(data) if end < 0 else end + 3
+            continue
+        closing, tag = found.group(1), found.group(2).lower()
+        if tag in _HTML_IMPLIED:
+            continue
+        if closing:
+            if open_count.get(tag):
+                while stack:  # each element is popped once: linear over the file
+                    top = stack.pop()
+                    open_count[top] -= 1
+                    if top == tag:
+                        break
+        elif tag in _HTML_RAW:  # its text is not markup: skip to its end tag
+            end = re.compile(rb"</" + re.escape(tag), re.IGNORECASE).search(data, position)
+            position = len(data) if end is None else end.start()
+        else:
+            stack.append(tag)
+            open_count[tag] = open_count.get(tag, 0) + 1
+            deepest = max(deepest, len(stack))
+            if deepest > limit:
+                break
+    return deepest
+
+
+def _heading_level(tag: str) -> int:
+    return int(tag[1]) if len(tag) == 2 and tag[0] == "h" and tag[1] in "123456" else 0
 
 
 def _html_sections(name: str, data: bytes, limits: FileLimits) -> list[Section]:
-    """Headings, paragraphs, list items, cells and preformatted text, in document order."""
+    """Headings and the text of each block, in document order, in one walk over the tree."""
     from selectolax.lexbor import LexborHTMLParser
 
+    if _html_depth(data, limits.html_depth) > limits.html_depth:
+        raise TooLarge(f"{name}: HTML nested more than {limits.html_depth:,} elements deep")
     tree = LexborHTMLParser(_text(name, data))
-    for node in tree.css("script, style, noscript, template"):
-        node.decompose()
-    path: list[tuple[int, str]] = []
-    sections = [Section("", None, [])]
-    for node in tree.css("h1, h2, h3, h4, h5, h6, p, li, td, th, pre, blockquote"):
-        text = node.text(separator=" ").strip()
-        if not text or (node.tag in ("li", "td", "th", "blockquote") and node.css_first("p")):
-            continue  # a container whose paragraphs come on their own
-        if node.tag[0] == "h" and node.tag[1:].isdigit():
-            level = int(node.tag[1])
-            path = [(lv, h) for lv, h in path if lv < level] + [(level, " ".join(text.split()))]
-            sections.append(Section(" › ".join(h for _, h in path), None, []))
+    headings = _Headings()
+    root = tree.body or tree.root
+    if root is None:
+        return headings.sections
+    _walk_html(root, headings)
+    return headings.sections
+
+
+def _walk_html(root: Any, headings: _Headings) -> None:
+    """Each text node joins the block it is in; a block's text is one paragraph, a heading opens a section.
+
+    The walk keeps its own stack, so depth costs no recursion, and reads every text node once.
+    """
+    text: list[str] = []  # the current block's text so far
+    heading: list[int] = []  # the level of the heading being read, if any
+
+    def end_block() -> None:
+        words = " ".join(" ".join(text).split())
+        text.clear()
+        if not words:
+            return
+        if heading:
+            headings.open(heading[-1], words)
         else:
-            sections[-1].paragraphs.append(text)
-    return sections
+            headings.add(words)
+
+    stack: list[tuple[Any, bool]] = [(root, False)]  # (node, its children are done)
+    while stack:
+        node, leaving = stack.pop()
+        tag = node.tag or ""
+        if leaving:
+            end_block()
+            if _heading_level(tag):
+                heading.pop()
+            continue
+        if node.is_text_node:
+            text.append(node.text_content or "")
+            continue
+        if not node.is_element_node or tag in _HTML_SKIPPED:
+            continue
+        block = tag not in _HTML_INLINE
+        if block:
+            end_block()
+            if _heading_level(tag):
+                heading.append(_heading_level(tag))
+            stack.append((node, True))
+        children = []
+        child = node.child
+        while child is not None:
+            children.append(child)
+            child = child.next
+        stack.extend((c, False) for c in reversed(children))
+    end_block()
+
+
+# ------------------------------------------------------------------------------------------
+# Word: the zip checked before anything inflates, the XML streamed with no DTD
+# ------------------------------------------------------------------------------------------
+
+_W = "http://schemas.openxmlformats.org/wordprocessingml/2006/main"
+_RELATIONSHIPS = "http://schemas.openxmlformats.org/package/2006/relationships"
+_OFFICE_DOCUMENT = "/officeDocument"
+_STYLES = "/styles"
+_HEADING_STYLE = re.compile(r"heading\s*(\d)", re.IGNORECASE)
+_SMALL_PART = 1_000_000  # a part this small cannot be a bomb, however well it packs
 
 
 def _docx_sections(name: str, data: bytes, limits: FileLimits) -> list[Section]:
-    """Paragraphs under their heading path (Word's "Heading N" styles), then the tables' rows."""
-    import docx
+    """Paragraphs under their heading path (Word's "Heading N" styles); a table row as one paragraph."""
+    archive = _open_docx(name, data, limits)
+    spent = [0]  # bytes inflated so far, against limits.unzipped_bytes
+    document = _docx_target(
+        name, archive, "_rels/.rels", _OFFICE_DOCUMENT, "word/document.xml", limits, spent
+    )
+    folder = str(PurePosixPath(document).parent)
+    rels = f"{folder}/_rels/{PurePosixPath(document).name}.rels"
+    styles_part = _docx_target(name, archive, rels, _STYLES, f"{folder}/styles.xml", limits, spent)
+    styles = _docx_heading_styles(name, archive, styles_part, limits, spent)
+    reader = _WordBody(styles)
+    _stream_xml(name, archive, document, reader.handlers(), limits, spent, required=True)
+    return reader.headings.sections
 
+
+def _open_docx(name: str, data: bytes, limits: FileLimits) -> zipfile.ZipFile:
+    """The zip, its entries counted and every part's ratio checked before anything is inflated."""
     try:
-        document = docx.Document(io.BytesIO(data))
-    except Exception as err:  # a damaged zip or XML inside: python-docx raises many kinds
-        raise DocumentError(f"{name}: not a readable Word (.docx) file ({type(err).__name__})") from None
-    path: list[tuple[int, str]] = []
-    sections = [Section("", None, [])]
-    for paragraph in document.paragraphs:
-        style = paragraph.style.name if paragraph.style is not None else ""
-        text = paragraph.text.strip()
-        match = re.fullmatch(r"Heading (\d)", style or "")
-        if match and text:
-            level = int(match.group(1))
-            path = [(lv, h) for lv, h in path if lv < level] + [(level, text)]
-            sections.append(Section(" › ".join(h for _, h in path), None, []))
-        elif text:
-            sections[-1].paragraphs.append(text)
-    rows = [" | ".join(c.text.strip() for c in row.cells) for table in document.tables for row in table.rows]
-    if rows:
-        sections.append(Section("tables", None, [r for r in rows if r.strip(" |")]))
-    return sections
+        archive = zipfile.ZipFile(io.BytesIO(data))
+        entries = archive.infolist()
+    except (zipfile.BadZipFile, ValueError, EOFError, OSError, NotImplementedError) as err:
+        raise _unreadable_word(name, err) from None
+    if len(entries) > limits.zip_entries:
+        raise TooLarge(f"{name}: {len(entries):,} parts in its zip, at most {limits.zip_entries:,}")
+    for entry in entries:
+        packed = max(entry.compress_size, 1)
+        if entry.file_size > _SMALL_PART and entry.file_size > limits.zip_ratio * packed:
+            raise TooLarge(
+                f"{name}: the part {entry.filename[:80]} inflates {entry.file_size / packed:,.0f} times "
+                f"its packed size, at most {limits.zip_ratio} (a zip bomb?)"
+            )
+    return archive
+
+
+def _read_part(
+    name: str, archive: zipfile.ZipFile, part: str, limits: FileLimits, spent: list[int]
+) -> Iterator[bytes]:
+    """A part's bytes in chunks, its declared size checked first and its actual size counted."""
+    try:
+        entry = archive.getinfo(part)
+    except KeyError:
+        return
+    too_large = TooLarge(f"{name}: its text parts unpack to more than {limits.unzipped_bytes:,} bytes")
+    if spent[0] + entry.file_size > limits.unzipped_bytes:
+        raise too_large
+    try:
+        stream = archive.open(entry)
+    except (zipfile.BadZipFile, OSError, NotImplementedError, ValueError) as err:
+        raise _unreadable_word(name, err) from None
+    with stream:
+        while True:
+            try:
+                chunk = stream.read(1 << 16)
+            except (zipfile.BadZipFile, EOFError, OSError, NotImplementedError, ValueError) as err:
+                raise _unreadable_word(name, err) from None
+            if not chunk:
+                return
+            spent[0] += len(chunk)
+            if spent[0] > limits.unzipped_bytes:  # zipfile stops at the declared size; counted anyway
+                raise too_large
+            yield chunk
+
+
+def _unreadable_word(name: str, err: Exception) -> DocumentError:
+    return DocumentError(f"{name}: not a readable Word (.docx) file ({type(err).__name__})")
+
+
+def _stream_xml(
+    name: str,
+    archive: zipfile.ZipFile,
+    part: str,
+    handlers: dict[str, Callable[..., None]],
+    limits: FileLimits,
+    spent: list[int],
+    required: bool = False,
+) -> None:
+    """Feed a part to expat with ``handlers``: no DTD, no entities, at most ``xml_elements`` elements."""
+    from xml.parsers import expat
+
+    parser = expat.ParserCreate(namespace_separator=" ")
+    parser.SetParamEntityParsing(expat.XML_PARAM_ENTITY_PARSING_NEVER)
+    elements = [0]
+    start = handlers.get("start")
+
+    def no_dtd(*_: Any) -> None:
+        raise DocumentError(f"{name}: a Word part declares a DTD, which Word files never do")
+
+    def counted_start(tag: str, attributes: dict[str, str]) -> None:
+        elements[0] += 1
+        if elements[0] > limits.xml_elements:
+            raise TooLarge(f"{name}: more than {limits.xml_elements:,} XML elements")
+        if start is not None:
+            start(tag, attributes)
+
+    parser.StartDoctypeDeclHandler = no_dtd
+    parser.EntityDeclHandler = no_dtd
+    parser.ExternalEntityRefHandler = no_dtd
+    parser.StartElementHandler = counted_start
+    if "end" in handlers:
+        parser.EndElementHandler = handlers["end"]
+    if "text" in handlers:
+        parser.CharacterDataHandler = handlers["text"]
+    parser.buffer_text = True
+    seen = False
+    try:
+        for chunk in _read_part(name, archive, part, limits, spent):
+            seen = True
+            parser.Parse(chunk, False)
+        if seen:
+            parser.Parse(b"", True)
+    except expat.ExpatError as err:
+        raise DocumentError(f"{name}: not a readable Word (.docx) file (damaged XML: {err})") from None
+    if required and not seen:
+        raise DocumentError(f"{name}: not a readable Word (.docx) file (no {part} in it)")
+
+
+def _docx_target(
+    name: str,
+    archive: zipfile.ZipFile,
+    rels: str,
+    kind: str,
+    default: str,
+    limits: FileLimits,
+    spent: list[int],
+) -> str:
+    """The part a relationship of ``kind`` points to (the main document, its styles), else ``default``."""
+    found: list[str] = []
+
+    def start(tag: str, attributes: dict[str, str]) -> None:
+        if tag == f"{_RELATIONSHIPS} Relationship" and attributes.get("Type", "").endswith(kind):
+            found.append(attributes.get("Target", ""))
+
+    _stream_xml(name, archive, rels, {"start": start}, limits, spent)
+    if not found:
+        return default
+    # A target is relative to the folder the .rels folder describes, or absolute in the zip.
+    base = PurePosixPath(rels).parent.parent
+    target = found[0].lstrip("/") if found[0].startswith("/") else str(base / found[0])
+    parts = [p for p in PurePosixPath(target).parts if p not in (".", "")]
+    while ".." in parts:  # resolve within the zip; a path never leaves it (nothing is on disk anyway)
+        i = parts.index("..")
+        parts[max(0, i - 1) : i + 1] = []
+    return "/".join(parts) or default
+
+
+def _docx_heading_styles(
+    name: str, archive: zipfile.ZipFile, part: str, limits: FileLimits, spent: list[int]
+) -> dict[str, int]:
+    """Paragraph style id -> heading level, for the styles named "heading N"."""
+    levels: dict[str, int] = {}
+    current: list[str] = []
+
+    def start(tag: str, attributes: dict[str, str]) -> None:
+        if tag == f"{_W} style":
+            current[:] = [attributes.get(f"{_W} styleId", "")]
+        elif tag == f"{_W} name" and current:
+            match = _HEADING_STYLE.fullmatch(attributes.get(f"{_W} val", "").strip())
+            if match and current[0]:
+                levels[current[0]] = int(match.group(1))
+
+    _stream_xml(name, archive, part, {"start": start}, limits, spent)
+    return levels
+
+
+class _WordBody:
+    """The main document's paragraphs, read as expat streams them: a stack of open paragraphs.
+
+    A paragraph is its runs' text (tabs and breaks as spaces); a heading style opens a section;
+    a table row becomes one paragraph, its cells joined by `` | ``. Nothing is kept per element.
+    """
+
+    def __init__(self, styles: dict[str, int]) -> None:
+        self.styles, self.headings = styles, _Headings()
+        self.paragraphs: list[list[Any]] = []  # open paragraphs: [text parts, heading level]
+        self.rows: list[list[str]] = []  # open table rows' cells
+        self.cells: list[list[str]] = []  # open cells' paragraphs
+        self.in_text = False
+
+    def handlers(self) -> dict[str, Callable[..., None]]:
+        return {"start": self.start, "end": self.end, "text": self.text}
+
+    def start(self, tag: str, attributes: dict[str, str]) -> None:
+        if not tag.startswith(_W):
+            return
+        local = tag[len(_W) + 1 :]
+        if local == "p":
+            self.paragraphs.append([[], 0])
+        elif local == "pStyle" and self.paragraphs:
+            self.paragraphs[-1][1] = self.styles.get(attributes.get(f"{_W} val", ""), 0)
+        elif local == "t":
+            self.in_text = True
+        elif local in ("tab", "br", "cr") and self.paragraphs:
+            self.paragraphs[-1][0].append(" ")
+        elif local == "tr":
+            self.rows.append([])
+        elif local == "tc":
+            self.cells.append([])
+
+    def end(self, tag: str) -> None:
+        if not tag.startswith(_W):
+            return
+        local = tag[len(_W) + 1 :]
+        if local == "t":
+            self.in_text = False
+        elif local == "p" and self.paragraphs:
+            parts, level = self.paragraphs.pop()
+            text = " ".join("".join(parts).split())
+            if self.cells:
+                self.cells[-1].append(text)
+            elif level and text:
+                self.headings.open(level, text)
+            else:
+                self.headings.add(text)
+        elif local == "tc" and self.cells:
+            cell = " ".join(p for p in self.cells.pop() if p)
+            if self.rows:
+                self.rows[-1].append(cell)
+        elif local == "tr" and self.rows:
+            row = " | ".join(self.rows.pop())
+            if self.cells:  # a table inside a cell: its rows belong to that cell
+                self.cells[-1].append(row)
+            elif row.strip(" |"):
+                self.headings.add(row)
+
+    def text(self, data: str) -> None:
+        if self.in_text and self.paragraphs:
+            self.paragraphs[-1][0].append(data)
+
+
+# ------------------------------------------------------------------------------------------
+# PDF: objects and pages first, then every page within the document's budget of parsing
+# ------------------------------------------------------------------------------------------
+
+
+@dataclass
+class _PdfWork:
+    """What the document being read may still parse: drawing operations and bytes of content."""
+
+    operations: int
+    content_bytes: int
+
+    def spent(self) -> bool:
+        return self.operations <= 0 or self.content_bytes <= 0
+
+
+# The budget of the document being read in this context (None outside a read).
+_PDF_WORK: contextvars.ContextVar[_PdfWork | None] = contextvars.ContextVar(
+    "documents_pdf_work", default=None
+)
 
 
 def _pdf_sections(name: str, data: bytes, limits: FileLimits) -> list[Section]:
     """One section per page, its paragraphs split at blank lines."""
     from pypdf import PdfReader
+    from pypdf._configuration import CURRENT_CONFIGURATION, get_configuration
 
+    _budget_pdf_parsing()
     logging.getLogger("pypdf").setLevel(logging.ERROR)  # a damaged file is our error, not a log line
+    stream = min(limits.stream_bytes, 75_000_000)
+    configuration = get_configuration().with_overwrites(
+        maximum_declared_stream_length=len(data),
+        zlib_maximum_output_length=stream,
+        lzw_maximum_output_length=stream,
+        run_length_maximum_output_length=stream,
+        jbig2_maximum_output_length=stream,
+        brotli_maximum_output_length=stream,
+        array_based_stream_maximum_output_length=stream,
+        image_maximum_buffer_size=stream,
+    )
+    configured = CURRENT_CONFIGURATION.set(configuration)
+    work = _PdfWork(limits.pdf_operations, limits.pdf_content_bytes)
+    budget = _PDF_WORK.set(work)
     try:
-        reader = PdfReader(io.BytesIO(data))
+        return _pdf_pages(name, PdfReader, data, limits, work)
+    finally:
+        _PDF_WORK.reset(budget)
+        CURRENT_CONFIGURATION.reset(configured)
+
+
+def _pdf_pages(
+    name: str, reader_class: Any, data: bytes, limits: FileLimits, work: _PdfWork
+) -> list[Section]:
+    try:
+        reader = reader_class(io.BytesIO(data))
         if reader.is_encrypted and not reader.decrypt(""):
             raise DocumentError(f"{name}: an encrypted PDF; save it without a password first")
+        objects = sum(len(table) for table in reader.xref.values()) + len(reader.xref_objStm)
+        if objects > limits.pdf_objects:
+            raise TooLarge(f"{name}: {objects:,} objects, at most {limits.pdf_objects:,} per PDF")
         pages = len(reader.pages)
     except DocumentError:
         raise
@@ -268,19 +786,96 @@ def _pdf_sections(name: str, data: bytes, limits: FileLimits) -> list[Section]:
         try:
             text = page.extract_text() or ""
         except Exception as err:  # one damaged page: say which
+            if work.spent():
+                raise _too_much_work(name, limits, work) from None
+            if type(err).__name__ == "LimitReachedError":  # one of pypdf's bounds, which we set
+                raise TooLarge(
+                    f"{name}: page {number} holds more than a page may ({str(err)[:120]})"
+                ) from None
             raise DocumentError(f"{name}: page {number} cannot be read ({type(err).__name__})") from None
+        if work.spent():  # pypdf may have caught the parser's error and carried on
+            raise _too_much_work(name, limits, work)
         sections.append(Section("", number, _paragraphs(text)))
     return sections
 
 
-def _passage_file(name: str, data: bytes) -> list[brag.Passage]:
+def _too_much_work(name: str, limits: FileLimits, work: _PdfWork) -> TooLarge:
+    what = (
+        f"{limits.pdf_operations:,} drawing operations"
+        if work.operations <= 0
+        else f"{limits.pdf_content_bytes:,} bytes of page content"
+    )
+    return TooLarge(f"{name}: more than {what} in the document (a page drawn again counts again)")
+
+
+_BUDGETED = False
+
+
+def _budget_pdf_parsing() -> None:
+    """Make pypdf's content-stream parser spend the document's budget (once per process).
+
+    pypdf bounds the work of each content stream, and pages can share one: twenty pages that
+    point at one stream of 600,000 operations cost twenty parses. While a document is read
+    (``_PDF_WORK`` set), each parse may use only what the document has left, and what it read
+    is taken off; outside a read the parser is unchanged.
+    """
+    global _BUDGETED
+    if _BUDGETED:
+        return
+    from pypdf._configuration import CURRENT_CONFIGURATION, get_configuration
+    from pypdf.generic import ContentStream
+
+    parse = ContentStream._parse_content_stream
+
+    def budgeted(self: Any, stream: Any) -> None:
+        work = _PDF_WORK.get()
+        if work is None:
+            parse(self, stream)
+            return
+        work.content_bytes -= len(stream.getbuffer()) if isinstance(stream, io.BytesIO) else 0
+        if work.spent():
+            raise _PdfBudgetSpent
+        default = get_configuration().stream_parsing_work_maximum_count
+        # pypdf counts operands and operators as work; an operation is at least one of them.
+        allowed = min(default, 2 * work.operations)
+        token = CURRENT_CONFIGURATION.set(
+            get_configuration().with_overwrites(stream_parsing_work_maximum_count=allowed)
+        )
+        try:
+            parse(self, stream)
+        except Exception:
+            if allowed < default:  # the document's budget, not pypdf's own, ran out in this stream
+                work.operations = 0
+            raise
+        finally:
+            CURRENT_CONFIGURATION.reset(token)
+            work.operations -= len(self._operations)
+
+    ContentStream._parse_content_stream = budgeted
+    _BUDGETED = True
+
+
+class _PdfBudgetSpent(Exception):
+    """The document's budget is spent; the page loop turns it into TooLarge."""
+
+
+# ------------------------------------------------------------------------------------------
+# Passage files
+# ------------------------------------------------------------------------------------------
+
+
+def _passage_file(name: str, data: bytes, limits: FileLimits) -> list[Row]:
     """A JSON list or JSON Lines of passages, as the app and ``brag index`` take them: not re-cut."""
+    import brag
+
     text = _text(name, data)
     if name.lower().endswith(".jsonl"):
         text = "[" + ",".join(line for line in text.splitlines() if line.strip()) + "]"
     try:
         items = json.loads(text)
         passages = [p for p in brag._parse_passages(items) if p is not None]
+    except RecursionError:
+        raise DocumentError(f"{name}: not a passage list (the JSON is nested too deeply)") from None
     except (json.JSONDecodeError, ValueError) as err:
         raise DocumentError(f"{name}: not a passage list ({str(err)[:200]})") from None
-    return passages
+    return [(_shorten(p.title, limits.title_chars), p.text, p.doc_id, p.salience) for p in passages]

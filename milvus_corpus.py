@@ -112,7 +112,7 @@ class MilvusCorpus:
         self.embedder = embedder if self.dense else None
         self._passages: OrderedDict[int, brag.Passage] = OrderedDict()
         self._vectors: dict[int, np.ndarray] = {}
-        self._shares: dict[str, float] = {}
+        self._shares: OrderedDict[str, float] = OrderedDict()  # least recently used first
         self._fingerprint: str | None = None
         self._cache_size = cache_size
         self._size = _count(self.client, collection)
@@ -165,14 +165,22 @@ class MilvusCorpus:
         return brag.Retrieval(hits, removed, len(hits) + len(removed))
 
     def document_share(self, token: str) -> float:
-        """Share of the passages whose analysed title and text hold ``token`` (a text-match count)."""
-        if token not in self._shares:
-            if not _TOKEN.match(token) or not self._size:
-                return 0.0
-            rows = self.client.query(
-                self.collection, filter=f"TEXT_MATCH(content, '{token}')", output_fields=["count(*)"]
-            )
-            self._shares[token] = rows[0]["count(*)"] / self._size if rows else 0.0
+        """Share of the passages whose analysed title and text hold ``token`` (a text-match count).
+
+        Each count is a query, so the last ``cache_size`` are kept (and the gate asks for at most
+        ``brag.MAX_TERM_LOOKUPS`` per question).
+        """
+        if token in self._shares:
+            self._shares.move_to_end(token)
+            return self._shares[token]
+        if not _TOKEN.match(token) or not self._size:
+            return 0.0
+        rows = self.client.query(
+            self.collection, filter=f"TEXT_MATCH(content, '{token}')", output_fields=["count(*)"]
+        )
+        self._shares[token] = rows[0]["count(*)"] / self._size if rows else 0.0
+        while len(self._shares) > self._cache_size:
+            self._shares.popitem(last=False)
         return self._shares[token]
 
     def novel(self, candidates: Sequence[int], read: Sequence[int]) -> list[int]:

@@ -2,9 +2,11 @@
 
 - **Speed.** A 100-page PDF and a Word file of 100 sections (made here with fpdf2 and
   python-docx), and 1,000 Markdown files: each read, cut and indexed in a fresh process, with
-  pages (or files) per second, passages per second and that process's peak RSS.
+  pages (or files) per second, passages per second and that process's peak RSS; then the same
+  files read as the app reads an upload, in a capped worker process (``parse_worker.py``,
+  its start included), in the same run.
 - **Retrieval.** The HotpotQA corpus rebuilt as documents, one per title, cut by
-  ``documents.passages_of`` at several sizes; recall@5 of the supporting paragraphs on the
+  ``documents.rows_of`` at several sizes; recall@5 of the supporting paragraphs on the
   benchmark's 200 test questions against the original paragraphs, in the same run. A supporting
   paragraph counts as found when a retrieved passage of its document holds at least half of its
   words (the original passages hold all of them).
@@ -54,29 +56,35 @@ def make_files(kind: str) -> list[tuple[str, bytes]]:
     ]
 
 
-def ingest(kind: str, queue: Any) -> None:
-    """In a fresh process: read, cut and index ``kind``'s files; report time and peak RSS."""
+def ingest(kind: str, isolated: bool, queue: Any) -> None:
+    """In a fresh process: read (in a worker when ``isolated``), cut and index ``kind``'s files."""
+    import parse_worker
+
     files = make_files(kind)
     units = len(files) if kind == "md" else 100  # pages, or sections
     started = time.perf_counter()
     limits = documents.FileLimits(files=len(files), total_bytes=1 << 40, text_chars=1 << 40)
-    passages = documents.read_files(files, limits)
+    if isolated:
+        passages = documents.as_passages(parse_worker.FileReaders().read(files, limits))
+    else:
+        passages = documents.read_files(files, limits)
     read = time.perf_counter() - started
     brag.Corpus(passages)
     total = time.perf_counter() - started
     rss_mb = peak_rss_mb()
-    queue.put((kind, units, len(passages), read, total, rss_mb, sum(len(d) for _, d in files)))
+    queue.put((kind, isolated, units, len(passages), read, total, rss_mb, sum(len(d) for _, d in files)))
 
 
 def speed() -> list[tuple[Any, ...]]:
     context = multiprocessing.get_context("spawn")
     rows = []
-    for kind in ("pdf", "docx", "md"):
-        queue = context.Queue()
-        process = context.Process(target=ingest, args=(kind, queue))
-        process.start()
-        rows.append(queue.get(timeout=600))
-        process.join()
+    for isolated in (False, True):
+        for kind in ("pdf", "docx", "md"):
+            queue = context.Queue()
+            process = context.Process(target=ingest, args=(kind, isolated, queue))
+            process.start()
+            rows.append(queue.get(timeout=600))
+            process.join()
     return rows
 
 
@@ -89,11 +97,11 @@ def recall(root: Path) -> tuple[dict[str, float], dict[str, int], int]:
     counts = {"original paragraphs": len(corpus_items)}
     for size in SIZES:
         cut = documents.Cut(max_words=size, overlap=min(30, size // 5))
-        passages = [
-            p
+        passages = documents.as_passages(
+            row
             for title, text in text_of.items()
-            for p in documents.passages_of(title, [documents.Section("", None, [text])], cut)
-        ]
+            for row in documents.rows_of(title, [documents.Section("", None, [text])], cut)
+        )
         corpora[f"cut at {size} words"] = brag.Corpus(passages)
         counts[f"cut at {size} words"] = len(passages)
     found = dict.fromkeys(corpora, 0)
@@ -121,7 +129,7 @@ def main() -> int:
         "Command: `python bench/documents.py`",
         f"Machine: {platform.machine()}, 2 cores, Python {platform.python_version()}",
         "",
-        "## Speed (each in a fresh process)",
+        "## Speed (each in a fresh process; the peak RSS is that process's, not its worker's)",
         "",
         "| input | size | units | passages | read + cut s | + index s | units / s | passages / s "
         "| peak RSS MB |",
@@ -129,9 +137,10 @@ def main() -> int:
     ]
     names = {"pdf": "100-page PDF", "docx": "Word file, 100 sections", "md": "1,000 Markdown files"}
     unit = {"pdf": "pages", "docx": "sections", "md": "files"}
-    for kind, units, passages, read, total, rss, size in speed():
+    for kind, isolated, units, passages, read, total, rss, size in speed():
+        name = names[kind] + (", in the parse worker" if isolated else "")
         lines.append(
-            f"| {names[kind]} | {size / 1e6:.2f} MB | {units} {unit[kind]} | {passages} | {read:.2f} | "
+            f"| {name} | {size / 1e6:.2f} MB | {units} {unit[kind]} | {passages} | {read:.2f} | "
             f"{total:.2f} | {units / read:.0f} | {passages / total:.0f} | {rss:.0f} |"
         )
     found, counts, wanted = recall(root)

@@ -2,12 +2,14 @@
 
 from __future__ import annotations
 
+import asyncio
 import json
 import os
 import socket
 import subprocess
 import sys
 import time
+import urllib.error
 import urllib.request
 from pathlib import Path
 
@@ -116,3 +118,59 @@ def rest_call(
     if event == "error":
         raise RuntimeError(f"{api_name} failed: {payload}")
     return json.loads(payload)
+
+
+def upload(url: str, name: str, data: bytes, headers: dict[str, str] | None = None) -> tuple[int, str]:
+    """POST a file to Gradio's upload route, as a REST caller does: the status, and the stored
+    file's server path (or the refusal's text)."""
+    boundary = "brag-test"
+    body = (
+        (
+            f'--{boundary}\r\nContent-Disposition: form-data; name="files"; filename="{name}"\r\n'
+            "Content-Type: application/octet-stream\r\n\r\n"
+        ).encode()
+        + data
+        + f"\r\n--{boundary}--\r\n".encode()
+    )
+    request = urllib.request.Request(
+        url + "gradio_api/upload",
+        data=body,
+        headers={"Content-Type": f"multipart/form-data; boundary={boundary}", **(headers or {})},
+    )
+    try:
+        with urllib.request.urlopen(request, timeout=60) as reply:
+            (path,) = json.loads(reply.read())
+            return reply.status, path
+    except urllib.error.HTTPError as err:
+        return err.code, err.read()[:500].decode(errors="replace")
+
+
+def upload_over_rest(url: str, name: str, data: bytes) -> str:
+    """POST a file to Gradio's upload route; its server path (an error when refused)."""
+    status, path = upload(url, name, data)
+    if status != 200:
+        raise RuntimeError(f"upload refused: HTTP {status} {path}")
+    return path
+
+
+def call_asgi(
+    app, path: str, body: bytes = b"", headers: dict | None = None, client=("192.0.2.9", 1), chunk: int = 0
+):
+    """One HTTP request through an ASGI app: its status and body."""
+    sent: list[dict] = []
+    raw = [(k.encode(), v.encode()) for k, v in (headers or {}).items()]
+    scope = {"type": "http", "path": path, "headers": raw, "client": client, "method": "POST"}
+    pieces = [body[i : i + chunk] for i in range(0, len(body), chunk)] if chunk and body else [body]
+    messages = [
+        {"type": "http.request", "body": p, "more_body": i < len(pieces) - 1} for i, p in enumerate(pieces)
+    ]
+
+    async def receive() -> dict:
+        return messages.pop(0) if messages else {"type": "http.disconnect"}
+
+    async def send(message: dict) -> None:
+        sent.append(message)
+
+    asyncio.run(app(scope, receive, send))
+    status = next(m["status"] for m in sent if m["type"] == "http.response.start")
+    return status, b"".join(m.get("body", b"") for m in sent if m["type"] == "http.response.body")

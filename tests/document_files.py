@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import io
+import zipfile
 
 import docx
 from fpdf import FPDF
@@ -36,4 +37,55 @@ def docx_bytes(blocks: list[tuple[int, str]]) -> bytes:
             document.add_paragraph(text)
     out = io.BytesIO()
     document.save(out)
+    return out.getvalue()
+
+
+def raw_pdf(pages: int, content: bytes, *, shared: bool = True) -> bytes:
+    """A hand-written PDF whose ``pages`` pages draw ``content`` (zlib-packed): one stream shared
+    by every page (``shared``), as a crafted file can, or a copy per page."""
+    import zlib
+
+    packed = zlib.compress(content, 9)
+    streams = 1 if shared else pages
+    first_page = 3 + streams
+    objects = [
+        b"<< /Type /Catalog /Pages 2 0 R >>",
+        b"<< /Type /Pages /Kids ["
+        + b" ".join(b"%d 0 R" % (first_page + i) for i in range(pages))
+        + b"] /Count %d >>" % pages,
+        *[b"<< /Length %d /Filter /FlateDecode >>\nstream\n" % len(packed) + packed + b"\nendstream"]
+        * streams,
+        *[
+            b"<< /Type /Page /Parent 2 0 R /MediaBox [0 0 612 792] /Contents %d 0 R "
+            b"/Resources << /Font << /F1 << /Type /Font /Subtype /Type1 /BaseFont /Helvetica >> >> >> >>"
+            % (3 + (0 if shared else i))
+            for i in range(pages)
+        ],
+    ]
+    out = io.BytesIO()
+    out.write(b"%PDF-1.4\n")
+    offsets = []
+    for number, body in enumerate(objects, 1):
+        offsets.append(out.tell())
+        out.write(b"%d 0 obj\n" % number + body + b"\nendobj\n")
+    xref = out.tell()
+    out.write(b"xref\n0 %d\n0000000000 65535 f \n" % (len(objects) + 1))
+    out.writelines(b"%010d 00000 n \n" % offset for offset in offsets)
+    out.write(b"trailer\n<< /Size %d /Root 1 0 R >>\nstartxref\n%d\n%%%%EOF\n" % (len(objects) + 1, xref))
+    return out.getvalue()
+
+
+def docx_with_body(body: bytes, prolog: bytes = b"") -> bytes:
+    """A real Word file (python-docx's) whose document.xml body is ``body``, after ``prolog``
+    (a DOCTYPE, say) in place of the XML declaration: for files crafted to hurt a reader."""
+    source = zipfile.ZipFile(io.BytesIO(docx_bytes([(0, "x")])))
+    out = io.BytesIO()
+    with zipfile.ZipFile(out, "w", zipfile.ZIP_DEFLATED, compresslevel=9) as crafted:
+        for info in source.infolist():
+            data = source.read(info.filename)
+            if info.filename == "word/document.xml":
+                start = data.index(b"<w:document")
+                head = data[start : data.index(b"<w:body>") + len(b"<w:body>")]
+                data = (prolog or data[:start]) + head + body + b"</w:body></w:document>"
+            crafted.writestr(info.filename, data)
     return out.getvalue()

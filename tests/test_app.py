@@ -4,6 +4,7 @@ a real browser."""
 
 from __future__ import annotations
 
+import html
 import json
 import os
 import re
@@ -18,7 +19,7 @@ from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import pytest
-from app_server import AppProcess, rest_call, rest_events
+from app_server import AppProcess, call_asgi, rest_call, rest_events, upload_over_rest
 from conftest import PRIORS, ROOT
 from document_files import pdf_bytes
 from gradio_client import Client
@@ -634,6 +635,13 @@ def slow_reads(request: dict) -> Reply:
     return reply
 
 
+MARKUP = (
+    '<img src="http://127.0.0.1:9/t.png" style="position:fixed"> '
+    '<form action="http://127.0.0.1:9/steal"><input name="pw"><button>Sign in</button></form> '
+    "[a link](http://127.0.0.1:9/) ![an image](http://127.0.0.1:9/i.png)"
+)
+
+
 @pytest.mark.skipif(
     shutil.which("chromium") is None, reason="Debian chromium not installed (.ci/run installs it)"
 )
@@ -719,6 +727,24 @@ def test_a_real_browser_sees_progress_then_the_answer_an_error_and_a_calibration
         page.locator("#progress").filter(has_text="Done").wait_for(timeout=60_000)
         page.locator("#answer").filter(has_text="tower.pdf, p. 3").wait_for(timeout=60_000)
 
+        # A hostile document: markup in a heading and in a passage title is shown as written, and
+        # never becomes an element on the page (Gradio's sanitiser keeps img, form and input).
+        hostile = tmp_path / "hostile.md"
+        hostile.write_text(f"# Notes {MARKUP}\n\nLina Berg was born in Bergen in 1961.\n")
+        titled = tmp_path / "titled.json"
+        titled.write_text(json.dumps([{"title": f"Tower {MARKUP}", "text": DOC_LINES.splitlines()[0]}]))
+        page.locator("#files input[type=file]").set_input_files([str(hostile), str(titled)])
+        page.locator("#files").filter(has_text="hostile").wait_for(timeout=30_000)
+        page.get_by_role("button", name="Ask").click()
+        page.locator("#progress").filter(has_text="Running · step").wait_for(timeout=30_000)
+        page.locator("#progress").filter(has_text="Done").wait_for(timeout=60_000)
+        shown = page.locator("#answer").inner_text()
+        assert "Notes <img" in shown and "<form action=" in shown  # the words, as written
+        planted = "img[src*='127.0.0.1:9'], form, input[name=pw], a[href*='127.0.0.1:9']"
+        for area in ("#answer", "#steps", "#posterior-chart"):
+            assert page.locator(area).locator(planted).count() == 0, area
+        assert page.locator(planted.replace(", form", "")).count() == 0  # nowhere on the page
+
         # The cost unit: the prices show only for usd, and the totals say what the run cost in it.
         assert not page.get_by_label("$ / M input tokens").is_visible()
         page.get_by_label("Price actions in").click()
@@ -747,6 +773,13 @@ def test_a_real_browser_sees_progress_then_the_answer_an_error_and_a_calibration
         assert "repeats an earlier answer" in table.inner_text() and "5 of 5 agree" in table.inner_text()
         assert page.get_by_text("Download the calibration").count() >= 1
         assert page.get_by_text("a labelled fit on 30 questions").count() >= 1
+        # The download is served; an upload is not, to anyone.
+        link = page.locator("a[href*='fit-']").first
+        link.wait_for(timeout=30_000)
+        download = page.request.get(link.get_attribute("href"))
+        assert download.status == 200 and json.loads(download.body())["name"].startswith("fit-")
+        uploaded = upload_over_rest(slow_app.url, "mine.txt", b"hosted?")
+        assert page.request.get(f"{slow_app.url}gradio_api/file={uploaded}").status == 403
         shoot("calibration")
         browser.close()
     for name, shot in shots.items():
@@ -785,6 +818,13 @@ def test_a_perfect_reader_answers_at_least_80_percent_over_the_app(shared_data):
     assert not any(wasted.values()), {k: v for k, v in wasted.items() if v}  # the calls it needs
 
 
+def as_html(markdown: str) -> str:
+    """Markdown as a CommonMark renderer (Gradio's marked follows it) turns it into HTML."""
+    from markdown_it import MarkdownIt
+
+    return MarkdownIt("commonmark").render(markdown)
+
+
 def test_a_guess_is_said_plainly_in_the_headline_with_its_runner_up():
     import app as brag_app
 
@@ -798,11 +838,14 @@ def test_a_guess_is_said_plainly_in_the_headline_with_its_runner_up():
         "the corpus does not seem to hold it",
     }
     _, headline, *_ = brag_app.render("Oslo", report)
-    assert "## Oslo" in headline and "**A guess: 19%; runner-up: Bergen (12%)" in headline
-    assert "the corpus does not seem to hold it**" in headline
+    shown = as_html(headline)
+    assert "<h2>Oslo</h2>" in shown
+    assert "<strong>A guess: 19%; runner-up: Bergen (12%); no passage read contains this answer: " in shown
+    assert "the corpus does not seem to hold it</strong>" in shown
     report["confidence"] = {**report["confidence"], "guess": False, "summary": "P(correct) ≈ 81%"}
     _, headline, *_ = brag_app.render("Oslo", report)
-    assert "P(correct) ≈ 81% · corpus:" in headline and "**" not in headline.split("\n\n")[1]
+    shown = as_html(headline)
+    assert "P(correct) ≈ 81% · corpus:" in shown and "<strong>" not in shown
 
 
 def test_the_cost_unit_is_an_optional_input_over_gradio_client_and_rest(client, app):
@@ -822,27 +865,6 @@ def test_the_cost_unit_is_an_optional_input_over_gradio_client_and_rest(client, 
         client.predict(*args(), "usd", None, None, api_name="/brag")
     with pytest.raises(AppError, match="not in the list of choices"):
         client.predict(*args(), "euros", None, None, api_name="/brag")
-
-
-def upload_over_rest(url: str, name: str, data: bytes) -> str:
-    """POST a file to Gradio's upload route, as a REST caller does; its server path."""
-    boundary = "brag-test"
-    body = (
-        (
-            f'--{boundary}\r\nContent-Disposition: form-data; name="files"; filename="{name}"\r\n'
-            "Content-Type: application/octet-stream\r\n\r\n"
-        ).encode()
-        + data
-        + f"\r\n--{boundary}--\r\n".encode()
-    )
-    request = urllib.request.Request(
-        url + "gradio_api/upload",
-        data=body,
-        headers={"Content-Type": f"multipart/form-data; boundary={boundary}"},
-    )
-    with urllib.request.urlopen(request, timeout=60) as reply:
-        (path,) = json.loads(reply.read())
-    return path
 
 
 def test_files_are_uploaded_over_gradio_client_and_rest_read_and_deleted(client, app, tmp_path):
@@ -894,3 +916,81 @@ def test_files_are_uploaded_over_gradio_client_and_rest_read_and_deleted(client,
             [handle_file(str(notes))],
             api_name="/calibrate",
         )
+
+
+@pytest.mark.parametrize(
+    ("concurrency", "setting", "expected"),
+    [(16, None, 8), (4, None, 2), (2, None, 1), (1, None, 1), (4, 8, 3), (4, 1, 1), (1, 5, 1)],
+)
+def test_one_address_never_holds_every_worker(concurrency, setting, expected):
+    import app as brag_app
+
+    limits = brag_app.Limits(per_address=setting or 8).sharing(
+        concurrency, per_address_set=setting is not None
+    )
+    assert limits.per_address == expected
+
+
+def test_document_and_model_text_is_shown_as_written_never_as_markup():
+    import app as brag_app
+
+    hostile = (
+        '<img src=x onerror="alert(1)"> <form><input name=pw></form> [link](javascript:alert(1)) '
+        "![img](http://t.example/i.png) **bold** # heading `code` www.example.com a@b.example $$x$$ | -"
+    )
+    shown = as_html(brag_app.as_text(hostile))
+    assert "<img" not in shown and "<form" not in shown and "<a " not in shown and "<strong>" not in shown
+    assert "<code>" not in shown and "<h1>" not in shown
+    assert html.unescape(shown.removeprefix("<p>").removesuffix("</p>\n")) == hostile
+
+
+def test_an_upload_no_question_used_is_deleted_and_a_late_request_is_told_why(llm_server, tmp_path):
+    env = {"BRAG_MODEL": llm_server.url + "#scripted", "HF_TOKEN": "", "BRAG_UPLOAD_TTL_SECONDS": "1"}
+    with AppProcess(env) as short:
+        path = upload_over_rest(short.url, "notes.md", b"# Notes\n\nLina Berg was born in Bergen.\n")
+        deadline = time.monotonic() + 60
+        while Path(path).exists():  # swept by the ledger within a few seconds
+            assert time.monotonic() < deadline, "the upload was never deleted"
+            time.sleep(0.2)
+        files = [{"path": path, "meta": {"_type": "gradio.FileData"}}]
+        with pytest.raises(
+            RuntimeError, match=r"waited more than 1 s .*BRAG_UPLOAD_TTL_SECONDS.*upload it again"
+        ):
+            rest_call(short.url, "brag", [*args(documents=""), "tokens", None, None, files])
+
+
+def test_a_body_naming_more_files_than_a_request_may_hold_is_refused_before_it_is_parsed():
+    import app as brag_app
+
+    parsed: list[bytes] = []
+
+    async def fastapi_like(scope, receive, send):
+        """Reads the whole body; like FastAPI, answers 400 when reading it fails."""
+        body = b""
+        try:
+            while True:
+                message = await receive()
+                body += message.get("body", b"")
+                if not message.get("more_body"):
+                    break
+            parsed.append(body)
+            status, answer = 200, b"parsed"
+        except Exception:
+            status, answer = 400, b"There was an error parsing the body"
+        await send({"type": "http.response.start", "status": status, "headers": []})
+        await send({"type": "http.response.body", "body": answer})
+
+    guard = brag_app.RequestSizeLimit(fastapi_like, max_bytes=20_000_000, max_files=10)
+
+    def body(files: int, question: str = "q") -> bytes:
+        items = [{"path": f"/tmp/x{i}", "meta": {"_type": "gradio.FileData"}} for i in range(files)]
+        return json.dumps({"data": [question, items]}).encode()
+
+    for size in (body(10), body(10, question='"path": ' * 50)):  # a path key inside a string is text
+        headers = {"content-length": str(len(size))}
+        assert call_asgi(guard, "/gradio_api/call/brag", size, headers, chunk=7) == (200, b"parsed")
+    many = body(100_000)
+    status, answer = call_asgi(
+        guard, "/gradio_api/call/brag", many, {"content-length": str(len(many))}, chunk=65_536
+    )
+    assert status == 413 and b"at most 10 files (BRAG_MAX_FILES)" in answer and len(parsed) == 2

@@ -2,14 +2,16 @@
 
 from __future__ import annotations
 
+import io
 import itertools
 import json
+import os
 import subprocess
 import sys
 
 import pytest
 from conftest import ROOT
-from document_files import docx_bytes, pdf_bytes
+from document_files import docx_bytes, docx_with_body, pdf_bytes, raw_pdf
 
 import brag
 import documents
@@ -150,3 +152,158 @@ def test_the_index_command_reads_a_folder_reports_a_bad_file_and_writes_only_whe
     )
     assert failed.returncode == 2 and "no readable document" in failed.stderr
     assert sorted(p.name for p in tmp_path.iterdir()) == ["bad", "docs", "index"]
+
+
+# ------------------------------------------------------------------ bounds inside each format
+
+
+def test_word_tables_are_read_in_place_and_styles_map_headings():
+    from docx import Document
+
+    document = Document()
+    document.add_heading("Staff", 1)
+    table = document.add_table(rows=2, cols=2)
+    for r, row in enumerate([("Name", "City"), ("Lina Berg", "Bergen")]):
+        for c, text in enumerate(row):
+            table.cell(r, c).text = text
+    document.add_heading("After", 1)
+    document.add_paragraph("Later words.")
+    out = io.BytesIO()
+    document.save(out)
+    assert [(p.title, p.text) for p in read_file("staff.docx", out.getvalue())] == [
+        ("staff.docx › Staff", "Name | City\nLina Berg | Bergen"),
+        ("staff.docx › After", "Later words."),
+    ]
+
+
+@pytest.mark.parametrize(
+    ("data", "limits", "message"),
+    [
+        # 2,000,000 empty elements pack about 1,000 times: refused before anything inflates.
+        (
+            lambda: docx_with_body(b"<w:x/>" * 2_000_000),
+            FileLimits(),
+            r"inflates \d[\d,]* times .* at most 100",
+        ),
+        (lambda: docx_with_body(b"<w:p/>" * 200), FileLimits(zip_entries=5), r"parts in its zip, at most 5"),
+        (
+            lambda: docx_with_body(b"<w:p/>" * 200),
+            FileLimits(unzipped_bytes=5_000),
+            "unpack to more than 5,000",
+        ),
+        (lambda: docx_with_body(b"<w:p/>" * 200), FileLimits(xml_elements=100), "more than 100 XML elements"),
+    ],
+    ids=["ratio", "entries", "unzipped", "elements"],
+)
+def test_a_word_file_past_a_bound_is_refused_before_it_is_parsed(data, limits, message):
+    with pytest.raises(TooLarge, match=message):
+        read_file("crafted.docx", data(), limits)
+
+
+@pytest.mark.parametrize(
+    "prolog",
+    [
+        b'<?xml version="1.0"?><!DOCTYPE w:document [<!ENTITY lol "lol"><!ENTITY lol2 "&lol;&lol;&lol;">]>',
+        b'<?xml version="1.0"?><!DOCTYPE w:document [<!ENTITY xxe SYSTEM "file:///etc/passwd">]>',
+        b'<?xml version="1.0"?><!DOCTYPE w:document SYSTEM "http://127.0.0.1:9/evil.dtd">',
+    ],
+    ids=["laughs", "external-entity", "external-dtd"],
+)
+def test_xml_with_a_dtd_is_refused_and_no_entity_is_expanded(prolog):
+    body = b"<w:p><w:r><w:t>&lol2;&xxe;</w:t></w:r></w:p>"
+    with pytest.raises(DocumentError, match="declares a DTD") as err:
+        read_file("entities.docx", docx_with_body(body, prolog))
+    assert "root:" not in str(err.value)
+
+
+def test_empty_word_paragraphs_cost_linear_time_and_give_no_text():
+    # python-docx looked up every paragraph's style: a minute for 50,000. Here the body is streamed.
+    with pytest.raises(DocumentError, match=r"empty\.docx: no text found$"):
+        read_file("empty.docx", docx_with_body(b"<w:p/>" * 50_000))
+
+
+def test_pdf_pages_sharing_one_stream_spend_one_budget_for_the_document():
+    # Twenty pages draw the same stream of 20,000 operations: each page alone is cheap, the
+    # document is twenty times that, and the document's budget is what holds.
+    content = b"q Q " * 10_000 + b"BT /F1 12 Tf (Lina Berg was born in Bergen.) Tj ET"
+    shared = raw_pdf(20, content)
+    assert len(read_file("one.pdf", raw_pdf(1, content), FileLimits(pdf_operations=50_000))) == 1
+    with pytest.raises(TooLarge, match=r"more than 50,000 drawing operations in the document"):
+        read_file("shared.pdf", shared, FileLimits(pdf_operations=50_000))
+    with pytest.raises(TooLarge, match=r"more than 100,000 bytes of page content"):
+        read_file("shared.pdf", shared, FileLimits(pdf_content_bytes=100_000))
+    assert len(read_file("shared.pdf", shared)) == 20  # within the default budget
+
+
+def test_pdf_objects_and_inflated_streams_are_bounded():
+    content = b"BT /F1 12 Tf (Bergen) Tj ET"
+    with pytest.raises(TooLarge, match=r"objects, at most 3 per PDF"):
+        read_file("many.pdf", raw_pdf(3, content, shared=False), FileLimits(pdf_objects=3))
+    spaces = raw_pdf(1, b" " * 3_000_000 + content)
+    with pytest.raises(TooLarge, match=r"spaces\.pdf: page 1 holds more than a page may"):
+        read_file("spaces.pdf", spaces, FileLimits(stream_bytes=1_000_000))
+    assert read_file("spaces.pdf", spaces)[0].text == "Bergen"
+
+
+def test_html_nesting_is_refused_before_the_parser_and_text_is_taken_once():
+    deep = ("<blockquote>w " * 600 + "</blockquote>" * 600).encode()
+    with pytest.raises(TooLarge, match="nested more than 512 elements deep"):
+        read_file("deep.html", deep)
+    # Within the bound, every word comes out once, whatever encloses it (the old reader took
+    # each element's whole text, so words repeated once per enclosing element).
+    nested = "".join(f"<div>d{i} " for i in range(300)) + "</div>" * 300
+    words = " ".join(p.text for p in read_file("nested.html", nested.encode())).split()
+    assert sorted(words) == sorted(f"d{i}" for i in range(300))
+    # Implied ends, empty elements and raw text do not count as nesting.
+    flat = b"<p>x" * 2_000 + b"<br>" * 2_000 + b"<script>" + b"<div>" * 2_000 + b"</script><li>y"
+    assert "x" in read_file("flat.html", flat)[0].text
+
+
+def test_markdown_is_scanned_line_by_line_in_linear_time():
+    text = b"Title\n=====\n\nIntro.\n\n> quoted *words*\n\n1. first\n2) second\n\n---\n\n~~~\ncode\n~~~\n"
+    assert [(p.title, p.text) for p in read_file("a.md", text)] == [
+        ("a.md › Title", "Intro.\nquoted *words*\nfirst\nsecond\ncode"),
+    ]
+    # Inputs that cost markdown-it seconds (headings without text, unclosed image brackets).
+    with pytest.raises(DocumentError, match="no text found"):
+        read_file("heads.md", b"# h\n" * 200_000)
+    assert read_file("images.md", b"![" * 200_000)[0].text.startswith("![![")
+
+
+def test_titles_count_toward_the_text_limit_and_are_cut():
+    long_heading = b"# " + b"H" * 5_000 + b"\n\nA few words.\n"
+    (passage,) = read_file("long.md", long_heading)
+    assert len(passage.title) <= FileLimits().title_chars and passage.title.endswith("…")
+    titled = json.dumps([{"title": "T" * 5_000, "text": "one"}]).encode()
+    assert len(read_file("t.json", titled)[0].title) <= FileLimits().title_chars
+    with pytest.raises(TooLarge, match="more than 200 characters"):
+        read_files(
+            [("t.json", json.dumps([{"title": "T" * 250, "text": "one"}]).encode())],
+            FileLimits(text_chars=200),
+        )
+
+
+def test_a_passage_file_nested_too_deeply_is_an_error_not_a_crash():
+    with pytest.raises(DocumentError, match=r"deep\.json: not a passage list .*nested too deeply"):
+        read_file("deep.json", b"[" * 100_000 + b"]" * 100_000)
+
+
+def test_the_index_command_never_opens_a_fifo_a_device_or_an_oversized_file(tmp_path):
+    os.mkfifo(tmp_path / "pipe.txt")
+    (tmp_path / "zero.txt").symlink_to("/dev/zero")
+    with open(tmp_path / "huge.txt", "wb") as huge:
+        huge.truncate(50_000_000)  # sparse: no disk used, past the 10 MB a file may hold
+    (tmp_path / "ok.txt").write_text("Oslo is the capital of Norway.")
+    names = ["pipe.txt", "zero.txt", "huge.txt", "ok.txt"]
+    result = subprocess.run(
+        [sys.executable, "-m", "brag", "index", *names, str(tmp_path / "out")],
+        capture_output=True,
+        text=True,
+        cwd=tmp_path,
+        env={**os.environ, "PYTHONPATH": str(ROOT)},
+        timeout=120,
+    )
+    assert result.returncode == 0, result.stderr
+    assert "pipe.txt: not a regular file" in result.stderr and "zero.txt: not a regular file" in result.stderr
+    assert "huge.txt: 50,000,000 bytes, at most 10,000,000 per file" in result.stderr
+    assert brag.Corpus.load(tmp_path / "out")[0].text == "Oslo is the capital of Norway."

@@ -168,3 +168,24 @@ def test_gate_cli_needs_no_llm(shared_data, tmp_path):
     assert code == 0 and gate["n"] == 60 and 0 < gate["weak_rate"] < 1
     assert set(gate["auc"]) >= {"max_score", "top_gap", "score_variance", "evidence_coverage"}
     assert all(np.isfinite(v) for v in gate["auc"].values())
+
+
+def test_a_long_question_looks_up_at_most_max_term_lookups_shares():
+    # Each document_share can be a query to the retriever (Milvus counts it).
+    corpus = Corpus([f"Passage {i} about the river number {i} and its town." for i in range(200)])
+    asked: list[str] = []
+
+    class Counting:
+        def __len__(self) -> int:
+            return len(corpus)
+
+        def document_share(self, token: str) -> float:
+            asked.append(token)
+            return corpus.document_share(token)
+
+    question = " ".join(f"word{i}" for i in range(500))
+    brag._salient_terms(question, Counting())
+    assert len(asked) == brag.MAX_TERM_LOOKUPS == len(set(asked))
+    asked.clear()
+    brag._salient_terms("Which town lies on river number 7?", Counting())
+    assert sorted(asked) == sorted(set(brag.tokenize("Which town lies on river number 7?")))

@@ -326,3 +326,13 @@ def test_a_corpus_is_a_file_or_a_collection_not_both(tmp_path, capsys):
         said = capsys.readouterr().err
         assert "calibrate gate:" in said and "--milvus" in said and "Traceback" not in said
     assert not (tmp_path / "never-made.db").exists()  # refused before anything was opened
+
+
+def test_term_counts_are_cached_within_a_bound(milvus):
+    uri, client = milvus
+    corpus = mc.MilvusCorpus(uri, "demo", client=client, cache_size=3)
+    for term in ("norway", "oslo", "bergen", "fjord", "city"):
+        corpus.document_share(term)
+    assert list(corpus._shares) == ["bergen", "fjord", "city"]  # the last three, oldest first
+    assert corpus.document_share("bergen") == pytest.approx(2 / len(PASSAGES))
+    assert list(corpus._shares)[-1] == "bergen"  # used again: now the newest

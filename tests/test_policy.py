@@ -1,6 +1,7 @@
 """Policy (SPEC section 1): information rates, argmax D/c, stop rule, monotone in lambda; and
 the controller's invariants as property tests over random calibrations."""
 
+import dataclasses
 import itertools
 import math
 
@@ -330,6 +331,13 @@ def test_bad_cost_settings_are_clear_errors():
         brag.action_costs(prior, "usd")
     with pytest.raises(ValueError, match="cost must be one of"):
         BRAG(ScriptedLLM(read=lambda p: "NONE"), calibration=PRIORS, cost="euros")
+    # A price so small a read costs 0 once multiplied out: every cost is relative to a read.
+    with pytest.raises(ValueError, match="a read must cost more than 0"):
+        brag.action_costs(prior, "usd", prices=(5e-324, 0.0))
+    measured = brag.load_calibration(PRIORS)
+    free = {a: brag.ActionCost(0.0, 0.0, 1.0, 0.0) for a in brag.ACTIONS}
+    with pytest.raises(ValueError, match="a read must cost more than 0"):
+        brag.action_costs(dataclasses.replace(measured, costs=free), "tokens")
 
 
 def test_a_run_reports_its_cost_unit_and_each_step_priced_in_it():

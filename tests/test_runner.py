@@ -337,3 +337,37 @@ def test_the_answer_is_quoted_from_the_first_passage_read_that_holds_it():
     }
     assert brag._source_of("Berg", [brag.Passage("x", "Bergen only.")]) is None  # whole words only
     assert brag._source_of("New York", [brag.Passage("x", "in New\nYork.")])["quote"] == "in New York."
+
+
+def test_a_quote_is_cut_in_characters_when_its_words_are_huge():
+    text = "x" * 50_000 + " Lina Berg was born in Bergen. " + "y" * 50_000
+    source = brag._source_of("Bergen", [brag.Passage("a", text)])
+    assert "was born in Bergen." in source["quote"] and len(source["quote"]) <= 2 * brag.QUOTE_CHARS + 40
+    assert source["quote"].startswith("… ") and source["quote"].endswith(" …")
+
+
+def test_no_prompt_holds_more_of_a_passage_or_title_than_a_read_should():
+    # A caller's passages: a 1 MB title and a 1 MB text. The title is cut when the corpus is made,
+    # the text in the prompt (retrieval still reads it whole), so every read stays small.
+    corpus = Corpus(
+        [
+            {"title": "T" * 1_000_000, "text": "The Glass Tower was designed by Lina Berg."},
+            {"title": "Lina Berg", "text": "Lina Berg was born in Bergen. " + "z " * 500_000 + "tail-word"},
+            "Oslo is the capital of Norway.",
+        ]
+    )
+    assert len(corpus[0].title) == brag.MAX_TITLE_CHARS and corpus[0].title.endswith("…")
+    assert corpus.retrieve("tail-word", 1).hits[0][0] == 1
+    prompts: list[str] = []
+
+    def reader(prompt: str) -> str:
+        prompts.append(prompt)
+        return "Answer: Bergen\nFollow-up query: Lina Berg"
+
+    answer, report = BRAG(ScriptedLLM(read=reader), calibration=PRIORS, k=2).run(
+        "Where was the architect of the Glass Tower born?", corpus
+    )
+    assert answer == "Bergen" and prompts
+    room = 2 * (brag.MAX_PROMPT_PASSAGE_CHARS + 10) + 3_000  # two passages, the examples, the question
+    assert max(len(p) for p in prompts) < room
+    assert len(json.dumps(report)) < 100_000

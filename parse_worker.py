@@ -1,0 +1,304 @@
+"""Uploaded files read in a worker process whose memory and CPU time are capped.
+
+A file can be crafted to make a parser allocate gigabytes or loop for minutes. ``documents.py``
+bounds what it can before and while it parses; this module bounds the rest, out of the
+server's process: :meth:`FileReaders.read` starts one worker per request, sends it the files one
+at a time and takes back each file's passages as JSON (never a pickle: the worker's output is
+as untrusted as its input). The worker
+
+- caps its own address space (``RLIMIT_AS``) and its CPU time per file (``RLIMIT_CPU``), may
+  write no file (``RLIMIT_FSIZE``), and runs at a lower priority than the server (``nice``);
+- imports only the standard library and ``documents.py`` (pypdf, selectolax), and gets none of
+  the server's environment, so no secret is there to leak;
+- is killed when a file takes longer than twice its CPU cap in wall time, when the request's
+  deadline passes, or when ``cancelled()`` says the caller has gone.
+
+At most ``Caps.workers`` workers run at once, server-wide; a request waits for one within its
+deadline. A file that breaks a cap raises :class:`documents.TooLarge` naming the file and the
+setting; the server and other callers are unaffected. Like the embedded model's worker
+(``llm_worker.py``), it is started as ``python -c``, talks over two pipes, and a crash costs the
+request in flight, not the server.
+
+    DocumentError (ValueError)      documents.py: a file that cannot be read
+    ├── TooLarge                    past a limit or a cap: the file, and which
+    └── ReadingAbandoned            the caller went away or the deadline passed
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import threading
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import asdict, dataclass
+from multiprocessing.connection import Connection
+from pathlib import Path
+from typing import Any
+
+import documents
+from documents import Cut, DocumentError, FileLimits, Row, TooLarge
+
+HERE = Path(__file__).resolve().parent
+_POLL_SECONDS = 0.1  # how often a waiting request checks its caller and its deadline
+
+
+class ReadingAbandoned(DocumentError):
+    """Reading stopped: the caller went away, or the request's deadline passed."""
+
+
+@dataclass(frozen=True)
+class Caps:
+    """What one worker may use; the app reads them from the environment (README)."""
+
+    memory_mb: int = 1024  # BRAG_PARSE_MEMORY_MB: the worker's address space
+    cpu_seconds: int = 30  # BRAG_PARSE_CPU_SECONDS: CPU time per file; wall time per file is twice it
+    workers: int = 2  # BRAG_PARSE_WORKERS: workers at once, server-wide
+
+
+class FileReaders:
+    """The server's file readers: at most ``caps.workers`` worker processes at a time."""
+
+    def __init__(self, caps: Caps = Caps()) -> None:
+        self.caps = caps
+        self._slots = threading.BoundedSemaphore(caps.workers)
+        self.started = 0  # workers started so far (a test can count them)
+
+    def read(
+        self,
+        files: Sequence[tuple[str, bytes]],
+        limits: FileLimits,
+        cut: Cut | None = None,
+        *,
+        deadline: float | None = None,
+        cancelled: Callable[[], bool] = lambda: False,
+    ) -> list[Row]:
+        """Every file's passages as rows, read in one capped worker; the first bad file raises.
+
+        ``deadline`` is a ``time.monotonic()`` reading; ``cancelled`` is asked every
+        ``_POLL_SECONDS`` while the request waits.
+        """
+        documents.check_request(files, limits)
+        if not files:
+            return []
+        watch = _Watch(deadline, cancelled)
+        while not self._slots.acquire(timeout=_POLL_SECONDS):
+            watch.check(files[0][0])
+        try:
+            with _Worker(self.caps, limits, cut or Cut(), len(files)) as worker:
+                self.started += 1
+                budget = documents.TextBudget(limits.text_chars)
+                rows: list[Row] = []
+                for name, data in files:
+                    rows += budget.spend(name, worker.read(Path(name).name, data, watch))
+                return rows
+        finally:
+            self._slots.release()
+
+
+class _Watch:
+    """The request's deadline and its caller, asked while a request waits."""
+
+    def __init__(self, deadline: float | None, cancelled: Callable[[], bool]) -> None:
+        self.deadline, self.cancelled = deadline, cancelled
+
+    def check(self, name: str) -> None:
+        if self.cancelled():
+            raise ReadingAbandoned(f"{name}: reading stopped, the request was cancelled")
+        if self.deadline is not None and time.monotonic() >= self.deadline:
+            raise ReadingAbandoned(f"{name}: reading the files ran past the request's time limit")
+
+    def seconds_left(self) -> float:
+        return float("inf") if self.deadline is None else self.deadline - time.monotonic()
+
+
+class _Worker:
+    """One worker process for one request's files: started on entry, killed on exit."""
+
+    def __init__(self, caps: Caps, limits: FileLimits, cut: Cut, files: int) -> None:
+        self.caps, self.limits = caps, limits
+        self.config = {
+            "memory_bytes": caps.memory_mb * 1024 * 1024,
+            "cpu_seconds": caps.cpu_seconds,
+            "files": files,
+            "limits": asdict(limits),
+            "cut": asdict(cut),
+        }
+        # A reply holds one file's text and titles as UTF-8 JSON: at most 4 bytes a character.
+        self.max_reply = 4 * limits.text_chars + 1_000_000
+        self.proc: subprocess.Popen[bytes] | None = None
+
+    def __enter__(self) -> _Worker:
+        worker_reads, parent_writes = os.pipe()
+        parent_reads, worker_writes = os.pipe()
+        try:
+            self.proc = subprocess.Popen(
+                [
+                    sys.executable,
+                    "-I",  # no PYTHON* variables, no user site
+                    "-B",  # no .pyc written: the worker may write no file at all
+                    "-c",
+                    "import sys; sys.path.insert(0, sys.argv[1]); import parse_worker; "
+                    "parse_worker.main(sys.argv[2:])",
+                    str(HERE),
+                    str(worker_reads),
+                    str(worker_writes),
+                    json.dumps(self.config),
+                ],
+                pass_fds=(worker_reads, worker_writes),
+                stdin=subprocess.DEVNULL,
+                stdout=subprocess.DEVNULL,
+                stderr=subprocess.DEVNULL,
+                env={"PATH": os.defpath, "LANG": "C.UTF-8", "OPENBLAS_NUM_THREADS": "1"},
+                cwd=HERE,
+            )
+        finally:
+            os.close(worker_reads)
+            os.close(worker_writes)
+        self.requests = Connection(parent_writes, readable=False)
+        self.replies = Connection(parent_reads, writable=False)
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.requests.close()
+        self.replies.close()
+        if self.proc is not None and self.proc.poll() is None:
+            self.proc.kill()
+        if self.proc is not None:
+            self.proc.wait()
+
+    def read(self, name: str, data: bytes, watch: _Watch) -> list[Row]:
+        """One file's rows from the worker, or the error that names the file and the cap."""
+        try:
+            self.requests.send_bytes(json.dumps({"name": name}).encode())
+            self.requests.send_bytes(data)
+        except OSError:
+            raise self._died(name) from None
+        reply = self._reply(name, watch)
+        if "error" in reply:
+            raise (TooLarge if reply.get("too_large") else DocumentError)(str(reply["error"]))
+        return [(str(t), str(x), str(d), float(s)) for t, x, d, s in reply["rows"]]
+
+    def _reply(self, name: str, watch: _Watch) -> dict[str, Any]:
+        wall = 2 * self.caps.cpu_seconds + 1  # CPU time is capped in whole seconds, rounded up
+        started = time.monotonic()
+        while not self.replies.poll(min(_POLL_SECONDS, max(watch.seconds_left(), 0))):
+            watch.check(name)
+            if time.monotonic() - started > wall:
+                raise TooLarge(
+                    f"{name}: reading it took more than {wall:g} s (BRAG_PARSE_CPU_SECONDS is "
+                    f"{self.caps.cpu_seconds:g} s of CPU per file)"
+                )
+        try:
+            raw = self.replies.recv_bytes(self.max_reply)
+        except EOFError:
+            raise self._died(name) from None
+        except OSError:  # a reply longer than any file's text may be
+            raise TooLarge(
+                f"{name}: the files hold more than {self.limits.text_chars:,} characters of text"
+            ) from None
+        try:
+            reply = json.loads(raw)
+        except ValueError:
+            raise DocumentError(f"{name}: could not be read (the reader's reply was damaged)") from None
+        if not isinstance(reply, dict) or not ("error" in reply or isinstance(reply.get("rows"), list)):
+            raise DocumentError(f"{name}: could not be read (the reader's reply was damaged)")
+        return reply
+
+    def _died(self, name: str) -> DocumentError:
+        """Why the worker died while it read ``name``: a cap, or a crash."""
+        assert self.proc is not None
+        try:
+            code = self.proc.wait(timeout=5)
+        except subprocess.TimeoutExpired:
+            code = None
+        if code in (-signal.SIGXCPU, -signal.SIGKILL):
+            seconds = self.caps.cpu_seconds
+            return TooLarge(
+                f"{name}: reading it took more than {seconds:g} s of CPU (BRAG_PARSE_CPU_SECONDS)"
+            )
+        return TooLarge(
+            f"{name}: the reader ran out of memory or crashed on it (it may use "
+            f"{self.caps.memory_mb:,} MB, BRAG_PARSE_MEMORY_MB)"
+        )
+
+
+# ------------------------------------------------------------------------------------------
+# The worker process
+# ------------------------------------------------------------------------------------------
+
+
+def main(argv: list[str]) -> None:
+    """The worker: cap itself, then read files from the pipe until the parent closes it."""
+    requests = Connection(int(argv[0]), writable=False)
+    replies = Connection(int(argv[1]), readable=False)
+    config = json.loads(argv[2])
+    _confine(config)
+    limits, cut = FileLimits(**config["limits"]), Cut(**config["cut"])
+    while True:
+        try:
+            header, data = json.loads(requests.recv_bytes()), requests.recv_bytes()
+        except (EOFError, OSError):
+            return  # the parent is done, or gone
+        _allow_cpu(config["cpu_seconds"])
+        reply = _read_one(header["name"], data, limits, cut, config)
+        replies.send_bytes(json.dumps(reply, ensure_ascii=False).encode())
+
+
+def _confine(config: dict[str, Any]) -> None:
+    """Caps that hold from now on: address space, CPU time, no files written, no core, lower priority."""
+    import resource
+
+    resource.setrlimit(resource.RLIMIT_AS, (config["memory_bytes"], config["memory_bytes"]))
+    total = config["cpu_seconds"] * config["files"] + 5  # the hard cap, for every file together
+    resource.setrlimit(resource.RLIMIT_CPU, (config["cpu_seconds"] + 1, total))
+    resource.setrlimit(resource.RLIMIT_FSIZE, (0, 0))
+    resource.setrlimit(resource.RLIMIT_CORE, (0, 0))
+    os.nice(10)
+
+
+def _allow_cpu(seconds: int) -> None:
+    """The next file may use ``seconds`` more of CPU: SIGXCPU ends the worker past that."""
+    import resource
+
+    used = resource.getrusage(resource.RUSAGE_SELF)
+    spent = int(used.ru_utime + used.ru_stime) + 1
+    hard = resource.getrlimit(resource.RLIMIT_CPU)[1]
+    resource.setrlimit(resource.RLIMIT_CPU, (min(spent + seconds, hard), hard))
+
+
+def _read_one(name: str, data: bytes, limits: FileLimits, cut: Cut, config: dict[str, Any]) -> dict[str, Any]:
+    try:
+        return {"rows": documents.file_rows(name, data, limits, cut)}
+    except TooLarge as err:
+        return {"error": str(err), "too_large": True}
+    except DocumentError as err:
+        return {"error": str(err)}
+    except MemoryError:
+        return _out_of_memory(name, config)
+    except RecursionError:
+        return {"error": f"{name}: nested too deeply to read"}
+    except Exception as err:  # any parser's own fault on a damaged file, or a native one's failed malloc
+        if _peak_memory() > 0.9 * config["memory_bytes"]:
+            return _out_of_memory(name, config)
+        return {"error": f"{name}: could not be read ({type(err).__name__})"}
+
+
+def _out_of_memory(name: str, config: dict[str, Any]) -> dict[str, Any]:
+    megabytes = config["memory_bytes"] // (1024 * 1024)
+    message = f"{name}: reading it needed more than {megabytes:,} MB of memory (BRAG_PARSE_MEMORY_MB)"
+    return {"error": message, "too_large": True}
+
+
+def _peak_memory() -> int:
+    """The most address space this process has held (VmPeak), in bytes; 0 when unknown."""
+    try:
+        for line in Path("/proc/self/status").read_text().splitlines():
+            if line.startswith("VmPeak:"):
+                return int(line.split()[1]) * 1024
+    except OSError:
+        pass
+    return 0

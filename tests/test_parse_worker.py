@@ -1,0 +1,120 @@
+"""Files read in a capped worker process: the same passages, the caps, cancelling, the bound on workers."""
+
+from __future__ import annotations
+
+import os
+import re
+import threading
+import time
+from pathlib import Path
+
+import pytest
+from document_files import docx_bytes, pdf_bytes, raw_pdf
+
+import documents
+import parse_worker
+from documents import DocumentError, FileLimits, TooLarge
+from parse_worker import Caps, FileReaders, ReadingAbandoned
+
+FILES = [
+    ("report.pdf", pdf_bytes(["The fjord is long.", "Lina Berg was born in Bergen."])),
+    ("notes.docx", docx_bytes([(1, "Intro"), (0, "First words."), (2, "Details"), (0, "Deep words.")])),
+    ("page.html", b"<h1>Top</h1><p>One.</p><ul><li>item</li></ul>"),
+    ("guide.md", b"# Guide\n\nIntro.\n"),
+    ("p.json", b'[{"title": "T", "text": "one", "salience": 0.5}, "two"]'),
+]
+# 900,000 cheap operations: within every bound, and seconds of CPU for pypdf.
+SLOW_PDF = raw_pdf(1, b"q Q " * 450_000 + b"BT /F1 12 Tf (Lina Berg was born in Bergen.) Tj ET")
+
+
+def workers_of(pid: int) -> list[int]:
+    """The file-reading workers ``pid`` is running."""
+    found = []
+    for task in Path(f"/proc/{pid}/task").glob("*/children"):
+        for child in task.read_text().split():
+            try:
+                if b"parse_worker" in Path(f"/proc/{child}/cmdline").read_bytes():
+                    found.append(int(child))
+            except OSError:
+                continue
+    return found
+
+
+def test_a_worker_reads_every_type_as_the_server_would():
+    rows = FileReaders().read(FILES, FileLimits())
+    assert documents.as_passages(rows) == documents.read_files(FILES)
+    assert ("T", "one", "", 0.5) in rows
+    assert workers_of(os.getpid()) == []  # one worker per request, gone once it is read
+
+
+def test_a_bad_file_is_named_and_the_first_one_stops_the_request():
+    with pytest.raises(DocumentError, match=r"broken\.pdf: not a readable PDF"):
+        FileReaders().read([("broken.pdf", b"%PDF-1.4 junk"), *FILES], FileLimits())
+    with pytest.raises(TooLarge, match="2 files: at most 1"):
+        FileReaders().read(FILES[:2], FileLimits(files=1))
+    with pytest.raises(TooLarge, match="more than 20 characters"):
+        FileReaders().read(FILES, FileLimits(text_chars=20))
+
+
+def test_past_its_cpu_time_the_worker_is_stopped_and_the_file_named():
+    with pytest.raises(TooLarge, match=r"slow\.pdf: reading it took more than \d+ s.*BRAG_PARSE_CPU_SECONDS"):
+        FileReaders(Caps(cpu_seconds=1)).read([("slow.pdf", SLOW_PDF)], FileLimits())
+    assert workers_of(os.getpid()) == []
+
+
+def test_past_its_memory_the_worker_fails_alone_and_the_file_is_named():
+    # About 8 MB of markup makes a parse tree of several hundred MB.
+    spans = b"<span>x</span>" * 600_000
+    limits = FileLimits(file_bytes=20_000_000)
+    with pytest.raises(TooLarge, match=r"spans\.html: .*memory.*BRAG_PARSE_MEMORY_MB"):
+        FileReaders(Caps(memory_mb=200)).read([("spans.html", spans)], limits)
+    assert FileReaders(Caps(memory_mb=200)).read(FILES[:1], limits)  # the next request is read
+
+
+def test_a_cancelled_or_late_request_stops_its_worker():
+    readers = FileReaders()
+    gone = threading.Event()
+    threading.Timer(0.5, gone.set).start()
+    with pytest.raises(ReadingAbandoned, match="cancelled"):
+        readers.read([("slow.pdf", SLOW_PDF)] * 3, FileLimits(), cancelled=gone.is_set)
+    assert workers_of(os.getpid()) == []
+    with pytest.raises(ReadingAbandoned, match="time limit"):
+        readers.read([("slow.pdf", SLOW_PDF)] * 3, FileLimits(), deadline=time.monotonic() + 0.5)
+    assert workers_of(os.getpid()) == []
+
+
+def test_no_more_workers_run_at_once_than_the_server_allows():
+    readers = FileReaders(Caps(workers=1))
+    seen: list[int] = []
+    threads = [
+        threading.Thread(target=readers.read, args=([("slow.pdf", SLOW_PDF)], FileLimits())) for _ in range(3)
+    ]
+    for thread in threads:
+        thread.start()
+    while any(t.is_alive() for t in threads):
+        seen.append(len(workers_of(os.getpid())))
+        time.sleep(0.02)
+    assert readers.started == 3 and max(seen) == 1
+
+
+def limit_of(limits: str, name: str) -> tuple[str, str]:
+    """A process's soft and hard limit, from its /proc/<pid>/limits text."""
+    line = next(line for line in limits.splitlines() if line.startswith(name))
+    return tuple(re.split(r"\s{2,}", line.strip())[1:3])  # type: ignore[return-value]
+
+
+def test_the_worker_runs_capped_with_no_secret_and_may_write_no_file(monkeypatch):
+    monkeypatch.setenv("HF_TOKEN", "hf_server_secret_for_the_worker_test")
+    caps = Caps(memory_mb=300, cpu_seconds=7)
+    with parse_worker._Worker(caps, FileLimits(), documents.Cut(), files=2) as worker:
+        pid = worker.proc.pid
+        environment = Path(f"/proc/{pid}/environ").read_bytes()
+        deadline = time.monotonic() + 30
+        while limit_of(Path(f"/proc/{pid}/limits").read_text(), "Max file size") != ("0", "0"):
+            assert time.monotonic() < deadline, "the worker never capped itself"
+            time.sleep(0.02)
+        limits = Path(f"/proc/{pid}/limits").read_text()
+    assert b"hf_server_secret" not in environment and b"HF_TOKEN" not in environment
+    assert limit_of(limits, "Max address space") == (str(300 * 1024 * 1024),) * 2
+    assert limit_of(limits, "Max cpu time") == ("8", "19")  # a file's 7 s (and one), all files' 2 x 7 + 5
+    assert limit_of(limits, "Max core file size") == ("0", "0")

@@ -1,0 +1,136 @@
+"""The upload store's ledger, the routes that use it, and the files input check (uploads.py)."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+from app_server import call_asgi
+
+import uploads
+from uploads import UploadLedger, UploadRoutes, check_file_data, client_address
+
+MB = 1_000_000
+
+
+class Clock:
+    def __init__(self) -> None:
+        self.now = 1000.0
+
+    def __call__(self) -> float:
+        return self.now
+
+
+def stored(folder: Path, name: str, size: int) -> str:
+    path = folder / name
+    path.write_bytes(b"x" * size)
+    return str(path)
+
+
+def test_a_caller_holds_at_most_its_share_and_the_store_its_budget(tmp_path):
+    ledger = UploadLedger(store_bytes=10 * MB, per_caller_bytes=4 * MB, ttl=600, clock=Clock())
+    assert ledger.admit("a", 3 * MB) == (200, None)
+    ledger.settle("a", 3 * MB, [stored(tmp_path, "a1", 3 * MB)])
+    status, why = ledger.admit("a", 2 * MB)
+    assert status == 429 and "BRAG_MAX_UPLOAD_BYTES_PER_CALLER" in why and "3.0 MB" in why
+    # Room reserved by an upload in flight counts too, before it is settled.
+    assert ledger.admit("b", 4 * MB) == (200, None)
+    assert ledger.admit("b", 1)[0] == 429
+    ledger.settle("b", 4 * MB, [stored(tmp_path, "b1", 4 * MB)])
+    assert ledger.admit("c", 4 * MB) == (503, "Busy: too many uploaded files are waiting; retry in a minute.")
+    assert ledger.held("a") == 3 * MB and ledger.total() == 7 * MB
+
+
+def test_a_read_upload_frees_its_room_and_an_old_one_is_deleted(tmp_path):
+    clock = Clock()
+    ledger = UploadLedger(store_bytes=10 * MB, per_caller_bytes=4 * MB, ttl=600, clock=clock)
+    first, second = stored(tmp_path, "first", 2 * MB), stored(tmp_path, "second", 2 * MB)
+    ledger.admit("a", 2 * MB)
+    ledger.settle("a", 2 * MB, [first])
+    clock.now += 300
+    ledger.admit("a", 2 * MB)
+    ledger.settle("a", 2 * MB, [second])
+    assert ledger.holds(first) and ledger.admit("a", 1)[0] == 429
+    ledger.release(second)  # a request read it (and deleted it)
+    assert ledger.held("a") == 2 * MB
+    clock.now += 301  # the first is now past its time
+    assert ledger.sweep() == 1 and not Path(first).exists() and Path(second).exists()
+    assert ledger.expired(first) and not ledger.expired(second) and ledger.held("a") == 0
+
+
+def test_a_failed_upload_frees_what_it_reserved():
+    ledger = UploadLedger(store_bytes=10 * MB, per_caller_bytes=4 * MB, ttl=600)
+    ledger.admit("a", 4 * MB)
+    ledger.settle("a", 4 * MB, [])  # refused downstream: nothing stored
+    assert ledger.admit("a", 4 * MB) == (200, None)
+
+
+def test_the_address_is_the_last_hop_no_trusted_proxy_wrote():
+    trusted = frozenset({"10.0.0.1"})
+    assert client_address("192.0.2.9", "203.0.113.5", trusted) == "192.0.2.9"  # not through a proxy
+    assert client_address("10.0.0.1", "203.0.113.5, 198.51.100.7", trusted) == "198.51.100.7"
+    assert client_address("10.0.0.1", "203.0.113.5, 10.0.0.1", trusted) == "203.0.113.5"
+    assert client_address("10.0.0.1", "", trusted) == "10.0.0.1"
+    with pytest.raises(ValueError, match="'proxy' is not an IP address"):
+        uploads.trusted_addresses("10.0.0.1, proxy")
+
+
+def test_a_files_input_names_only_uploads_and_at_most_the_limit(tmp_path):
+    folder = tmp_path / "uploads"
+    (folder / "h").mkdir(parents=True)
+    good = stored(folder / "h", "notes.md", 10)
+    check_file_data([{"path": good}], folder, files=2, kept=lambda p: False)
+    check_file_data(None, folder, files=2, kept=lambda p: False)
+    kept = str(folder / "h" / "gone.md")  # read before and deleted: a session still keeps it
+    check_file_data([{"path": kept}], folder, files=2, kept=lambda p: p == kept)
+    with pytest.raises(ValueError, match=r"3 files, over the limit of 2 \(BRAG_MAX_FILES\)"):
+        check_file_data([{"path": good}] * 3, folder, files=2, kept=lambda p: False)
+    outside = stored(tmp_path, "secret.txt", 10)
+    for path in (
+        "http://198.51.100.1/big.bin",
+        "file:///etc/passwd",
+        "//198.51.100.1/share",
+        outside,
+        str(folder / "h" / ".." / ".." / "secret.txt"),
+        str(folder / "h" / "missing.md"),
+        "",
+        "a\0b",
+        7,
+    ):
+        with pytest.raises(ValueError, match="never read"):
+            check_file_data([{"path": path}], folder, files=2, kept=lambda p: False)
+
+
+def gradio_like(stored_paths: list[str]):
+    """What the routes wrap: answers an upload with the stored paths, anything else with 200 "served"."""
+
+    async def app(scope, receive, send):
+        await receive()
+        body = json.dumps(stored_paths).encode() if scope["path"].endswith("/upload") else b"served"
+        await send({"type": "http.response.start", "status": 200, "headers": []})
+        await send({"type": "http.response.body", "body": body})
+
+    return app
+
+
+def test_the_routes_admit_uploads_by_the_ledger_and_serve_only_the_apps_own_files(tmp_path):
+    upload = stored(tmp_path, "upload.bin", 3 * MB)
+    download = stored(tmp_path, "fit-0123456789ab.json", 10)
+    ledger = UploadLedger(store_bytes=10 * MB, per_caller_bytes=4 * MB, ttl=600)
+    routes = UploadRoutes(
+        gradio_like([upload]), ledger, served=lambda p: p == download, trusted=frozenset({"10.0.0.1"})
+    )
+    size = {"content-length": str(3 * MB)}
+    assert call_asgi(routes, "/gradio_api/upload", headers=size)[0] == 200
+    assert ledger.held("192.0.2.9") == 3 * MB
+    status, body = call_asgi(routes, "/gradio_api/upload", headers=size)
+    assert status == 429 and b"BRAG_MAX_UPLOAD_BYTES_PER_CALLER" in body
+    # Behind the trusted proxy another caller has its own share.
+    behind = {**size, "x-forwarded-for": "198.51.100.7"}
+    assert call_asgi(routes, "/gradio_api/upload", headers=behind, client=("10.0.0.1", 1))[0] == 200
+    for path in (upload, "http://198.51.100.1/x", "/etc/passwd", f"{tmp_path}/../{tmp_path.name}/upload.bin"):
+        for route in ("/gradio_api/file=", "/gradio_api/file/", "/file="):
+            assert call_asgi(routes, route + path)[0] == 403, (route, path)
+    assert call_asgi(routes, "/gradio_api/file=" + download) == (200, b"served")
+    assert call_asgi(routes, "/gradio_api/info") == (200, b"served")
