@@ -451,16 +451,19 @@ def documents_from_files(
     limits: Limits,
     readers: parse_worker.FileReaders,
     cancelled: Callable[[], bool] = lambda: False,
+    caller: str = "",
 ) -> list[Any]:
     """Uploaded files cut into passages, read in a capped worker process; a clear error names a bad file.
 
     The reading is part of the request: it ends at the request's deadline, and when the caller
-    has gone (``cancelled``).
+    (its address) has gone (``cancelled``).
     """
     left = llms.time_left(error=parse_worker.ReadingAbandoned)
     deadline = None if left is None else time.monotonic() + left
     try:
-        rows = readers.read(files, limits.file_limits(), deadline=deadline, cancelled=cancelled)
+        rows = readers.read(
+            files, limits.file_limits(), deadline=deadline, cancelled=cancelled, caller=caller
+        )
     except doc_files.DocumentError as err:
         raise user_error(f"{err}.") from None
     passages = doc_files.as_passages(rows)
@@ -1018,6 +1021,7 @@ class CorpusStore:
         text: str,
         files: list[tuple[str, bytes]] = (),  # type: ignore[assignment]
         cancelled: Callable[[], bool] = lambda: False,
+        caller: str = "",
     ) -> brag.Corpus:
         """Pasted documents and uploaded files, checked against the limits and indexed once.
 
@@ -1034,7 +1038,7 @@ class CorpusStore:
                 self._documents.move_to_end(key)
                 return self._documents[key][0]
         pasted = check_documents(text, self.limits) if text.strip() else []
-        uploaded = documents_from_files(files, self.limits, self.readers, cancelled) if files else []
+        uploaded = documents_from_files(files, self.limits, self.readers, cancelled, caller) if files else []
         if len(pasted) + len(uploaded) > self.limits.passages:
             count = len(pasted) + len(uploaded)
             raise _too_big("The documents", count, self.limits.passages, "passages", "BRAG_MAX_PASSAGES")
@@ -1225,6 +1229,7 @@ class AskRequest:
     files: Any = None
     session: str = ""  # the browser session, which may name the files it uploaded before
     gone: Callable[[], bool] = lambda: False  # whether the caller has gone (caller_gone)
+    caller: str = ""  # the caller's address, through trusted proxies
 
 
 class Server:
@@ -1270,13 +1275,14 @@ class Server:
         files: Any = None,
         session: str = "",
         cancelled: Callable[[], bool] = lambda: False,
+        caller: str = "",
     ) -> tuple[brag.Corpus, str]:
         """Uploaded files and pasted documents win over a named corpus; none is an error."""
         given = read_uploads(files, self.limits, self.session_files, session, self.ledger)
         text = documents if isinstance(documents, str) else ""
         if given or text.strip():
             label = ", ".join(name for name, _ in given) if given else "your documents"
-            return self.store.documents(text, given, cancelled), label
+            return self.store.documents(text, given, cancelled, caller), label
         name = (corpus or "").strip() if isinstance(corpus, str) else ""
         if name == YOUR_DOCUMENTS:
             raise user_error(
@@ -1328,6 +1334,7 @@ class Server:
             files,
             getattr(request, "session_hash", None) or "",
             caller_gone(),
+            self.callers.address(request) if request is not None else "",
         )
         with self._scrubbed_errors(), self.callers.slot(request):
             for answer, report in self._answer(ask):
@@ -1370,7 +1377,9 @@ class Server:
         self, ask: AskRequest, lam: float, pricing: tuple[str, tuple[float, float] | None]
     ) -> tuple[brag.Corpus, str, brag.BRAG]:
         """The corpus, the backend and the calibration a request names, as a controller."""
-        chosen, label = self.pick_corpus(ask.corpus, ask.documents, ask.files, ask.session, ask.gone)
+        chosen, label = self.pick_corpus(
+            ask.corpus, ask.documents, ask.files, ask.session, ask.gone, ask.caller
+        )
         backend = self.llms.get(ask.model, ask.hf_token, ask.provider)
         cal = read_calibration(
             ask.calibration, label, getattr(backend, "name", ""), self.shipped, self.kept, self.limits
@@ -1396,7 +1405,8 @@ class Server:
             try:
                 with llms.deadline(self.limits.calibrate_timeout):  # one call: no yields inside
                     session = getattr(request, "session_hash", None) or ""
-                    chosen, label = self.pick_corpus(corpus, documents, files, session, caller_gone())
+                    caller = self.callers.address(request) if request is not None else ""
+                    chosen, label = self.pick_corpus(corpus, documents, files, session, caller_gone(), caller)
                     backend = self.llms.get(model, hf_token, provider)
                     result = _fit(items, chosen, label, backend, model, progress)
             except gr.Error:
@@ -1451,10 +1461,13 @@ def caller_gone() -> Callable[[], bool]:
         return lambda: False
 
     def gone() -> bool:
-        for job in list(queue.active_jobs):
-            for event in job or ():
-                if event._id == event_id:
-                    return not event.alive or event.closed
+        try:
+            for job in list(queue.active_jobs):
+                for event in job or ():
+                    if event._id == event_id:
+                        return not event.alive or event.closed
+        except (AttributeError, TypeError):  # another Gradio: the request's deadline still holds
+            return False
         return True  # no longer running: cancelled
 
     return gone

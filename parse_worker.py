@@ -13,11 +13,11 @@ as untrusted as its input). The worker
 - is killed when a file takes longer than twice its CPU cap in wall time, when the request's
   deadline passes, or when ``cancelled()`` says the caller has gone.
 
-At most ``Caps.workers`` workers run at once, server-wide; a request waits for one within its
-deadline. A file that breaks a cap raises :class:`documents.TooLarge` naming the file and the
-setting; the server and other callers are unaffected. Like the embedded model's worker
-(``llm_worker.py``), it is started as ``python -c``, talks over two pipes, and a crash costs the
-request in flight, not the server.
+At most ``Caps.workers`` workers run at once, server-wide, and one caller may hold half of them;
+a request waits for one within its deadline. A file that breaks a cap raises
+:class:`documents.TooLarge` naming the file and the setting; the server and other callers are
+unaffected. Like the embedded model's worker (``llm_worker.py``), it is started as
+``python -c``, talks over two pipes, and a crash costs the request in flight, not the server.
 
     DocumentError (ValueError)      documents.py: a file that cannot be read
     ├── TooLarge                    past a limit or a cap: the file, and which
@@ -33,6 +33,7 @@ import subprocess
 import sys
 import threading
 import time
+from collections import Counter
 from collections.abc import Callable, Sequence
 from dataclasses import asdict, dataclass
 from multiprocessing.connection import Connection
@@ -60,11 +61,17 @@ class Caps:
 
 
 class FileReaders:
-    """The server's file readers: at most ``caps.workers`` worker processes at a time."""
+    """The server's file readers: at most ``caps.workers`` worker processes at a time.
+
+    One caller may hold half of them (at least one), so a caller whose files take long cannot
+    keep every other caller's files waiting.
+    """
 
     def __init__(self, caps: Caps = Caps()) -> None:
         self.caps = caps
-        self._slots = threading.BoundedSemaphore(caps.workers)
+        self.share = max(1, caps.workers // 2)
+        self._free = threading.Condition()
+        self._running: Counter[str] = Counter()
         self.started = 0  # workers started so far (a test can count them)
 
     def read(
@@ -75,18 +82,18 @@ class FileReaders:
         *,
         deadline: float | None = None,
         cancelled: Callable[[], bool] = lambda: False,
+        caller: str = "",
     ) -> list[Row]:
         """Every file's passages as rows, read in one capped worker; the first bad file raises.
 
         ``deadline`` is a ``time.monotonic()`` reading; ``cancelled`` is asked every
-        ``_POLL_SECONDS`` while the request waits.
+        ``_POLL_SECONDS`` while the request waits; ``caller`` names who asks (its address).
         """
         documents.check_request(files, limits)
         if not files:
             return []
         watch = _Watch(deadline, cancelled)
-        while not self._slots.acquire(timeout=_POLL_SECONDS):
-            watch.check(files[0][0])
+        self._take_a_slot(caller, watch, files[0][0])
         try:
             with _Worker(self.caps, limits, cut or Cut(), len(files)) as worker:
                 self.started += 1
@@ -96,7 +103,17 @@ class FileReaders:
                     rows += budget.spend(name, worker.read(Path(name).name, data, watch))
                 return rows
         finally:
-            self._slots.release()
+            with self._free:
+                self._running[caller] -= 1
+                self._free.notify_all()
+
+    def _take_a_slot(self, caller: str, watch: _Watch, name: str) -> None:
+        """Wait, within the request's deadline, until a worker and the caller's share are free."""
+        with self._free:
+            while self._running.total() >= self.caps.workers or self._running[caller] >= self.share:
+                self._free.wait(_POLL_SECONDS)
+                watch.check(name)
+            self._running[caller] += 1
 
 
 class _Watch:

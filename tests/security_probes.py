@@ -301,6 +301,11 @@ def error_matching(pattern: str, *, absent: tuple[str, ...] = ()) -> Callable[[L
     return check
 
 
+def reply_starting(*prefixes: str) -> Callable[[Lab, str], str | None]:
+    """The probe's reply starts with one of ``prefixes`` (an answer, a clear error, a figure)."""
+    return lambda lab, response: None if response.startswith(prefixes) else response
+
+
 def all_of(*checks: Callable[[Lab, str], str | None]) -> Callable[[Lab, str], str | None]:
     def check(lab: Lab, response: str) -> str | None:
         return next((why for c in checks if (why := c(lab, response)) is not None), None)
@@ -800,20 +805,23 @@ def ask_files(
 SHARED_STREAM = b"q Q " * 600_000 + b"BT /F1 12 Tf (Lina Berg was born in Bergen.) Tj ET"
 
 
-def shared_stream_pdf() -> bytes:
-    """A 10 kB, 20-page PDF whose pages share one content stream of 1.2 million cheap operations."""
-    return raw_pdf(20, SHARED_STREAM)
+def shared_stream_pdf(variant: int = 0) -> bytes:
+    """A 10 kB, 20-page PDF whose pages share one content stream of 1.2 million cheap operations.
+
+    Each ``variant`` is a file of its own, so no app can answer it from a cache of files it read.
+    """
+    return raw_pdf(20, SHARED_STREAM + b" BT (%d) Tj ET" % variant)
 
 
-def slow_pdf() -> bytes:
+def slow_pdf(variant: int = 0) -> bytes:
     """A one-page PDF of 900,000 cheap operations: within every bound, and seconds of CPU to read."""
-    return raw_pdf(1, b"q Q " * 450_000 + SHARED_STREAM[-60:])
+    return raw_pdf(1, b"q Q " * 450_000 + SHARED_STREAM[-60:] + b" BT (%d) Tj ET" % variant)
 
 
 def abandoned_read(lab: Lab) -> str:
     """A caller uploads slow PDFs, asks, and hangs up once the reading has started."""
     url, pid = lab.public.url, lab.public.proc.pid
-    paths = [upload(url, f"slow{i}.pdf", slow_pdf())[1] for i in range(6)]
+    paths = [upload(url, f"slow{i}.pdf", slow_pdf(i))[1] for i in range(6)]
     data = [*brag_args(documents=""), "tokens", None, None, file_data(paths)]
     event = rest_post(url, "brag", data, {})
     if not event.startswith("event: "):
@@ -860,7 +868,7 @@ def stopped_reading(lab: Lab, response: str) -> str | None:
 def read_past_the_deadline(lab: Lab) -> str:
     """Slow PDFs that take longer to read than the public app's whole request may."""
     pid = lab.public.proc.pid
-    reply = ask_files(lab.public.url, [(f"slow{i}.pdf", slow_pdf()) for i in range(4)])
+    reply = ask_files(lab.public.url, [(f"slow{i}.pdf", slow_pdf(10 + i)) for i in range(4)])
     before = tree_cpu(pid)
     time.sleep(3)
     after = tree_cpu(pid) - before
@@ -872,7 +880,8 @@ def parses_at_once(lab: Lab) -> str:
     url = lab.crowd.url
     callers = [
         threading.Thread(
-            target=ask_files, args=(url, [("ops.pdf", shared_stream_pdf())], QUESTION, via(f"192.0.2.{i}"))
+            target=ask_files,
+            args=(url, [("ops.pdf", shared_stream_pdf(1 + i))], QUESTION, via(f"192.0.2.{i}")),
         )
         for i in range(4)
     ]
@@ -1501,7 +1510,7 @@ def probes() -> list[Probe]:
             "4 callers' ops.pdf (finding 3's file) at once, GET /gradio_api/info ten times meanwhile",
             "crowd",
             parses_at_once,
-            lambda lab, r: None if r.startswith("health check: 10 of 10 answered") else r,
+            reply_starting("health check: 10 of 10 answered"),
             watch="",
         ),
         Probe(
@@ -1550,7 +1559,7 @@ def probes() -> list[Probe]:
             "upload images.md (2,400,000 '!['), /brag over it",
             "public",
             lambda lab: ask_files(lab.public.url, [("images.md", b"![" * 2_400_000)]),
-            lambda lab, r: None if r.startswith(("answer:", "error:")) else r,
+            reply_starting("answer:", "error:"),
             watch="",
             max_rss_growth=100,
             max_cpu=20,
@@ -1605,7 +1614,7 @@ def probes() -> list[Probe]:
             "question of 566 words, corpus=brag (3,000 passages), calibration with a gate",
             "milvus",
             long_question_over_milvus,
-            lambda lab, r: None if r.startswith("answer:") else r,
+            reply_starting("answer:"),
             watch="",
             max_cpu=20,
         ),

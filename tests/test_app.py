@@ -21,7 +21,7 @@ from pathlib import Path
 import pytest
 from app_server import AppProcess, call_asgi, rest_call, rest_events, upload_over_rest
 from conftest import PRIORS, ROOT
-from document_files import pdf_bytes
+from document_files import pdf_bytes, raw_pdf
 from gradio_client import Client
 from gradio_client.exceptions import AppError
 from hub_server import FakeHub
@@ -994,3 +994,35 @@ def test_a_body_naming_more_files_than_a_request_may_hold_is_refused_before_it_i
         guard, "/gradio_api/call/brag", many, {"content-length": str(len(many))}, chunk=65_536
     )
     assert status == 413 and b"at most 10 files (BRAG_MAX_FILES)" in answer and len(parsed) == 2
+
+
+def reading_workers(pid: int) -> int:
+    """How many file-reading workers the app process ``pid`` is running."""
+    count = 0
+    for task in Path(f"/proc/{pid}/task").glob("*/children"):
+        for child in task.read_text().split():
+            try:
+                count += b"parse_worker" in Path(f"/proc/{child}/cmdline").read_bytes()
+            except OSError:
+                continue
+    return count
+
+
+def test_a_client_that_cancels_stops_the_reading_of_its_files(client, app, tmp_path):
+    from gradio_client import handle_file
+
+    slow = tmp_path / "slow.pdf"  # 900,000 cheap operations: seconds of CPU, within every bound
+    slow.write_bytes(raw_pdf(1, b"q Q " * 450_000 + b"BT /F1 12 Tf (Lina Berg was born in Bergen.) Tj ET"))
+    files = [handle_file(str(slow)) for _ in range(10)]  # half a minute of reading
+    job = client.submit(*args(documents=""), "tokens", None, None, files, api_name="/brag")
+    deadline = time.monotonic() + 60
+    while not reading_workers(app.proc.pid):
+        assert time.monotonic() < deadline and not job.done(), "the files were never read"
+        time.sleep(0.05)
+    job.cancel()
+    deadline = time.monotonic() + 10
+    while reading_workers(app.proc.pid):
+        assert time.monotonic() < deadline, "the reading went on after the client cancelled"
+        time.sleep(0.1)
+    answer, _ = client.predict(*args(), api_name="/brag")
+    assert answer == "Bergen"

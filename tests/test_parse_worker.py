@@ -97,6 +97,25 @@ def test_no_more_workers_run_at_once_than_the_server_allows():
     assert readers.started == 3 and max(seen) == 1
 
 
+def test_one_caller_holds_at_most_half_of_the_workers():
+    readers = FileReaders(Caps(workers=2))
+    seen: list[tuple[int, int]] = []
+    callers = ["a", "a", "a", "b"]
+    threads = [
+        threading.Thread(
+            target=readers.read, args=([("slow.pdf", SLOW_PDF)], FileLimits()), kwargs={"caller": c}
+        )
+        for c in callers
+    ]
+    for thread in threads:
+        thread.start()
+    while any(t.is_alive() for t in threads):
+        seen.append((readers._running["a"], readers._running.total()))
+        time.sleep(0.02)
+    assert readers.started == 4
+    assert max(a for a, _ in seen) == 1 and max(total for _, total in seen) == 2  # b ran beside a
+
+
 def limit_of(limits: str, name: str) -> tuple[str, str]:
     """A process's soft and hard limit, from its /proc/<pid>/limits text."""
     line = next(line for line in limits.splitlines() if line.startswith(name))
