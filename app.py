@@ -29,7 +29,7 @@ import urllib.parse
 from collections import Counter, OrderedDict
 from collections.abc import Callable, Iterable, Iterator, Mapping
 from contextlib import contextmanager
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -159,9 +159,9 @@ class Limits:
     calibrate_timeout: float = 3_600.0  # BRAG_CALIBRATE_TIMEOUT: /calibrate makes 3 calls a question
     documents_cache_bytes: int = 200_000_000  # BRAG_DOCUMENTS_CACHE_BYTES: pasted corpora kept
     per_session: int = 2  # BRAG_MAX_PER_SESSION: requests one browser tab (session) runs at once
-    # BRAG_MAX_PER_ADDRESS: requests one client address runs at once; by default half of
-    # BRAG_CONCURRENCY, and never all of it (Limits.sharing)
-    per_address: int = 8
+    # BRAG_MAX_PER_ADDRESS: requests one client address runs at once; unset (None), half of
+    # BRAG_CONCURRENCY; never all of it (Limits.address_share)
+    per_address: int | None = None
     queue_size: int = 64  # BRAG_MAX_QUEUE: requests waiting for a worker; more get "busy, retry"
     calibrate_concurrency: int = 1  # BRAG_CALIBRATE_CONCURRENCY: /calibrate runs at once (own slots)
     files: int = 10  # BRAG_MAX_FILES: uploaded files per request
@@ -190,14 +190,14 @@ class Limits:
         """One caller's share of the upload store: never less than one request's files."""
         return max(self.upload_caller_bytes, self.files_bytes)
 
-    def sharing(self, concurrency: int, per_address_set: bool) -> Limits:
-        """These limits with the per-address cap fitted to ``concurrency`` workers.
+    def address_share(self, concurrency: int) -> int:
+        """Requests one address may run among ``concurrency`` workers.
 
-        Unset, an address may run half of them; set, at most all but one: one address never
-        holds every worker while another waits.
+        Unset, half of them; set, at most all but one: one address never holds every worker
+        while another waits.
         """
-        share = self.per_address if per_address_set else max(1, concurrency // 2)
-        return replace(self, per_address=min(share, concurrency - 1) if concurrency > 1 else 1)
+        share = self.per_address if self.per_address is not None else max(1, concurrency // 2)
+        return min(share, concurrency - 1) if concurrency > 1 else 1
 
     @classmethod
     def from_env(cls) -> Limits:
@@ -214,7 +214,6 @@ class Limits:
             "calibrate_timeout": "BRAG_CALIBRATE_TIMEOUT",
             "documents_cache_bytes": "BRAG_DOCUMENTS_CACHE_BYTES",
             "per_session": "BRAG_MAX_PER_SESSION",
-            "per_address": "BRAG_MAX_PER_ADDRESS",
             "queue_size": "BRAG_MAX_QUEUE",
             "calibrate_concurrency": "BRAG_CALIBRATE_CONCURRENCY",
             "files": "BRAG_MAX_FILES",
@@ -233,7 +232,9 @@ class Limits:
         values = {
             f: _env_number(env, getattr(defaults, f), type(getattr(defaults, f))) for f, env in names.items()
         }
-        return cls(**values).sharing(concurrency(), "BRAG_MAX_PER_ADDRESS" in os.environ)
+        if "BRAG_MAX_PER_ADDRESS" in os.environ:  # unset means half of BRAG_CONCURRENCY
+            values["per_address"] = _env_number("BRAG_MAX_PER_ADDRESS", 8)
+        return cls(**values)
 
 
 def _too_big(what: str, size: int, limit: int, unit: str, variable: str) -> gr.Error:
@@ -1248,7 +1249,7 @@ class Server:
         self.kept = KeptCalibrations(settings.cache_dir / "calibrations")
         self.store = CorpusStore(settings.limits, settings.own_index, settings.milvus)
         self.llms = LLMPool(settings.endpoints, settings.models)
-        per_address = settings.limits.sharing(settings.concurrency, per_address_set=True).per_address
+        per_address = settings.limits.address_share(settings.concurrency)
         self.callers = CallerLimits(settings.limits.per_session, per_address, settings.trusted_proxies)
         self.secrets = settings.secrets
         self.session_files = SessionUploads(settings.limits.files_bytes * 4)

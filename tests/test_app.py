@@ -925,10 +925,7 @@ def test_files_are_uploaded_over_gradio_client_and_rest_read_and_deleted(client,
 def test_one_address_never_holds_every_worker(concurrency, setting, expected):
     import app as brag_app
 
-    limits = brag_app.Limits(per_address=setting or 8).sharing(
-        concurrency, per_address_set=setting is not None
-    )
-    assert limits.per_address == expected
+    assert brag_app.Limits(per_address=setting).address_share(concurrency) == expected
 
 
 def test_document_and_model_text_is_shown_as_written_never_as_markup():
