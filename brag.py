@@ -3161,7 +3161,7 @@ def _read_documents(paths: Sequence[Path]) -> list[Any]:
 
     A file that cannot be read is reported with the reason and skipped; the rest are indexed.
     """
-    import documents  # an optional engine beside this module: pypdf, python-docx, selectolax
+    import documents  # an optional engine beside this module: pypdf, selectolax
 
     # A folder's regular files of a document type, and every file named (is_file() is False for
     # a FIFO, a device, or a link to one: those are reported, never opened).

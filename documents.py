@@ -193,7 +193,7 @@ def file_rows(name: str, data: bytes, limits: FileLimits = FileLimits(), cut: Cu
 
 
 def rows_of(
-    name: str, sections: Iterable[Section], cut: Cut = Cut(), title_chars: int = 300
+    name: str, sections: Iterable[Section], cut: Cut = Cut(), title_chars: int = FileLimits.title_chars
 ) -> Iterator[Row]:
     """Each section's paragraphs packed into passages of at most ``cut.max_words`` words."""
     for section in sections:
@@ -738,7 +738,6 @@ _PDF_WORK: contextvars.ContextVar[_PdfWork | None] = contextvars.ContextVar(
 
 def _pdf_sections(name: str, data: bytes, limits: FileLimits) -> list[Section]:
     """One section per page, its paragraphs split at blank lines."""
-    from pypdf import PdfReader
     from pypdf._configuration import CURRENT_CONFIGURATION, get_configuration
 
     _budget_pdf_parsing()
@@ -758,17 +757,17 @@ def _pdf_sections(name: str, data: bytes, limits: FileLimits) -> list[Section]:
     work = _PdfWork(limits.pdf_operations, limits.pdf_content_bytes)
     budget = _PDF_WORK.set(work)
     try:
-        return _pdf_pages(name, PdfReader, data, limits, work)
+        return _pdf_pages(name, data, limits, work)
     finally:
         _PDF_WORK.reset(budget)
         CURRENT_CONFIGURATION.reset(configured)
 
 
-def _pdf_pages(
-    name: str, reader_class: Any, data: bytes, limits: FileLimits, work: _PdfWork
-) -> list[Section]:
+def _pdf_pages(name: str, data: bytes, limits: FileLimits, work: _PdfWork) -> list[Section]:
+    from pypdf import PdfReader
+
     try:
-        reader = reader_class(io.BytesIO(data))
+        reader = PdfReader(io.BytesIO(data))
         if reader.is_encrypted and not reader.decrypt(""):
             raise DocumentError(f"{name}: an encrypted PDF; save it without a password first")
         objects = sum(len(table) for table in reader.xref.values()) + len(reader.xref_objStm)
