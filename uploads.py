@@ -224,8 +224,8 @@ class UploadRoutes:
         if path.rstrip("/").endswith("/upload"):
             await self._upload(scope, receive, send)
             return
-        served = _served_path(path)
-        if served is not None and not (served and not _is_url(served) and self.served(_key(served))):
+        wanted = _served_path(path)
+        if wanted is not None and (not wanted or _is_url(wanted) or not self.served(_key(wanted))):
             await json_response(
                 send, 403, {"detail": "Not served: this server serves only the files it makes."}
             )

@@ -96,11 +96,16 @@ def rest_events(
     )
     with urllib.request.urlopen(request, timeout=timeout) as response:
         event_id = json.loads(response.read())["event_id"]
+    return rest_stream(url, api_name, event_id, timeout)
+
+
+def rest_stream(url: str, api_name: str, event_id: str, timeout: float = 120) -> list[tuple[str, str]]:
+    """Every ``(event, data)`` pair a REST call streams, until ``complete`` or ``error``."""
     events: list[tuple[str, str]] = []
     with urllib.request.urlopen(f"{url}gradio_api/call/{api_name}/{event_id}", timeout=timeout) as stream:
         event = None
         for raw in stream:
-            line = raw.decode().strip()
+            line = raw.decode(errors="replace").strip()
             if line.startswith("event:"):
                 event = line.split(":", 1)[1].strip()
             elif line.startswith("data:") and event:

@@ -30,7 +30,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from app_server import AppProcess, free_port, rest_call, rest_events, upload
+from app_server import AppProcess, free_port, rest_call, rest_events, rest_stream, upload
 from document_files import docx_with_body, raw_pdf
 from gradio_client import Client
 from openai_server import FakeOpenAI, Reply
@@ -546,19 +546,13 @@ def rest_result(url: str, api: str, event: str, timeout: float = 150) -> str:
     """The result of a REST call; "waiting" when none came within ``timeout`` seconds."""
     if not event.startswith("event: "):
         return event
-    address = f"{url}gradio_api/call/{api}/{event.split(': ', 1)[1]}"
     try:
-        with urllib.request.urlopen(address, timeout=timeout) as feed:
-            kind = None
-            for raw in feed:
-                line = raw.decode(errors="replace").strip()
-                if line.startswith("event:"):
-                    kind = line.split(":", 1)[1].strip()
-                elif line.startswith("data:") and kind in ("complete", "error"):
-                    return f"{kind}: {line[5:].strip()[:300]}"
+        kind, data = rest_stream(url, api, event.split(": ", 1)[1], timeout)[-1]
     except TimeoutError:
         return f"waiting: no result within {timeout:g} s"
-    return "error: no result"
+    except RuntimeError:
+        return "error: no result"
+    return f"{kind}: {data[:300]}"
 
 
 def wait_for(condition: Callable[[], bool], what: str, seconds: float = 60) -> None:
@@ -767,25 +761,16 @@ def ask_over_rest(
     event = rest_post(url, "brag", data, headers or {})
     if not event.startswith("event: "):
         return event, []
-    events: list[tuple[str, str]] = []
     try:
-        with urllib.request.urlopen(
-            f"{url}gradio_api/call/brag/{event.split(': ', 1)[1]}", timeout=timeout
-        ) as feed:
-            kind = None
-            for raw in feed:
-                line = raw.decode(errors="replace").strip()
-                if line.startswith("event:"):
-                    kind = line.split(":", 1)[1].strip()
-                elif line.startswith("data:") and kind:
-                    events.append((kind, line[5:].strip()))
-                    if kind == "complete":
-                        return f"answer: {json.loads(events[-1][1])[0]}", events
-                    if kind == "error":
-                        return f"error: {events[-1][1][:400]}", events
+        events = rest_stream(url, "brag", event.split(": ", 1)[1], timeout)
     except TimeoutError:
-        return f"waiting: no result within {timeout:g} s", events
-    return "error: no result", events
+        return f"waiting: no result within {timeout:g} s", []
+    except RuntimeError:
+        return "error: no result", []
+    kind, payload = events[-1]
+    if kind == "complete":
+        return f"answer: {json.loads(payload)[0]}", events
+    return f"error: {payload[:400]}", events
 
 
 def ask_files(
@@ -1035,10 +1020,10 @@ def markup_in_titles(lab: Lab) -> str:
     titled = json.dumps([{"title": f"Glass {HOSTILE_MARKUP}", "text": DOCS.splitlines()[0]}]).encode()
     paths = [upload(lab.public.url, n, d)[1] for n, d in (("notes.md", markdown), ("tower.json", titled))]
     data = [*brag_args(documents=""), "tokens", None, None, file_data(paths)]
-    event = rest_post(lab.public.url, "brag", data, {})
-    result = rest_call_result(lab.public.url, event)
-    if not isinstance(result, list):
-        return f"error: {result}"
+    answered, events = ask_over_rest(lab.public.url, data)
+    if not answered.startswith("answer: "):
+        return answered
+    result = json.loads(events[-1][1])
     reply = queue_join(lab.public.url, fn_index_of(lab, "public", "render"), result, limit=200_000)
     if not reply.startswith("output: "):
         return reply
@@ -1048,20 +1033,6 @@ def markup_in_titles(lab: Lab) -> str:
     page = MarkdownIt("commonmark").render(headline if isinstance(headline, str) else headline["value"])
     tags = sorted({t for t in ("<img", "<form", "<input", "<button") if t in page})
     return f"the answer panel holds {', '.join(tags) if tags else 'no tag from the documents'}"
-
-
-def rest_call_result(url: str, event: str) -> Any:
-    if not event.startswith("event: "):
-        return event
-    with urllib.request.urlopen(f"{url}gradio_api/call/brag/{event.split(': ', 1)[1]}", timeout=120) as feed:
-        kind = None
-        for raw in feed:
-            line = raw.decode(errors="replace").strip()
-            if line.startswith("event:"):
-                kind = line.split(":", 1)[1].strip()
-            elif line.startswith("data:") and kind in ("complete", "error"):
-                return json.loads(line[5:]) if kind == "complete" else line[5:200]
-    return "no result"
 
 
 def index_command_on_odd_files(lab: Lab) -> str:
