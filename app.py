@@ -1622,7 +1622,30 @@ def read_labels(seen: dict[str, Any], new_only: bool = True) -> list[str]:
     return [p.get("label") or p.get("title") or f"passage {p['id']}" for p in passages]
 
 
-STEP_COLUMNS = ["Step", "P(error)", "R1", "R2", "CB", "Action", "What it read", "Answer", "Follow-up query"]
+STEP_COLUMNS = [
+    "Step",
+    "P(error)",
+    "R1",
+    "R2",
+    "CB",
+    "Action",
+    "What it read",
+    "Answer",
+    "Evidence",
+    "Follow-up query",
+]
+
+
+def evidence_cell(seen: dict[str, Any]) -> str:
+    """What a step's vote rested on, e.g. ``answer p 0.83 · span of passage 1 · level R1:hi``."""
+    if seen.get("candidate") is None:
+        return ""
+    if "samples" in seen:
+        return f"level CB_{seen['agreement']}"
+    parts = [brag.evidence_text(seen.get("evidence") or {})]
+    if seen.get("vote_type"):
+        parts.append(f"level {seen['vote_type']}")
+    return " · ".join(p for p in parts if p)
 
 
 def steps_frame(report: dict[str, Any]) -> pd.DataFrame:
@@ -1650,8 +1673,9 @@ def steps_frame(report: dict[str, Any]) -> pd.DataFrame:
         if action == "stop":
             read = report.get("stop_reason", "")
         p_err = f"{step['posterior']['p_err']:.3f}"
+        follow_up = seen.get("follow_up_query", "")
         rows.append(
-            [step["step"], p_err, *cells.values(), action, read, answer, seen.get("follow_up_query", "")]
+            [step["step"], p_err, *cells.values(), action, read, answer, evidence_cell(seen), follow_up]
         )
     return pd.DataFrame(rows, columns=STEP_COLUMNS)
 

@@ -62,6 +62,11 @@ __all__ = [  # noqa: RUF022
     "parse_reading",
     "same_answer",
     "token_f1",
+    # Evidence
+    "EVIDENCE_FEATURES",
+    "answer_logprobs",
+    "evidence_text",
+    "read_evidence",
     # Posterior
     "Beliefs",
     "Vote",
@@ -112,6 +117,8 @@ __all__ = [  # noqa: RUF022
     "Branch",
     "Calibration",
     "Level",
+    "EvidenceLevel",
+    "EvidenceSplit",
     "calibration_from_dict",
     "calibration_status",
     "load_calibration",
@@ -170,6 +177,9 @@ class Completion:
     estimated: bool = False  # token counts estimated because the server reported none
     requests: int = 1  # HTTP requests (or local generations) behind this call
     seconds: float | None = None  # wall time of the call when it was made; None if unknown
+    # Per text, each generated token as (text piece, natural-log probability); None when the
+    # backend gave none. The pieces of one text join into its start (a stop string cuts the rest).
+    logprobs: list[list[tuple[str, float]]] | None = None
 
 
 @runtime_checkable
@@ -342,6 +352,91 @@ def parse_reading(text: str) -> tuple[str, str]:
     if not answer and unlabeled:
         answer = unlabeled[0]
     return _clean_answer(answer), query.strip().strip("\"'“” ").strip()[:MAX_QUERY_CHARS]
+
+
+# ------------------------------------------------------------------------------------------
+# Evidence: what an answer shows about itself, at no extra LLM call
+# ------------------------------------------------------------------------------------------
+
+# What a read's vote carries about its own answer. Calibration picks the feature that best tells
+# right answers from wrong ones on held-out questions and splits the votes into levels by it; a
+# feature a backend cannot give (None) leaves the vote at its action's flat reliability.
+#   answer_p      the model's probability of the answer's tokens (geometric mean)
+#   answer_p_min  the probability of its least likely token
+#   span          1 / rank of the first passage read that holds the answer word for word, else 0
+#   in_question   1 when the question itself holds the answer (a choice it offered), else 0
+EVIDENCE_FEATURES = ("answer_p", "answer_p_min", "span", "in_question")
+
+
+def _answer_pattern(answer: str) -> re.Pattern[str] | None:
+    """The answer's words as a case-blind pattern that matches whole words across any spacing."""
+    words = answer.split()
+    if not words:
+        return None
+    return re.compile(r"(?<!\w)" + r"\s+".join(map(re.escape, words)) + r"(?!\w)", re.IGNORECASE)
+
+
+def answer_logprobs(answer: str, tokens: Sequence[tuple[str, float]]) -> list[float]:
+    """The log-probabilities of the tokens that spell ``answer`` where the reply first writes it.
+
+    ``tokens`` are a reply's (piece, log-probability) pairs; [] when the reply does not hold the
+    answer as written (a cleaned-up answer, say), so no probability is made up.
+    """
+    text = "".join(piece for piece, _ in tokens)
+    pattern = _answer_pattern(answer)
+    found = pattern.search(text) if pattern is not None else None
+    if found is None:
+        return []
+    start, end = found.span()
+    picked, position = [], 0
+    for piece, logprob in tokens:
+        if position < end and position + len(piece) > start:
+            picked.append(logprob)
+        position += len(piece)
+    return picked
+
+
+def read_evidence(
+    answer: str,
+    question: str,
+    passages: Sequence[Passage],
+    tokens: Sequence[tuple[str, float]] | None = None,
+) -> dict[str, float | None]:
+    """The evidence features (``EVIDENCE_FEATURES``) of a read's answer; None where unknown.
+
+    A yes/no answer has no span or question feature: a passage or a question can say "yes" or
+    "no" about anything.
+    """
+    if not answer:
+        return dict.fromkeys(EVIDENCE_FEATURES)
+    picked = answer_logprobs(answer, tokens) if tokens else []
+    evidence: dict[str, float | None] = {
+        "answer_p": math.exp(sum(picked) / len(picked)) if picked else None,
+        "answer_p_min": math.exp(min(picked)) if picked else None,
+        "span": None,
+        "in_question": None,
+    }
+    if normalize_answer(answer) in ("yes", "no"):
+        return evidence
+    pattern = _answer_pattern(answer)
+    assert pattern is not None
+    rank = next((i for i, p in enumerate(passages, 1) if pattern.search(p.render())), None)
+    evidence["span"] = 1.0 / rank if rank else 0.0
+    evidence["in_question"] = float(pattern.search(question) is not None)
+    return evidence
+
+
+def evidence_text(evidence: Mapping[str, float | None]) -> str:
+    """The evidence in words, e.g. ``answer p 0.83 · span of passage 1``."""
+    parts = []
+    if evidence.get("answer_p") is not None:
+        parts.append(f"answer p {evidence['answer_p']:.2f}")
+    span = evidence.get("span")
+    if span is not None:
+        parts.append(f"span of passage {round(1 / span)}" if span else "not in any passage read")
+    if evidence.get("in_question"):
+        parts.append("named in the question")
+    return " · ".join(parts)
 
 
 # ------------------------------------------------------------------------------------------
@@ -530,9 +625,10 @@ def vote_information(rho: float, eta: float, rule: str = "floored") -> float:
 
 
 def information_rate(action: ActionPrior, eta: float, rule: str = "floored") -> float:
-    """D_a = q_a d(rho_a); for CB the expectation over agreement levels, q sum_g pi_g d(kappa_g)."""
-    if action.levels:
-        return action.q * sum(level.pi * vote_information(level.mean, eta, rule) for level in action.levels)
+    """D_a = q_a d(rho_a); over levels (CB's agreement, a read's evidence), q sum_g pi_g d(rho_g)."""
+    levels = action.levels or (action.evidence.levels if action.evidence is not None else ())
+    if levels:
+        return action.q * sum(level.pi * vote_information(level.mean, eta, rule) for level in levels)
     return action.q * vote_information(action.mean, eta, rule)
 
 
@@ -548,13 +644,23 @@ class VoteOutlook:
     """What one action's vote can be, for the lookahead.
 
     Whether it answers (q), and the likelihood ratio of each kind of vote with its share (CB:
-    one per agreement level; a read: one). For the conditional second hop, ``same_ratio`` is
-    the ratio of a vote repeating an earlier read's answer; the outcomes hold a new answer's.
+    one per agreement level; a read: one per evidence level, or one). For the conditional
+    second hop, ``same_ratio`` is the ratio of a vote repeating an earlier read's answer; the
+    outcomes hold a new answer's.
     """
 
     q: float
     outcomes: tuple[tuple[float, float], ...]
     same_ratio: float | None = None
+
+    # (summed share, ratio) per distinct ratio: the kinds of vote that move the posterior alike
+    kinds: tuple[tuple[float, float], ...] = field(init=False, repr=False, compare=False)
+
+    def __post_init__(self) -> None:
+        shares: dict[float, float] = {}
+        for share, ratio in self.outcomes:
+            shares[ratio] = shares.get(ratio, 0.0) + share
+        object.__setattr__(self, "kinds", tuple((share, ratio) for ratio, share in shares.items()))
 
 
 def expected_gain(
@@ -577,50 +683,39 @@ def expected_gain(
     first, best, runner_up = _top_two(probs)
     same = outlook.same_ratio
     same_terms = _vote_terms(same, eta) if same is not None and repeatable else None
+    log_w = beliefs.log_w
+    exp = math.exp
+    # How much one vote with log ratio x multiplies candidate j's weight, as Beliefs.add would:
+    # floored, a candidate some vote favours (log_w = its favour) grows by e^x when x >= 0 and
+    # not at all below; one no vote favours (log_w = its largest ratio w) grows to e^x if
+    # x > w. Spelled out here because this loop is most of a decision's time.
+    fast = beliefs.model.rule == "floored" and len(beliefs.favour) == len(log_w) == len(probs)
+    favoured = [f is not None for f in beliefs.favour]
     expected = (1 - outlook.q) * best
-    by_ratio: dict[float, tuple[float, float]] = {}  # CB's levels often share a ratio
-    for share, ratio in outlook.outcomes:
-        sums = by_ratio.get(ratio)
-        if sums is None:
-            sums = by_ratio[ratio] = _after_one_vote(
-                beliefs, probs, residual, eta, ratio, same_terms, repeatable, (first, best, runner_up)
-            )
-        total, covered = sums
+    for share, ratio in outlook.kinds:
+        rho_new, log_new = _vote_terms(ratio, eta)
+        total, covered = 0.0, 0.0
+        for j, pj in enumerate(probs):
+            if same_terms is not None and j in repeatable:
+                (rho, log_lr), r = same_terms, same
+            else:
+                rho, log_lr, r = rho_new, log_new, ratio
+            chance = pj * rho + (1 - pj) * (1 - rho) * eta  # the vote names candidate j
+            if not fast:
+                grown = pj * exp(beliefs.weight_after(j, log_lr) - log_w[j])
+            elif favoured[j]:
+                grown = pj * r if log_lr >= 0 else pj
+            else:
+                grown = pj * exp(log_lr - log_w[j]) if log_lr > log_w[j] else pj
+            other = runner_up if j == first else best
+            total += chance * (grown if grown > other else other) / (1 - pj + grown)
+            covered += chance
+        fresh = residual * ratio * eta  # a vote for an answer not seen yet: its weight
+        total += max(0.0, 1 - covered) * max(best, fresh) / (1 + fresh)
         # eta is a per-answer likelihood, so with many candidates the chances of naming each
         # can sum past 1; the outcomes must form a distribution for this to be an expectation
         expected += outlook.q * share * total / max(1.0, covered)
     return max(0.0, expected - best)
-
-
-def _after_one_vote(
-    beliefs: Beliefs,
-    probs: list[float],
-    residual: float,
-    eta: float,
-    ratio: float,
-    same_terms: tuple[float, float] | None,
-    repeatable: Collection[int],
-    top: tuple[int, float, float],
-) -> tuple[float, float]:
-    """One kind of vote's expected P(leader) after it (unnormalised) and its chance mass.
-
-    ``expected_gain`` divides one by the other.
-    """
-    first, best, runner_up = top
-    log_w, weight_after = beliefs.log_w, beliefs.weight_after
-    rho_new, log_new = _vote_terms(ratio, eta)
-    exp = math.exp
-    total, covered = 0.0, 0.0
-    for j, pj in enumerate(probs):
-        rho, log_lr = same_terms if same_terms is not None and j in repeatable else (rho_new, log_new)
-        chance = pj * rho + (1 - pj) * (1 - rho) * eta  # the vote names candidate j
-        grown = pj * exp(weight_after(j, log_lr) - log_w[j])
-        other = runner_up if j == first else best
-        total += chance * max(grown, other) / (1 - pj + grown)
-        covered += chance
-    fresh = residual * ratio * eta  # a vote for an answer not seen yet: its weight
-    total += max(0.0, 1 - covered) * max(best, fresh) / (1 + fresh)
-    return total, covered
 
 
 def _vote_terms(ratio: float, eta: float) -> tuple[float, float]:
@@ -1809,6 +1904,58 @@ class Branch(_BetaMean):
 
 
 @dataclass(frozen=True)
+class EvidenceLevel(_BetaMean):
+    """One level of a read's votes: its name, its share of votes (pi), its reliability Beta(a, b)."""
+
+    name: str  # "hi" or "lo"
+    pi: float
+    a: float
+    b: float
+
+
+@dataclass(frozen=True)
+class EvidenceSplit:
+    """A read's votes in two levels by a score of their evidence, each level its own reliability.
+
+    The score is ``intercept + sum(weight * feature)`` over ``weights`` (one feature with weight
+    1, or a logistic combination of several, as calibration chose). A vote whose score is at
+    least ``threshold`` lands in ``hi``, else in ``lo``; a vote lacking any weighted feature
+    keeps the action's flat reliability. ``auc``: the score's AUROC for a right answer on
+    held-out calibration questions; ``name`` says what the score is.
+    """
+
+    name: str
+    weights: tuple[tuple[str, float], ...]
+    intercept: float
+    threshold: float
+    hi: EvidenceLevel
+    lo: EvidenceLevel
+    auc: float
+
+    @property
+    def levels(self) -> tuple[EvidenceLevel, EvidenceLevel]:
+        """Both levels, ``hi`` first."""
+        return self.hi, self.lo
+
+    def score(self, evidence: Mapping[str, float | None]) -> float | None:
+        """The vote's score; None when it lacks a feature the score needs."""
+        total = self.intercept
+        for feature, weight in self.weights:
+            value = evidence.get(feature)
+            if value is None:
+                return None
+            total += weight * value
+        return total
+
+    def level(self, evidence: Mapping[str, float | None]) -> EvidenceLevel | None:
+        """The level a vote with this evidence lands in; None when it lacks a feature."""
+        score = self.score(evidence)
+        if score is None:
+            return None
+        return self.hi if score >= self.threshold else self.lo
+
+
+@dataclass(frozen=True)
 class ActionPrior(_BetaMean):
     """Answerability q and reliability Beta(a, b) of one action; CB adds agreement levels."""
 
@@ -1819,12 +1966,13 @@ class ActionPrior(_BetaMean):
     weak: ActionPrior | None = None  # (q, rho) when the gate calls the window weak
     same: Branch | None = None  # R2 only: the second hop repeats an earlier read's answer
     new: Branch | None = None  # R2 only: the second hop names an answer no earlier read gave
+    evidence: EvidenceSplit | None = None  # reads: vote levels by what the answer shows
 
     def on_weak_window(self) -> ActionPrior:
         """(q, rho) on a window the gate calls weak, never above the strong window's."""
         weak = self.weak or self
         a, b = (weak.a, weak.b) if weak.mean <= self.mean else (self.a, self.b)
-        return ActionPrior(min(weak.q, self.q), a, b)
+        return ActionPrior(min(weak.q, self.q), a, b, evidence=self.evidence)
 
 
 @dataclass(frozen=True)
@@ -1863,7 +2011,8 @@ class Calibration:
         """Beta(a, b) per vote type.
 
         R1, R2 and their weak-window variants; R2_same and R2_new (the second hop read against
-        the answers before it); and CB_g for g = 1..m.
+        the answers before it); ``R1:hi``, ``R1:lo``, ``R2:hi``, ... ``R2_new:lo`` for a read
+        whose calibration splits its votes by evidence; and CB_g for g = 1..m.
         """
         priors = {}
         for t in ("R1", "R2"):
@@ -1871,6 +2020,10 @@ class Calibration:
             priors[t], priors[f"{t}_weak"] = (strong.a, strong.b), (weak.a, weak.b)
         same, new = self.branches()
         priors["R2_same"], priors["R2_new"] = (same.a, same.b), (new.a, new.b)
+        for t in ("R1", "R2", "R2_new"):
+            split = self.actions[t[:2]].evidence
+            for level in split.levels if split is not None else ():
+                priors[f"{t}:{level.name}"] = (level.a, level.b)
         for g in range(1, m + 1):
             level = self.level(g, m)
             priors[f"CB_{g}"] = (level.a, level.b)
@@ -1894,7 +2047,10 @@ class Calibration:
             rates[f"{t}_weak"] = information_rate(self.actions[t].on_weak_window(), self.eta, rule)
         same, new = self.branches()
         q = self.actions["R2"].q
-        d_same, d_new = (vote_information(b.mean, self.eta, rule) for b in (same, new))
+        d_same = vote_information(same.mean, self.eta, rule)
+        split = self.actions["R2"].evidence
+        levels = split.levels if split is not None else (EvidenceLevel("", 1.0, new.a, new.b),)
+        d_new = sum(level.pi * vote_information(level.mean, self.eta, rule) for level in levels)
         rates["R2_after_answer"] = q * (same.pi * d_same + (1 - same.pi) * d_new)
         rates["R2_after_none"] = q * d_new
         return rates
@@ -1909,6 +2065,8 @@ class Calibration:
             if prior.same is not None and prior.new is not None:
                 entry["same"] = {"pi": prior.same.pi, "rho": {"a": prior.same.a, "b": prior.same.b}}
                 entry["new"] = {"rho": {"a": prior.new.a, "b": prior.new.b}}
+            if prior.evidence is not None:
+                entry["evidence"] = _evidence_to_dict(prior.evidence)
             if prior.levels:
                 del entry["rho"]
                 entry["levels"] = {
@@ -2021,7 +2179,48 @@ def _read_action(name: str, entry: Mapping[str, Any]) -> ActionPrior:
     if name == "R2" and (entry.get("same") is not None or entry.get("new") is not None):
         same, new = _second_hop_branches(entry.get("same"), entry.get("new"))
     rho = _beta(entry.get("rho"), f"actions.{name}.rho")
-    return ActionPrior(q, *rho, weak=weak, same=same, new=new)
+    evidence = _evidence_from_dict(entry["evidence"], name) if entry.get("evidence") is not None else None
+    return ActionPrior(q, *rho, weak=weak, same=same, new=new, evidence=evidence)
+
+
+def _evidence_to_dict(split: EvidenceSplit) -> dict[str, Any]:
+    levels = {lv.name: {"pi": lv.pi, "rho": {"a": lv.a, "b": lv.b}} for lv in split.levels}
+    return {
+        "name": split.name,
+        "weights": dict(split.weights),
+        "intercept": split.intercept,
+        "threshold": split.threshold,
+        "auc": split.auc,
+        "levels": levels,
+    }
+
+
+def _evidence_from_dict(raw: Any, action: str) -> EvidenceSplit:
+    """A read's evidence levels: the score (feature weights), its threshold, and each level."""
+    where = f"actions.{action}.evidence"
+    weights = raw.get("weights") if isinstance(raw, Mapping) else None
+    if not isinstance(weights, Mapping) or not weights or not set(weights) <= set(EVIDENCE_FEATURES):
+        raise ValueError(
+            f"calibration: {where}.weights must map some of {', '.join(EVIDENCE_FEATURES)} to numbers"
+        )
+    parsed_weights = tuple((f, _number(w, f"{where}.weights.{f}", -1e6, 1e6)) for f, w in weights.items())
+    intercept = _number(raw.get("intercept", 0.0), f"{where}.intercept", -1e6, 1e6)
+    threshold = _number(raw.get("threshold"), f"{where}.threshold", -1e6, 1e6)
+    auc = _number(raw.get("auc", 0.5), f"{where}.auc", 0.0, 1.0)
+    levels = raw.get("levels")
+    if not isinstance(levels, Mapping) or set(levels) != {"hi", "lo"}:
+        raise ValueError(f"calibration: {where}.levels must give 'hi' and 'lo'")
+    parsed = {}
+    for name in ("hi", "lo"):
+        entry = levels[name]
+        if not isinstance(entry, Mapping):
+            raise ValueError(f"calibration: {where}.levels.{name} must be an object with pi and rho")
+        pi = _number(entry.get("pi"), f"{where}.levels.{name}.pi", 0.0, 1.0)
+        parsed[name] = EvidenceLevel(name, pi, *_beta(entry.get("rho"), f"{where}.levels.{name}.rho"))
+    if abs(parsed["hi"].pi + parsed["lo"].pi - 1.0) > 1e-3:
+        raise ValueError(f"calibration: {where}.levels pi values must sum to 1")
+    name = str(raw.get("name") or "+".join(weights))[:80]
+    return EvidenceSplit(name, parsed_weights, intercept, threshold, parsed["hi"], parsed["lo"], auc)
 
 
 def _second_hop_branches(raw_same: Any, raw_new: Any) -> tuple[Branch, Branch]:
@@ -2109,15 +2308,26 @@ def shipped_calibration(
 ) -> Calibration:
     """The shipped calibration fitted for ``model``, else the hand-set prior.
 
-    Its own on ``corpus``, else on HotpotQA, else on any corpus; never one fitted for another model.
+    For a named ``corpus`` with a fit of its own, that fit, unless the model's pooled fit beat
+    it by cross-validation (the pooled fit ``replaces`` it). Any other corpus (uploaded or pasted
+    documents, a corpus never fitted) gets the pooled fit: every labelled set the model was
+    fitted on, together. Without one, the fit on HotpotQA, else on any corpus; never a fit for
+    another model.
     """
     shipped = shipped if shipped is not None else shipped_calibrations()
     fitted = [c for c in shipped.values() if c.meta.get("fitted") and c.meta.get("model") == model]
-    for wanted in (corpus, "HotpotQA"):
+    pooled = next((c for c in fitted if c.meta.get("corpus") == POOLED), None)
+    own = next((c for c in fitted if corpus and c.meta.get("corpus") == corpus), None)
+    if own is not None and not (pooled is not None and corpus in pooled.meta.get("replaces", ())):
+        return own
+    for wanted in (POOLED, "HotpotQA"):
         match = [c for c in fitted if c.meta.get("corpus") == wanted]
         if match:
             return match[0]
     return fitted[0] if fitted else shipped["prior"]
+
+
+POOLED = "pooled"  # the corpus name of a model's fit over every labelled set
 
 
 def calibration_status(calibration: Calibration, model: str) -> str:
@@ -2127,6 +2337,9 @@ def calibration_status(calibration: Calibration, model: str) -> str:
         return "uncalibrated: a hand-set prior for a capable reader (run /calibrate for this model)"
     if fitted_for != model:
         return f"fitted for another model ({fitted_for}), not for this one (run /calibrate for this model)"
+    if calibration.meta.get("corpus") == POOLED:
+        sets = ", ".join(map(str, calibration.meta.get("pooled_from") or ())) or "several sets"
+        return f"fitted for this model, pooled over {sets}"
     return f"fitted for this model on {calibration.meta.get('corpus') or 'its corpus'}"
 
 
@@ -2421,6 +2634,13 @@ def _policy_tables(
         a, b = priors[source]
         return _likelihood_ratio(a / (a + b), cal.eta, "spec")
 
+    def outcomes(vote_type: str, flat: str) -> tuple[tuple[float, float], ...]:
+        """(share, ratio) of each level a read's vote may land in; one when its votes are flat."""
+        split = cal.actions[vote_type[:2]].evidence
+        if split is None:
+            return ((1.0, ratio(flat)),)
+        return tuple((lv.pi, ratio(f"{vote_type}:{lv.name}")) for lv in split.levels)
+
     cb = cal.actions["CB"]
     cb_outlook = VoteOutlook(
         cb.q, tuple((lv.pi, _likelihood_ratio(lv.mean, cal.eta, "spec")) for lv in cb.levels)
@@ -2429,16 +2649,16 @@ def _policy_tables(
     for w1, w2, answered in itertools.product((False, True), repeat=3):
         if second_hop == "conditional":
             r2 = rates["R2_after_answer" if answered else "R2_after_none"]
-            r2_outlook = VoteOutlook(cal.actions["R2"].q, ((1.0, ratio("R2_new")),), ratio("R2_same"))
+            r2_outlook = VoteOutlook(cal.actions["R2"].q, outcomes("R2_new", "R2_new"), ratio("R2_same"))
         else:
             r2 = rates["R2_weak" if w2 else "R2"]
             r2_prior = cal.actions["R2"].on_weak_window() if w2 else cal.actions["R2"]
-            r2_outlook = VoteOutlook(r2_prior.q, ((1.0, ratio("R2_weak" if w2 else "R2")),))
+            r2_outlook = VoteOutlook(r2_prior.q, outcomes("R2", "R2_weak" if w2 else "R2"))
         r1_prior = cal.actions["R1"].on_weak_window() if w1 else cal.actions["R1"]
         state = {"R1": rates["R1_weak" if w1 else "R1"], "R2": r2, "CB": rates["CB"]}
         per_cost = {a: rate / costs[a] for a, rate in state.items()}
         outlooks = {
-            "R1": VoteOutlook(r1_prior.q, ((1.0, ratio("R1_weak" if w1 else "R1")),)),
+            "R1": VoteOutlook(r1_prior.q, outcomes("R1", "R1_weak" if w1 else "R1")),
             "R2": r2_outlook,
             "CB": cb_outlook,
         }
@@ -2631,10 +2851,9 @@ QUOTE_CHARS = 200  # at most this many characters on each side
 
 def _source_of(answer: str, passages: Sequence[Passage]) -> dict[str, str] | None:
     """The first passage read that holds ``answer`` word for word, and its words around it."""
-    words = answer.split()
-    if not words:
+    pattern = _answer_pattern(answer)
+    if pattern is None:
         return None
-    pattern = re.compile(r"(?<!\w)" + r"\s+".join(map(re.escape, words)) + r"(?!\w)", re.IGNORECASE)
     for passage in passages:
         found = pattern.search(passage.text)
         if found is None:
@@ -2861,9 +3080,12 @@ class _Run:
         fallback = is_degenerate_query(query, self.question)
         if fallback:
             query = expand_query(self.question, passages)
+        tokens = reply.logprobs[0] if reply.logprobs else None
+        evidence = read_evidence(answer, self.question, passages, tokens)
         return {
             "raw": raw,
             "answer": answer,
+            "evidence": {k: None if v is None else round(v, 4) for k, v in evidence.items()},
             "follow_up_query": query,
             "follow_up_fallback": fallback,
             "passages": [
@@ -2898,7 +3120,8 @@ class _Run:
         found = self.first_hop
         window = [i for i, _ in found.hits]
         seen = self.read(window)
-        seen["candidate"] = self.vote("R1_weak" if self.weak["R1"] else "R1", seen["answer"])
+        seen["vote_type"] = self.level_of("R1", "R1_weak" if self.weak["R1"] else "R1", seen["evidence"])
+        seen["candidate"] = self.vote(seen["vote_type"], seen["answer"])
         seen["scores"] = [round(s, 4) for _, s in found.hits]
         seen["dedup_removed"] = found.removed
         seen["gate"] = self.gate_view["R1"]
@@ -2915,9 +3138,9 @@ class _Run:
         seen = self.read(self.read_ids + new)
         if self.brag.second_hop == "conditional":
             repeats = seen["answer"] and self.candidates.find(seen["answer"]) in self.read_answers
-            source = "R2_same" if repeats else "R2_new"
+            source = "R2_same" if repeats else self.level_of("R2_new", "R2_new", seen["evidence"])
         else:
-            source = "R2_weak" if self.weak["R2"] else "R2"
+            source = self.level_of("R2", "R2_weak" if self.weak["R2"] else "R2", seen["evidence"])
         seen["vote_type"] = source
         seen["candidate"] = self.vote(source, seen["answer"])
         seen["gate"] = self.gate_view["R2"]
@@ -2927,6 +3150,12 @@ class _Run:
         self.note_answer(seen["candidate"])
         self.after_read(seen, self.read_ids + new)
         return seen
+
+    def level_of(self, vote_type: str, flat: str, evidence: Mapping[str, float | None]) -> str:
+        """A read's vote type: ``vote_type:level`` when its votes are split by evidence, else ``flat``."""
+        split = self.brag.calibration.actions[vote_type[:2]].evidence
+        level = split.level(evidence) if split is not None else None
+        return f"{vote_type}:{level.name}" if level is not None else flat
 
     def note_answer(self, candidate: int | None) -> None:
         """Remember that a read voted for ``candidate`` (it conditions the next hop's vote type)."""
@@ -3051,7 +3280,16 @@ class _Run:
                 "calibration": {
                     **{
                         key: brag.calibration.meta.get(key)
-                        for key in ("name", "source", "model", "corpus", "fitted", "fitted_on", "date")
+                        for key in (
+                            "name",
+                            "source",
+                            "model",
+                            "corpus",
+                            "pooled_from",
+                            "fitted",
+                            "fitted_on",
+                            "date",
+                        )
                     },
                     "status": calibration_status(brag.calibration, getattr(brag.llm, "name", "")),
                 },

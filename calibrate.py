@@ -194,6 +194,7 @@ class Outcome:
     hops: list[dict[str, Any]] = field(default_factory=list)
     usage: dict[str, list[dict[str, Any]]] = field(default_factory=dict)  # each run's cost, per action
     labelled: bool = True  # False: no gold answer, so ``correct`` and the hops' flags mean nothing
+    evidence: dict[str, float | None] = field(default_factory=dict)  # R1's answer's evidence features
 
 
 def observe_one(item: Labelled, corpus: brag.Corpus, controller: brag.BRAG, f1_threshold: float) -> Outcome:
@@ -223,6 +224,7 @@ def observe_one(item: Labelled, corpus: brag.Corpus, controller: brag.BRAG, f1_t
                     "repeats": bool(answer) and any(brag.same_answer(answer, a) for a in earlier),
                     "after_answer": bool(earlier),
                     "after_right": any(r for _, r in reads),
+                    "evidence": seen.get("evidence") or {},
                 }
             )
         if action in ("R1", "R2"):
@@ -236,7 +238,9 @@ def observe_one(item: Labelled, corpus: brag.Corpus, controller: brag.BRAG, f1_t
     answers["R2"] = hops[0]["answer"] if hops else ""
     correct = {a: is_correct(answers[a], item.gold, f1_threshold) for a in answers}
     calls = report["totals"]["llm_calls"]
-    return Outcome(item.id, answers, correct, agreement, calls, weak, hops, usage, bool(item.gold))
+    r1 = next((s["observation"] for s in report["steps"] if s["action"] == "R1"), {})
+    evidence = r1.get("evidence") or {}
+    return Outcome(item.id, answers, correct, agreement, calls, weak, hops, usage, bool(item.gold), evidence)
 
 
 def progress_key(
@@ -257,8 +261,8 @@ def progress_key(
     return hashlib.sha256(json.dumps(payload, sort_keys=True).encode()).hexdigest()
 
 
-def read_progress(path: Path, key: str) -> dict[str, Outcome]:
-    """Outcomes saved by an earlier run with the same ``key``; a clear error for a damaged file.
+def read_progress(path: Path, key: str | None) -> dict[str, Outcome]:
+    """Outcomes saved by an earlier run with the same ``key`` (None: any); a clear error for a damaged file.
 
     A last line cut short (the run was killed while writing it) is dropped, so that question
     runs again; any other damage names the file and the line.
@@ -278,7 +282,7 @@ def read_progress(path: Path, key: str) -> dict[str, Outcome]:
         header = None
     if not isinstance(header, dict) or "progress_key" not in header:
         raise ValueError(f"{what} has no valid header line; delete it to start the calibration over")
-    if header["progress_key"] != key:
+    if key is not None and header["progress_key"] != key:
         raise ValueError(f"{what} belongs to another model, corpus or setting; delete it to start over")
     done: dict[str, Outcome] = {}
     for number, line in enumerate(lines[1:], 2):
@@ -381,7 +385,9 @@ def fit(outcomes: Sequence[Outcome], m: int, hops: int = 1) -> dict[str, Any]:
     kind = "labelled" if labelled == len(outcomes) else "unlabelled" if not labelled else "mixed"
     fitted_on: dict[str, Any] = {"kind": kind, "questions": len(outcomes), "labelled": labelled}
     if kind == "labelled":
-        return {**fit_counts(outcomes, m, hops), "fitted_on": fitted_on}
+        fitted = fit_counts(outcomes, m, hops)
+        fit_evidence_levels(outcomes, hops, fitted)
+        return {**fitted, "fitted_on": fitted_on}
     identifiable(outcomes)
     if labelled < MIN_QUESTIONS:
         raise Unidentifiable(
@@ -572,6 +578,193 @@ def fit_second_hop(
     }
     same = {"pi": round(pi, 6), "rho": _beta(ratio * eta / (1 + ratio * eta))}
     return same, {"rho": _beta(rho_new)}, counts
+
+
+# ------------------------------------------------------------------------------------------
+# Evidence levels: a read's votes split by what their answers show
+# ------------------------------------------------------------------------------------------
+
+EVIDENCE_FOLDS = 5
+MIN_EVIDENCE_AUC = 0.55  # held-out AUROC a split must reach to be kept, at least
+MIN_LEVEL_VOTES = 5  # votes each level must hold (and a tenth of them)
+Vote = tuple[Mapping[str, Any], float]  # (evidence features, right: 1/0 or its probability)
+
+
+def fit_evidence_levels(outcomes: Sequence[Outcome], hops: int, fitted: dict[str, Any]) -> None:
+    """Split R1's votes, and the second hop's votes for a new answer, into evidence levels.
+
+    In place: each read's entry in ``fitted["actions"]`` gets an ``evidence`` split when one
+    feature tells its right answers from its wrong ones on held-out questions (see
+    :func:`fit_evidence_split`); ``fitted["diagnostics"]["evidence"]`` has every feature's
+    held-out AUROC. Each level's reliability is shrunk toward the action's own.
+    """
+    r1_votes = [(o.evidence, float(o.correct["R1"])) for o in outcomes if o.answers["R1"]]
+    new_votes = [
+        (h.get("evidence") or {}, float(h["correct"]))
+        for o in outcomes
+        for h in o.hops[:hops]
+        if h["answer"] and not h["repeats"]
+    ]
+    actions = fitted["actions"]
+    diagnostics = fitted["diagnostics"].setdefault("evidence", {})
+    for action, votes in (("R1", r1_votes), ("R2", new_votes)):
+        base = shrunk(sum(right for _, right in votes), len(votes), PRIOR["rho"][action])
+        split, aucs = fit_evidence_split(votes, base)
+        diagnostics[action] = {"votes": len(votes), "held_out_auc": aucs}
+        if split is not None:
+            actions[action]["evidence"] = split
+
+
+def fit_evidence_split(
+    votes: Sequence[Vote], base_rho: float
+) -> tuple[dict[str, Any] | None, dict[str, float]]:
+    """The best two-level split of ``votes`` by a score of their evidence, and each score's AUROC.
+
+    The scores tried: each feature alone (oriented so that higher is more often right), and a
+    logistic combination of every feature most votes have (``combined``). Each is scored by
+    cross-validation over the votes (``EVIDENCE_FOLDS`` folds in order): the score and its
+    split are fitted on the other folds, and each held-out vote is scored with its level's
+    reliability; a score's result is the AUROC of those held-out reliabilities for a right
+    vote. The best is kept when it clears :func:`chance_auc`, and refitted on all votes. A
+    feature missing from more than a fifth of the votes is not used.
+    """
+    present = [
+        f for f in brag.EVIDENCE_FEATURES if sum(v.get(f) is not None for v, _ in votes) >= 0.8 * len(votes)
+    ]
+    candidates = {f: (f,) for f in present}
+    if len(present) > 1:
+        candidates["combined"] = tuple(present)
+    results: dict[str, float] = {}
+    for name, features in candidates.items():
+        rows = [
+            ([v[f] for f in features], right)
+            for v, right in votes
+            if all(v.get(f) is not None for f in features)
+        ]
+        if not _both_classes([(0.0, y) for _, y in rows]):
+            continue
+        held_out: list[tuple[float, float]] = []
+        for fold in range(EVIDENCE_FOLDS):
+            train = [r for i, r in enumerate(rows) if i % EVIDENCE_FOLDS != fold]
+            test = [r for i, r in enumerate(rows) if i % EVIDENCE_FOLDS == fold]
+            score = _evidence_score(train)
+            split = _best_split([(score(x), y) for x, y in train], base_rho) if score else None
+            for x, right in test:
+                held_out.append((_level_rho(split, score(x), base_rho) if score else base_rho, right))
+        if _both_classes(held_out):
+            results[name] = round(auc([r for r, _ in held_out], [y >= 0.5 for _, y in held_out]), 4)
+    if not results:
+        return None, results
+    name = max(results, key=lambda n: (results[n], n != "combined"))  # a tie goes to one feature
+    if results[name] < chance_auc(sum(y >= 0.5 for _, y in votes), sum(y < 0.5 for _, y in votes)):
+        return None, results
+    features = candidates[name]
+    rows = [
+        ([v[f] for f in features], right) for v, right in votes if all(v.get(f) is not None for f in features)
+    ]
+    score = _evidence_score(rows)
+    split = _best_split([(score(x), y) for x, y in rows], base_rho) if score else None
+    if split is None or score is None:
+        return None, results
+    threshold, (n_hi, right_hi), (n_lo, right_lo) = split
+
+    def level(n: int, right: float) -> dict[str, Any]:
+        return {"pi": round((n + 1) / (len(rows) + 2), 6), "rho": _beta(shrunk(right, n, base_rho))}
+
+    return {
+        "name": name,
+        "weights": dict(zip(features, (round(w, 6) for w in score.weights), strict=True)),
+        "intercept": round(score.intercept, 6),
+        "threshold": round(threshold, 6),
+        "auc": results[name],
+        "levels": {"hi": level(n_hi, right_hi), "lo": level(n_lo, right_lo)},
+    }, results
+
+
+@dataclass(frozen=True)
+class _Score:
+    """A linear score of a vote's features, higher meaning more often right."""
+
+    weights: tuple[float, ...]
+    intercept: float
+
+    def __call__(self, x: Sequence[float]) -> float:
+        return self.intercept + sum(w * v for w, v in zip(self.weights, x, strict=True))
+
+
+def _evidence_score(rows: Sequence[tuple[Sequence[float], float]]) -> _Score | None:
+    """The score of one or more features, fitted on ``rows``; None without both classes.
+
+    One feature: itself, negated if lower values are more often right. Several: a logistic
+    regression's linear predictor, in the features' own units.
+    """
+    if not _both_classes([(0.0, y) for _, y in rows]):
+        return None
+    x = np.array([features for features, _ in rows], dtype=float)
+    y = np.array([right for _, right in rows], dtype=float)
+    if x.shape[1] == 1:
+        sign = 1.0 if auc(x[:, 0], y >= 0.5) >= 0.5 else -1.0
+        return _Score((sign,), 0.0)
+    model = fit_logistic(x, y)
+    weights = np.asarray(model["coef"]) / np.asarray(model["std"])
+    return _Score(tuple(weights.tolist()), model["intercept"] - float(weights @ np.asarray(model["mean"])))
+
+
+def chance_auc(positives: int, negatives: int) -> float:
+    """The held-out AUROC a split must reach.
+
+    ``MIN_EVIDENCE_AUC``, and two standard errors above 0.5 of a score that carries no signal
+    (Hanley and McNeil), so that with few right votes the best of a few noisy scores is not
+    taken for evidence.
+    """
+    if positives == 0 or negatives == 0:
+        return 1.0
+    null_sd = math.sqrt((positives + negatives + 1) / (12 * positives * negatives))
+    return max(MIN_EVIDENCE_AUC, 0.5 + 2 * null_sd)
+
+
+def _both_classes(rows: Sequence[tuple[float, float]]) -> bool:
+    right = sum(y >= 0.5 for _, y in rows)
+    return 0 < right < len(rows)
+
+
+_Split = tuple[float, tuple[int, float], tuple[int, float]]  # threshold, hi (n, right), lo (n, right)
+
+
+def _best_split(rows: Sequence[tuple[float, float]], base_rho: float) -> _Split | None:
+    """The threshold whose two levels fit the right/wrong flags best.
+
+    Levels are "score >= threshold" (hi) and the rest (lo), each with at least
+    ``MIN_LEVEL_VOTES`` votes and a tenth of them; the fit is the Bernoulli log-likelihood of
+    the flags under each level's shrunk reliability, and hi must be the more reliable level.
+    """
+    best: tuple[float, _Split] | None = None
+    least = max(MIN_LEVEL_VOTES, math.ceil(0.1 * len(rows)))
+    ordered = sorted(rows, key=lambda r: r[0])
+    values = [v for v, _ in ordered]
+    total_right = sum(r for _, r in ordered)
+    right_below = 0.0
+    for i in range(1, len(ordered)):
+        right_below += ordered[i - 1][1]
+        if values[i] == values[i - 1] or i < least or len(ordered) - i < least:
+            continue
+        lo, hi = (i, right_below), (len(ordered) - i, total_right - right_below)
+        rho_lo, rho_hi = shrunk(lo[1], lo[0], base_rho), shrunk(hi[1], hi[0], base_rho)
+        if rho_hi <= rho_lo:
+            continue
+        fit = sum(r * math.log(p) + (n - r) * math.log(1 - p) for (n, r), p in ((lo, rho_lo), (hi, rho_hi)))
+        if best is None or fit > best[0]:
+            best = (fit, ((values[i - 1] + values[i]) / 2, hi, lo))
+    return best[1] if best is not None else None
+
+
+def _level_rho(split: _Split | None, value: float, base_rho: float) -> float:
+    """The reliability a split gives a vote with this score (the base one without a split)."""
+    if split is None:
+        return base_rho
+    threshold, hi, lo = split
+    n, right = hi if value >= threshold else lo
+    return shrunk(right, n, base_rho)
 
 
 # ------------------------------------------------------------------------------------------
@@ -1073,6 +1266,120 @@ def calibrate(
     return result
 
 
+# ------------------------------------------------------------------------------------------
+# Pooling: one fit per model from every labelled set
+# ------------------------------------------------------------------------------------------
+
+POOL_FOLDS = 5
+
+
+def pool(
+    sets: Sequence[tuple[Mapping[str, Any], Sequence[Outcome]]], meta: dict[str, Any] | None = None
+) -> dict[str, Any]:
+    """One calibration from several calibrations' outcomes (one model, the same settings).
+
+    The labelled outcomes of every set are fitted together, without a gate (a gate's
+    thresholds belong to one corpus's retrieval scores), so each read's reliability is over all
+    its votes. For each set, its own fit and the pooled one are compared by cross-validation on
+    its questions (:func:`own_or_pooled`); ``replaces`` names the corpora whose own fit the
+    pooled one beats, and :func:`brag.shipped_calibration` gives those the pooled fit.
+    """
+    if len(sets) < 2:
+        raise ValueError("pool needs at least two calibrations")
+    first = sets[0][0]
+    for calibration, outcomes in sets:
+        for key in ("model", "k", "m", "hops"):
+            if calibration.get(key) != first.get(key):
+                raise ValueError(
+                    f"pool: {calibration.get('name')} has {key} = {calibration.get(key)!r}, "
+                    f"{first.get('name')} has {first.get(key)!r}; pool fits of one model and one setting"
+                )
+        if not all(o.labelled for o in outcomes):
+            raise ValueError(f"pool: {calibration.get('name')} has questions without gold answers")
+    m, hops = int(first["m"]), int(first["hops"])
+    together = [replace(o, weak={}) for _, outcomes in sets for o in outcomes]
+    fitted = fit(together, m, hops)
+    names = [str(c.get("corpus") or c.get("name")) for c, _ in sets]
+    comparison = {name: own_or_pooled(i, sets, m, hops) for i, name in enumerate(names)}
+    result = {
+        "version": brag.CALIBRATION_VERSION,
+        "source": "fitted",
+        "fitted": True,
+        "model": first.get("model"),
+        "name": "pooled",
+        **(meta or {}),
+        "corpus": "pooled",
+        "pooled_from": names,
+        "replaces": [name for name, scores in comparison.items() if scores["pooled"] < scores["own"]],
+        "cross_validation": comparison,
+        "k": first.get("k"),
+        "m": m,
+        "hops": hops,
+        "n_questions": len(together),
+        "f1_threshold": first.get("f1_threshold"),
+        "note": f"pooled by calibrate.py from {', '.join(names)}",
+        "prior": PRIOR_TEXT,
+        "date": dt.datetime.now(dt.UTC).strftime("%Y-%m-%d"),
+        **fitted,
+        "gate": None,
+    }
+    brag.load_calibration(result)
+    return result
+
+
+def own_or_pooled(
+    index: int, sets: Sequence[tuple[Mapping[str, Any], Sequence[Outcome]]], m: int, hops: int
+) -> dict[str, float]:
+    """Held-out vote log-loss on set ``index``'s questions of its own fit and of the pooled fit.
+
+    ``POOL_FOLDS`` folds of its questions: each fold is scored by a fit on the set's other folds
+    (its own, with its gate's verdicts) and by a fit on those plus every other set (pooled, no
+    gate), as :func:`vote_log_loss` scores them. Lower is better.
+    """
+    own_calibration, outcomes = sets[index]
+    others = [replace(o, weak={}) for i, (_, found) in enumerate(sets) if i != index for o in found]
+    own_loss, pooled_loss = [], []
+    for fold in range(POOL_FOLDS):
+        train = [o for i, o in enumerate(outcomes) if i % POOL_FOLDS != fold]
+        test = [o for i, o in enumerate(outcomes) if i % POOL_FOLDS == fold]
+        own = _loaded({**fit(train, m, hops), "gate": own_calibration.get("gate")}, m)
+        pooled = _loaded(fit(others + [replace(o, weak={}) for o in train], m, hops), m)
+        own_loss += vote_losses(own, test, hops)
+        pooled_loss += vote_losses(pooled, [replace(o, weak={}) for o in test], hops)
+    return {"own": round(float(np.mean(own_loss)), 5), "pooled": round(float(np.mean(pooled_loss)), 5)}
+
+
+def vote_losses(calibration: brag.Calibration, outcomes: Sequence[Outcome], hops: int) -> list[float]:
+    """The log-loss of each R1, new-answer R2 and CB vote's reliability against its right/wrong flag.
+
+    Each vote is typed as the runner would type it under ``calibration`` (its evidence level,
+    the gate's verdict, the agreement level). A repeated answer is left out: its "reliability"
+    encodes a likelihood ratio, not how often it is right.
+    """
+    priors, losses = calibration.source_priors(calibration.m), []
+
+    def typed(action: str, flat: str, evidence: Mapping[str, Any]) -> str:
+        split = calibration.actions[action[:2]].evidence
+        level = split.level(evidence) if split is not None else None
+        return f"{action}:{level.name}" if level is not None else flat
+
+    for o in outcomes:
+        votes = []
+        if o.answers["R1"]:
+            flat = "R1_weak" if calibration.gate is not None and o.weak.get("R1") else "R1"
+            votes.append((typed("R1", flat, o.evidence), o.correct["R1"]))
+        for hop in o.hops[:hops]:
+            if hop["answer"] and not hop["repeats"]:
+                votes.append((typed("R2_new", "R2_new", hop.get("evidence") or {}), hop["correct"]))
+        if o.answers["CB"] and o.agreement:
+            votes.append((f"CB_{min(o.agreement, calibration.m)}", o.correct["CB"]))
+        for vote_type, right in votes:
+            a, b = priors[vote_type]
+            p = min(max(a / (a + b), 1e-6), 1 - 1e-6)
+            losses.append(-(right * math.log(p) + (1 - right) * math.log(1 - p)))
+    return losses
+
+
 def main_gate(argv: Sequence[str]) -> int:
     """``python calibrate.py gate``: fit the weak-retrieval gate alone (no LLM)."""
     parser = argparse.ArgumentParser(
@@ -1112,6 +1419,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
     if argv[:1] == ["gate"]:
         return main_gate(argv[1:])
+    if argv[:1] == ["pool"]:
+        return main_pool(argv[1:])
     import llms
 
     args = _parser(llms.CACHE_MODES).parse_args(argv)
@@ -1121,12 +1430,51 @@ def main(argv: Sequence[str] | None = None) -> int:
         print(f"calibrate: {err}", file=sys.stderr)
         return 2
     brag.write_atomic(args.out, json.dumps(result, indent=1) + "\n")
-    Path(f"{args.out}.progress.jsonl").unlink(missing_ok=True)
+    # The outcomes stay beside the fit, so `calibrate.py pool` can fit them with other sets.
+    Path(f"{args.out}.progress.jsonl").replace(outcomes_path(args.out))
     print(
         f"wrote {args.out}: eta {result['eta']}, "
         + ", ".join(f"{a} acc {result['diagnostics'][a]['accuracy']:.2f}" for a in brag.ACTIONS)
     )
     return 0
+
+
+def outcomes_path(calibration_path: str | os.PathLike[str]) -> Path:
+    """Where the outcomes of the fit in ``calibration_path`` are kept: ``NAME.outcomes.jsonl``."""
+    path = Path(calibration_path)
+    return path.with_name(f"{path.stem}.outcomes.jsonl")
+
+
+def main_pool(argv: Sequence[str]) -> int:
+    """``calibrate.py pool FIT.json ... --out POOLED.json``: one fit from several fits' outcomes."""
+    parser = argparse.ArgumentParser(
+        prog="calibrate.py pool",
+        description="Fit one calibration per model from the outcomes of several calibrations.",
+    )
+    parser.add_argument(
+        "fits", nargs="+", help="calibration files, each with its NAME.outcomes.jsonl beside it"
+    )
+    parser.add_argument("--out", required=True)
+    args = parser.parse_args(argv)
+    try:
+        sets = [(brag.read_json(Path(f), "calibration"), read_outcomes(f)) for f in args.fits]
+        result = pool(sets, meta={"name": Path(args.out).stem})
+    except (ValueError, OSError) as err:
+        print(f"calibrate pool: {err}", file=sys.stderr)
+        return 2
+    brag.write_atomic(args.out, json.dumps(result, indent=1) + "\n")
+    print(
+        f"wrote {args.out}: pooled {result['n_questions']} questions from {', '.join(result['pooled_from'])}"
+    )
+    return 0
+
+
+def read_outcomes(calibration_path: str | os.PathLike[str]) -> list[Outcome]:
+    """The outcomes kept beside a calibration file, in question order."""
+    path = outcomes_path(calibration_path)
+    if not path.is_file():
+        raise ValueError(f"{path} is missing: pool needs the outcomes each calibration was fitted on")
+    return list(read_progress(path, None).values())
 
 
 def corpus_from_args(args: argparse.Namespace) -> brag.Retriever:

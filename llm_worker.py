@@ -85,26 +85,89 @@ def load_llama(config: dict[str, Any]) -> Any:
     )
 
 
+class TokenLogprobs:
+    """A logits processor that records each generated token's log-probability, changing nothing.
+
+    llama-cpp-python gives ``logprobs`` only to a model built with ``logits_all=True``, which
+    computes logits for every prompt token too (a five-passage read took half as long again).
+    A processor sees the logits of each step anyway; the token chosen at one step is the last
+    input id at the next, so each step records the one before it. The last token (a stop
+    string or the end of text, past any answer) is not recorded.
+
+    With ``forced`` token ids it scores a given text instead: each step keeps only the next
+    forced token, and records its log-probability under the model's own logits.
+    """
+
+    def __init__(self, model: Any, forced: list[int] | None = None) -> None:
+        import codecs
+
+        import numpy
+
+        self.model, self.numpy, self.forced = model, numpy, forced
+        self.pieces: list[list[Any]] = []
+        self._previous: tuple[Any, float] | None = None  # the last step's logits and their log-sum-exp
+        self._decoder = codecs.getincrementaldecoder("utf-8")(errors="replace")
+
+    def _record(self, token: int, scores: Any, log_total: float) -> None:
+        piece = self._decoder.decode(self.model.detokenize([token]))
+        self.pieces.append([piece, round(float(scores[token]) - log_total, 5)])
+
+    def __call__(self, input_ids: Any, logits: Any) -> Any:
+        """Record a step; return the logits unchanged (or, scoring, only the forced token's)."""
+        top = float(logits.max())
+        log_total = top + float(self.numpy.log(self.numpy.exp(logits - top).sum()))
+        if self.forced is not None:
+            step = len(self.pieces)
+            if step < len(self.forced):
+                token = self.forced[step]
+                self._record(token, logits, log_total)
+                kept = logits[token]
+                logits[:] = -self.numpy.inf
+                logits[token] = kept
+            return logits
+        if self._previous is not None and len(input_ids):
+            self._record(int(input_ids[-1]), *self._previous)
+        self._previous = (logits.copy(), log_total)
+        return logits
+
+
 def generate(model: Any, request: dict[str, Any]) -> dict[str, Any]:
-    """``n`` samples (seeds seed, seed + 1, ...) in the requested prompt format."""
-    texts, prompt_tokens, completion_tokens = [], 0, 0
-    seed = request["seed"]
-    for i in range(request["n"]):
+    """``n`` samples (seeds seed, seed + 1, ...) in the requested prompt format, with log-probs.
+
+    With ``score`` (a list of texts) it generates nothing new: each text is forced token by
+    token, and comes back with its log-probabilities.
+    """
+    texts, logprobs, prompt_tokens, completion_tokens = [], [], 0, 0
+    seed, scoring = request["seed"], request.get("score")
+    for i in range(len(scoring) if scoring is not None else request["n"]):
+        forced = None
         kwargs = {
             "max_tokens": request["max_tokens"],
             "temperature": request["temperature"],
             "stop": request["stop"],
             "seed": None if seed is None else seed + i,
         }
+        if scoring is not None:
+            forced = model.tokenize(scoring[i].encode("utf-8"), add_bos=False, special=False)
+            kwargs.update(max_tokens=max(1, len(forced)), temperature=0.0, stop=[])
+        recorder = TokenLogprobs(model, forced)
+        kwargs["logits_processor"] = [recorder]
         if request["format"] == "chat":
             out = model.create_chat_completion(messages=request["messages"], **kwargs)
-            texts.append(out["choices"][0]["message"]["content"] or "")
+            text = out["choices"][0]["message"]["content"] or ""
         else:
             out = model.create_completion(plain_prompt(request["messages"]), **kwargs)
-            texts.append(out["choices"][0]["text"])
+            text = out["choices"][0]["text"]
+        texts.append(text if scoring is None else scoring[i])
+        logprobs.append(recorder.pieces[: len(forced)] if forced is not None else recorder.pieces)
         prompt_tokens += out["usage"]["prompt_tokens"]
         completion_tokens += out["usage"]["completion_tokens"]
-    return {"texts": texts, "prompt_tokens": prompt_tokens, "completion_tokens": completion_tokens}
+    return {
+        "texts": texts,
+        "logprobs": logprobs,
+        "prompt_tokens": prompt_tokens,
+        "completion_tokens": completion_tokens,
+    }
 
 
 if __name__ == "__main__":

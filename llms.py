@@ -34,6 +34,7 @@ import hashlib
 import ipaddress
 import json
 import logging
+import math
 import os
 import random
 import re
@@ -542,6 +543,44 @@ def _completion(texts: list[str], usage: Any, messages: list[dict[str, str]]) ->
     return Completion(texts, estimate_prompt, estimate_completion, estimated=True)
 
 
+def token_logprobs(raw: Any, n_texts: int, max_tokens: int) -> list[list[tuple[str, float]]] | None:
+    """Per text, its tokens as (piece, log-probability); None when any part is missing or malformed.
+
+    Accepts the worker's ``[[piece, logprob], ...]`` lists and OpenAI's ``logprobs.content``
+    entries (objects or dicts with ``token`` and ``logprob``). A backend's log-probabilities are
+    evidence, never required: anything unexpected makes them absent, not the call a failure.
+    """
+    if not isinstance(raw, list) or len(raw) != n_texts:
+        return None
+    out: list[list[tuple[str, float]]] = []
+    for tokens in raw:
+        if not isinstance(tokens, list):
+            return None
+        pieces = []
+        for token in tokens[: max_tokens + 1]:
+            if isinstance(token, (list, tuple)) and len(token) == 2:
+                piece, logprob = token
+            else:
+                get = token.get if isinstance(token, dict) else lambda key, t=token: getattr(t, key, None)
+                piece, logprob = get("token"), get("logprob")
+            if (
+                not isinstance(piece, str)
+                or isinstance(logprob, bool)
+                or not isinstance(logprob, (int, float))
+            ):
+                return None
+            if math.isnan(logprob) or logprob > 1e-3:  # a probability above 1 is no probability
+                return None
+            pieces.append((piece[:MAX_TOKEN_PIECE_CHARS], min(0.0, max(float(logprob), MIN_LOGPROB))))
+        out.append(pieces)
+    return out
+
+
+_MAX_CACHED_TOKENS = 4096  # what a cache entry may hold per text (a request asks far fewer)
+MAX_TOKEN_PIECE_CHARS = 64  # a token is a few characters; a longer "piece" is cut
+MIN_LOGPROB = -100.0  # -inf (a token the server says it could not have chosen) is floored here
+
+
 @dataclass(frozen=True)
 class CallOptions:
     """One call's options, as ``brag.LLM.complete`` takes them by keyword.
@@ -577,6 +616,7 @@ class _RemoteBackend:
     retry: RetryPolicy = field(default_factory=RetryPolicy)
     max_parallel: int = 8
     native_n: bool | None = None  # learnt on the first request with n > 1
+    logprobs: bool | None = None  # whether the server gives token log-probabilities (learnt)
 
     def _request(self, messages: list[dict[str, str]], options: CallOptions) -> Completion:
         raise NotImplementedError
@@ -613,9 +653,8 @@ class _RemoteBackend:
             return self._parallel(messages, call, offset=0)
         if len(first.texts) >= call.n:
             self.native_n = True
-            return Completion(
-                first.texts[: call.n], first.prompt_tokens, first.completion_tokens, estimated=first.estimated
-            )
+            logprobs = first.logprobs[: call.n] if first.logprobs is not None else None
+            return replace(first, texts=first.texts[: call.n], logprobs=logprobs)
         self.native_n = False  # the server ignored n (Ollama, some providers): top up in parallel
         rest = self._parallel(messages, replace(call, n=call.n - len(first.texts)), offset=1)
         return _merge([first, rest])
@@ -631,14 +670,47 @@ class _RemoteBackend:
             parts = [future.result() for future in futures]
         return _merge(parts)
 
+    def _with_logprobs(self, send: Callable[[dict[str, Any]], Any]) -> Any:
+        """Ask for token log-probabilities unless the server refused them; then stop asking.
+
+        They are evidence for an answer's confidence, never a reason for a call to fail.
+        """
+        if self.logprobs is False:
+            return send({})
+        try:
+            return send({"logprobs": True})
+        except RequestRejected as err:
+            # Only a refusal that names them is about them (and only before they ever came).
+            if self.logprobs or "logprob" not in str(err).lower():
+                raise
+            self.logprobs = False
+            return send({})
+
+    def _noting_logprobs(self, completion: Completion) -> Completion:
+        if completion.logprobs is not None:
+            self.logprobs = True
+        return completion
+
+
+def _choice_logprobs(choices: list[Any], max_tokens: int) -> list[list[tuple[str, float]]] | None:
+    """Each choice's ``logprobs.content`` as (token, log-probability) pairs; None if any lacks them."""
+
+    def field_of(item: Any, name: str) -> Any:
+        return item.get(name) if isinstance(item, dict) else getattr(item, name, None)
+
+    raw = [field_of(field_of(choice, "logprobs") or {}, "content") for choice in choices]
+    return token_logprobs(raw, len(choices), max_tokens)
+
 
 def _merge(parts: list[Completion]) -> Completion:
+    logprobs = [p.logprobs for p in parts]
     return Completion(
         [t for p in parts for t in p.texts],
         sum(p.prompt_tokens for p in parts),
         sum(p.completion_tokens for p in parts),
         estimated=any(p.estimated for p in parts),
         requests=sum(p.requests for p in parts),
+        logprobs=None if any(lp is None for lp in logprobs) else [t for lp in logprobs if lp for t in lp],
     )
 
 
@@ -719,8 +791,12 @@ class OpenAICompatible(_RemoteBackend):
     def _request(self, messages: list[dict[str, str]], options: CallOptions) -> Completion:
         model = self.served_model()
         kwargs = options.request_fields()
-        response = self._wrap(
-            lambda: self._client.chat.completions.create(model=model, messages=messages, **kwargs)
+        response = self._with_logprobs(
+            lambda extra: self._wrap(
+                lambda: self._client.chat.completions.create(
+                    model=model, messages=messages, **kwargs, **extra
+                )
+            )
         )
         choices = getattr(response, "choices", None)
         if not isinstance(choices, list) or not choices:
@@ -731,7 +807,10 @@ class OpenAICompatible(_RemoteBackend):
             if not isinstance(content, str):
                 raise MalformedResponse(f"{self._where} returned a choice without message content")
             texts.append(content)
-        return _completion(texts, getattr(response, "usage", None), messages)
+        completion = _completion(texts, getattr(response, "usage", None), messages)
+        return self._noting_logprobs(
+            replace(completion, logprobs=_choice_logprobs(choices[: options.n], options.max_tokens))
+        )
 
 
 @dataclass
@@ -780,16 +859,27 @@ class HFInference(_RemoteBackend):
 
     def _request(self, messages: list[dict[str, str]], options: CallOptions) -> Completion:
         kwargs = options.request_fields()
+
+        def send(extra: dict[str, Any]) -> Any:
+            try:
+                return self._client.chat_completion(messages, **kwargs, **extra)
+            except LLMError:
+                raise
+            except Exception as err:
+                raise self._classify(err) from None
+
+        response = self._with_logprobs(send)
         try:
-            response = self._client.chat_completion(messages, **kwargs)
-            texts = [choice.message.content for choice in response.choices[: options.n]]
-        except LLMError:
-            raise
-        except Exception as err:
-            raise self._classify(err) from None
+            choices = list(response.choices[: options.n])
+            texts = [choice.message.content for choice in choices]
+        except (AttributeError, TypeError) as err:
+            raise MalformedResponse(f"{self._where} sent a malformed response: {err}") from None
         if not texts or not all(isinstance(t, str) for t in texts):
             raise MalformedResponse(f"{self._where} returned no message content")
-        return _completion(texts, getattr(response, "usage", None), messages)
+        completion = _completion(texts, getattr(response, "usage", None), messages)
+        return self._noting_logprobs(
+            replace(completion, logprobs=_choice_logprobs(choices, options.max_tokens))
+        )
 
 
 _HUB_BOUND = False
@@ -1208,14 +1298,31 @@ class LocalModel:
             "format": self.prompt_format,
         }
         reply = self.runner.generate(request, time_left(self.timeout))
-        return Completion(reply["texts"], reply["prompt_tokens"], reply["completion_tokens"], requests=call.n)
+        return Completion(
+            reply["texts"],
+            reply["prompt_tokens"],
+            reply["completion_tokens"],
+            requests=call.n,
+            logprobs=token_logprobs(reply.get("logprobs"), len(reply["texts"]), call.max_tokens),
+        )
+
+    def score(self, messages: list[dict[str, str]], texts: list[str]) -> list[list[tuple[str, float]]] | None:
+        """The log-probabilities the model gives ``texts`` as replies to ``messages`` (no sampling)."""
+        request = {
+            **asdict(CallOptions()),
+            "messages": messages,
+            "score": texts,
+            "format": self.prompt_format,
+        }
+        reply = self.runner.generate(request, time_left(self.timeout))
+        return token_logprobs(reply.get("logprobs"), len(texts), _MAX_CACHED_TOKENS)
 
 
 # ------------------------------------------------------------------------------------------
 # Response cache
 # ------------------------------------------------------------------------------------------
 
-CACHE_MODES = ("read-write", "replay", "off", "retime")
+CACHE_MODES = ("read-write", "replay", "off", "retime", "backfill")
 
 
 def request_key(
@@ -1250,6 +1357,10 @@ class CachedLLM:
     Each entry keeps the call's latency, so replayed runs can still report LLM time. ``retime``
     is read-write that re-issues a hit with no stored latency once, to record it; the stored
     texts are kept, so results never change.
+
+    Each entry keeps the tokens' log-probabilities when the backend gave them. ``backfill`` is
+    read-write that re-issues a greedy (temperature 0) hit stored without them, once, and keeps
+    them only when the new texts are the stored ones, so a replay's answers never change.
     """
 
     def __init__(
@@ -1261,6 +1372,7 @@ class CachedLLM:
         self.model = model or getattr(llm, "name", None) or type(llm).__name__
         self.name = self.model
         self.hits = self.misses = 0
+        self.backfilled = self.mismatched = 0  # backfill: log-probabilities stored, or not (texts differed)
         self.path = Path(path)
         self._lock = threading.Lock()
         self._db: sqlite3.Connection | None = None
@@ -1279,6 +1391,8 @@ class CachedLLM:
                 columns = {row[1] for row in self._db.execute("PRAGMA table_info(responses)")}
                 if "seconds" not in columns:  # a cache written before latencies were stored
                     self._db.execute("ALTER TABLE responses ADD COLUMN seconds REAL")
+                if "logprobs" not in columns:  # ... or before log-probabilities were
+                    self._db.execute("ALTER TABLE responses ADD COLUMN logprobs TEXT")
                 self._db.commit()
 
     @contextmanager
@@ -1298,11 +1412,12 @@ class CachedLLM:
         assert self._db is not None
         with self._lock, self._damage():
             row = self._db.execute(
-                "SELECT texts, prompt_tokens, completion_tokens, estimated, requests, seconds "
+                "SELECT texts, prompt_tokens, completion_tokens, estimated, requests, seconds, logprobs "
                 "FROM responses WHERE key = ?",
                 (key,),
             ).fetchone()
             texts = json.loads(row[0]) if row is not None else None
+            logprobs = json.loads(row[6]) if row is not None and row[6] is not None else None
         if row is None:
             return None
         return Completion(
@@ -1313,33 +1428,41 @@ class CachedLLM:
             estimated=bool(row[3]),
             requests=row[4],
             seconds=row[5],
+            logprobs=token_logprobs(logprobs, len(texts), max_tokens=_MAX_CACHED_TOKENS),
         )
+
+    def _stale(self, hit: Completion, options: CallOptions) -> bool:
+        """Whether this mode re-issues a hit: no latency (retime), no log-probabilities (backfill)."""
+        if self.mode == "retime":
+            return hit.seconds is None
+        return self.mode == "backfill" and hit.logprobs is None and options.temperature == 0
 
     def complete(self, messages: list[dict[str, str]], **options: Any) -> Completion:
         """A cached response when there is one, else the wrapped LLM's (stored for next time)."""
-        kwargs = asdict(CallOptions(**options))
+        call = CallOptions(**options)
+        kwargs = asdict(call)
         if self._db is None:
             return self.llm.complete(messages, **kwargs)
         key = request_key(self.model, messages, **kwargs)
         hit = self._get(key)
-        if hit is not None and not (self.mode == "retime" and hit.seconds is None):
+        if hit is not None and not self._stale(hit, call):
             with self._lock:
                 self.hits += 1
             return hit
         if self.mode == "replay":
             raise CacheMiss(f"replay: no cached response for request {key[:12]} (model {self.model})")
+        if hit is not None and self.mode == "backfill":
+            return self._backfill(key, hit, messages, kwargs)
         t0 = time.perf_counter()
         fresh = self.llm.complete(messages, **kwargs)
         seconds = time.perf_counter() - t0 if fresh.seconds is None else fresh.seconds
+        if hit is not None:  # retime: record the latency, keep the stored texts
+            self._update(key, "seconds", seconds)
+            return replace(hit, seconds=seconds)
         with self._lock, self._damage():
-            if hit is not None:  # retime: record the latency, keep the stored texts
-                self.hits += 1
-                self._db.execute("UPDATE responses SET seconds = ? WHERE key = ?", (seconds, key))
-                self._db.commit()
-                return replace(hit, seconds=seconds)
             self.misses += 1
             self._db.execute(
-                "INSERT OR IGNORE INTO responses VALUES (?, ?, ?, ?, ?, ?, ?)",
+                "INSERT OR IGNORE INTO responses VALUES (?, ?, ?, ?, ?, ?, ?, ?)",
                 (
                     key,
                     json.dumps(fresh.texts),
@@ -1348,12 +1471,41 @@ class CachedLLM:
                     int(fresh.estimated),
                     fresh.requests,
                     seconds,
+                    json.dumps(fresh.logprobs) if fresh.logprobs is not None else None,
                 ),
             )
             self._db.commit()
         stored = self._get(key)
         assert stored is not None
         return replace(stored, cached=False)
+
+    def _backfill(
+        self, key: str, hit: Completion, messages: list[dict[str, str]], kwargs: dict[str, Any]
+    ) -> Completion:
+        """A stored greedy response, with the log-probabilities of its own texts added.
+
+        A backend that can score a given text (the embedded model) scores the stored texts; any
+        other is asked again, and its log-probabilities are kept only if it wrote the same texts.
+        """
+        score = getattr(self.llm, "score", None)
+        if callable(score):
+            logprobs = score(messages, hit.texts)
+        else:
+            fresh = self.llm.complete(messages, **kwargs)
+            logprobs = fresh.logprobs if fresh.texts == hit.texts else None
+        if logprobs is None:
+            self.mismatched += 1
+            return hit
+        self._update(key, "logprobs", json.dumps(logprobs))
+        self.backfilled += 1
+        return replace(hit, logprobs=logprobs)
+
+    def _update(self, key: str, column: str, value: Any) -> None:
+        assert self._db is not None and column in ("seconds", "logprobs")
+        with self._lock, self._damage():
+            self.hits += 1
+            self._db.execute(f"UPDATE responses SET {column} = ? WHERE key = ?", (value, key))
+            self._db.commit()
 
     def close(self) -> None:
         """Close the database."""

@@ -3,6 +3,8 @@
 # the first 60 questions of each file (bench/run.py tests only on the questions after them).
 # Every action runs on every question, R2 up to HOPS times, through bench/cache/llm.sqlite, so
 # bench/controller.py can replay any policy on these questions and a refit needs no LLM.
+# Each fit keeps its outcomes beside it (NAME.outcomes.jsonl); the model's pooled fit is made
+# from all three, and says which datasets it serves better than their own fit (cross-validated).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 DATA="${BRAG_DATA_DIR:-../shared/data}"
@@ -17,3 +19,5 @@ fit() {  # corpus-name questions corpus file-stem
 fit HotpotQA hotpotqa/hotpotqa_ircot500.json hotpotqa/hotpotqa_ircot500_corpus.json hotpotqa
 fit 2WikiMultihopQA 2wikimultihopqa/2wikimultihopqa.json 2wikimultihopqa/2wikimultihopqa_corpus.json 2wikimultihopqa
 fit MuSiQue musique/musique_migres200.json musique/musique_migres200_corpus.json musique
+"$PY" calibrate.py pool "$OUT"/qwen2.5-coder-0.5b-{hotpotqa,2wikimultihopqa,musique}.json \
+  --out "$OUT/qwen2.5-coder-0.5b-pooled.json"

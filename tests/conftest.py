@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import re
 import sys
 from collections.abc import Callable
 from pathlib import Path
@@ -35,8 +36,12 @@ class ScriptedLLM:
         closed_book: Callable[[str, int], list[str]] | None = None,
         prompt_tokens: int = 100,
         completion_tokens: int = 7,
+        logprob: Callable[[str], float] | None = None,
     ) -> None:
         self.read = read
+        # With ``logprob``, each word of a read's reply comes back as one token of that
+        # log-probability (given the reply), as a backend that reports them would send it.
+        self.logprob = logprob
         self.closed_book = closed_book or (lambda prompt, n: ["NONE"] * n)
         self.prompt_tokens = prompt_tokens
         self.completion_tokens = completion_tokens
@@ -50,7 +55,12 @@ class ScriptedLLM:
         else:
             texts = [self.read(prompt)]
         assert len(texts) == n
-        return brag.Completion(texts, self.prompt_tokens, self.completion_tokens * n)
+        logprobs = None
+        if self.logprob is not None and messages[0]["content"] != brag.CLOSED_BOOK_INSTRUCTIONS:
+            logprobs = [
+                [(piece, self.logprob(text)) for piece in re.findall(r"\s*\S+", text)] for text in texts
+            ]
+        return brag.Completion(texts, self.prompt_tokens, self.completion_tokens * n, logprobs=logprobs)
 
 
 def without(report: Any, keys: set[str]) -> Any:

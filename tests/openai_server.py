@@ -8,6 +8,7 @@ is answered by ``handler(request_json) -> Reply``; the default handler answers e
 from __future__ import annotations
 
 import json
+import re
 import threading
 import time
 from collections.abc import Callable
@@ -27,6 +28,9 @@ class Reply:
     delay: float = 0.0  # seconds to wait before answering
     trickle: float = 0.0  # send the body one byte per this many seconds (a slow-loris endpoint)
     usage: dict[str, int] | None = None  # None = the server's default usage
+    # Per choice, (token, logprob) pairs sent when the request asks for logprobs; None = each
+    # whitespace-separated piece of the text at log-probability -0.1
+    logprobs: list[list[tuple[str, float]]] | None = None
 
 
 class FakeOpenAI:
@@ -108,6 +112,15 @@ class FakeOpenAI:
                 for i, t in enumerate(texts)
             ],
         }
+        if request.get("logprobs"):
+            pieces = reply.logprobs or [[(p, -0.1) for p in re.findall(r"\s*\S+", t)] for t in texts]
+            for choice, tokens in zip(body["choices"], pieces, strict=False):
+                choice["logprobs"] = {
+                    "content": [
+                        {"token": p, "logprob": lp, "bytes": list(str(p).encode()), "top_logprobs": []}
+                        for p, lp in tokens
+                    ]
+                }
         if usage:
             body["usage"] = usage
         return 200, reply.headers, json.dumps(body).encode(), reply.trickle

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import html
 import json
+import math
 import os
 import re
 import shutil
@@ -103,6 +104,17 @@ def test_client_predict_returns_the_answer_and_a_matching_report(client, llm_ser
     assert report["answer"] == "Bergen" and report["corpus"] == "your documents"
     assert report["totals"]["llm_calls"] == made >= 1
     assert all(key in report["steps"][0] for key in ("posterior", "rates", "action", "policy_us"))
+    assert_reads_carry_their_evidence(report)
+
+
+def assert_reads_carry_their_evidence(report: dict) -> None:
+    """Each read says what its vote rested on: the loopback server sends each token at log-prob -0.1."""
+    reads = [s["observation"] for s in report["steps"] if s["action"] in ("R1", "R2")]
+    answered = [seen for seen in reads if seen["answer"] == "Bergen"]
+    assert answered
+    for seen in answered:
+        assert seen["evidence"]["answer_p"] == pytest.approx(math.exp(-0.1), abs=1e-3)
+        assert seen["evidence"]["span"] > 0 and seen["vote_type"].startswith("R")
 
 
 def test_named_demo_corpus_works_without_download(client):
@@ -120,6 +132,7 @@ def test_rest_call_returns_the_same_answer(app, client):
     answer, report = rest_call(app.url, "brag", args())
     assert answer == expected == "Bergen"
     assert report["totals"]["llm_calls"] >= 1
+    assert_reads_carry_their_evidence(report)
 
 
 def test_every_step_streams_to_rest_and_gradio_client_as_it_happens(app, client):
@@ -355,6 +368,9 @@ def fake_report(finished: bool = True) -> dict:
             "scores": {"R1": 0.9, "CB": 0.02},
             "observation": {
                 "answer": "Bergen",
+                "candidate": 0,
+                "evidence": {"answer_p": 0.8312, "answer_p_min": 0.7, "span": 1.0, "in_question": 0.0},
+                "vote_type": "R1:hi",
                 "follow_up_query": "Lina Berg birthplace",
                 "passages": [{"id": 0, "title": "", "label": "The Glass Tower in Oslo…"}],
             },
@@ -397,7 +413,9 @@ def test_the_steps_table_shows_why_each_action_was_chosen():
     assert (first["R1"], first["R2"], first["CB"]) == ("0.900 ✓", "—", "0.020")  # λ = 0.05
     assert first["What it read"] == "The Glass Tower in Oslo…" and first["Answer"] == "Bergen"
     assert first["Follow-up query"] == "Lina Berg birthplace"
+    assert first["Evidence"] == "answer p 0.83 · span of passage 1 · level R1:hi"
     assert last["Action"] == "stop" and last["What it read"].startswith("expected gain")
+    assert last["Evidence"] == ""
     running = brag_app.steps_frame(fake_report(finished=False)).iloc[1]
     assert running["Action"] == "CB" and running["Answer"] == "running…"
 

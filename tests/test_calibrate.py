@@ -314,10 +314,22 @@ def test_shipped_calibrations_state_their_model_data_and_split(path):
     cal = brag.load_calibration(path)
     assert raw["fitted"] is True and raw["date"] and raw["name"] == path.stem
     assert raw["model"] == "local:qwen2.5-coder-0.5b-instruct-q4_k_m:chat" == llms.LocalModel().name
+    assert cal.m == raw["m"] and 0 < cal.eta < 1 and raw["hops"] >= 1
+    pooled = brag.load_calibration(brag.CALIBRATIONS_DIR / "qwen2.5-coder-0.5b-pooled.json")
+    if raw["corpus"] == brag.POOLED:
+        own = [json.loads(p.read_text()) for p in SHIPPED if p != path]
+        assert sorted(raw["pooled_from"]) == sorted(o["corpus"] for o in own)
+        assert raw["n_questions"] == sum(o["n_questions"] for o in own) and cal.gate is None
+        assert brag.shipped_calibration(raw["model"], "uploaded documents") == cal
+        return
     assert raw["questions_file"] and raw["split"] == "0:60"
     assert len(raw["split_ids"]) == raw["n_questions"] >= 60
-    assert cal.m == raw["m"] and 0 < cal.eta < 1 and raw["hops"] >= 1
-    assert brag.shipped_calibration(raw["model"], raw["corpus"]) == cal
+    # The outcomes it was fitted on are kept, and refit to the same values.
+    outcomes = calibrate.read_outcomes(path)
+    assert [o.id for o in outcomes] == raw["split_ids"]
+    assert calibrate.fit(outcomes, raw["m"], raw["hops"])["actions"] == raw["actions"]
+    replaced = raw["corpus"] in pooled.meta["replaces"]
+    assert brag.shipped_calibration(raw["model"], raw["corpus"]) == (pooled if replaced else cal)
 
 
 class TokenCountingLLM:
@@ -482,3 +494,132 @@ def test_a_mixed_fit_on_cached_2wiki_questions_is_near_the_labelled_fit(shared_d
     assert mixed["fitted_on"]["em"]["converged"] is True
     assert mean(mixed["actions"]["R1"]["rho"]) == pytest.approx(mean(full["actions"]["R1"]["rho"]), abs=0.05)
     brag.load_calibration(mixed)
+
+
+# ------------------------------------------------------------------------------------------
+# Evidence levels and the pooled fit
+# ------------------------------------------------------------------------------------------
+
+
+def planted_votes(n: int, seed: int = 0) -> list[tuple[dict, float]]:
+    """Votes right 80 % of the time when answer_p > 0.6 and 10 % below; span and in_question are noise."""
+    rng = random.Random(seed)
+    votes = []
+    for _ in range(n):
+        p = rng.random()
+        right = rng.random() < (0.8 if p > 0.6 else 0.1)
+        votes.append(
+            (
+                {
+                    "answer_p": p,
+                    "answer_p_min": p * rng.random(),
+                    "span": rng.choice([0.0, 1.0, 0.5]),
+                    "in_question": float(rng.random() < 0.3),
+                },
+                float(right),
+            )
+        )
+    return votes
+
+
+def test_an_evidence_split_is_found_on_the_feature_that_tells_right_from_wrong():
+    split, scores = calibrate.fit_evidence_split(planted_votes(300), base_rho=0.4)
+    assert split is not None and split["name"] == "answer_p" and split["weights"] == {"answer_p": 1.0}
+    assert 0.5 < split["threshold"] < 0.7  # the planted cut is 0.6
+    hi, lo = (mean(split["levels"][name]["rho"]) for name in ("hi", "lo"))
+    assert hi > 0.65 and lo < 0.2
+    assert scores["answer_p"] > 0.75 and max(scores["span"], scores["in_question"]) < 0.6
+    assert split["auc"] == scores["answer_p"]
+    prior = brag.load_calibration(ROOT / "tests" / "prior_calibration.json").to_dict()
+    prior["actions"]["R1"]["evidence"] = split  # what fit writes, the loader reads
+    assert brag.load_calibration(prior).actions["R1"].evidence.name == "answer_p"
+
+
+def test_no_split_is_kept_when_no_feature_carries_signal_or_a_feature_is_mostly_missing():
+    rng = random.Random(1)
+    noise = [
+        ({"answer_p": rng.random(), "span": rng.random(), "in_question": 0.0}, float(rng.random() < 0.3))
+        for _ in range(300)
+    ]
+    split, scores = calibrate.fit_evidence_split(noise, base_rho=0.3)
+    right = int(sum(r for _, r in noise))
+    assert split is None and all(
+        score < calibrate.chance_auc(right, 300 - right) for score in scores.values()
+    )
+    assert set(scores) == {"answer_p", "span", "in_question", "combined"}  # each tried, none kept
+    half_missing = [
+        ({**v, "answer_p": v["answer_p"] if i % 2 else None}, r)
+        for i, (v, r) in enumerate(planted_votes(300))
+    ]
+    split, scores = calibrate.fit_evidence_split(half_missing, base_rho=0.4)
+    assert "answer_p" not in scores and "answer_p" not in (split or {}).get("weights", {})  # not tried
+
+
+def simulated_fit(tmp_path, name: str, truth: dict, n: int = 40) -> tuple[dict, list]:
+    """A calibration of the simulated model on ``n`` questions, with the outcomes it kept."""
+    progress = tmp_path / f"{name}.progress.jsonl"
+    items = [calibrate.Labelled(f"{name}{i}", f"Q{i} what is the answer?", (f"gold{i}",)) for i in range(n)]
+    result = calibrate.calibrate(
+        items, CORPUS, SimulatedLLM(truth), k=2, progress_path=progress, meta={"name": name, "corpus": name}
+    )
+    return result, list(calibrate.read_progress(progress, None).values())
+
+
+def test_a_pooled_fit_spans_every_set_and_says_which_own_fits_it_beats(tmp_path):
+    weaker = {**TRUTH, "rho": {"R1": 0.3, "R2": 0.4}}
+    sets = [simulated_fit(tmp_path, "A", TRUTH), simulated_fit(tmp_path, "B", weaker)]
+    pooled = calibrate.pool(sets)
+    cal = brag.load_calibration(pooled)
+    assert (
+        pooled["corpus"] == brag.POOLED
+        and pooled["pooled_from"] == ["A", "B"]
+        and pooled["n_questions"] == 80
+    )
+    assert cal.gate is None and set(pooled["cross_validation"]) == {"A", "B"}
+    assert set(pooled["replaces"]) <= {"A", "B"}
+    for name, losses in pooled["cross_validation"].items():
+        assert (name in pooled["replaces"]) == (losses["pooled"] < losses["own"])
+    # Pooled R1 reliability lies between the two sets' own.
+    own = [mean(s[0]["actions"]["R1"]["rho"]) for s in sets]
+    assert min(own) <= cal.actions["R1"].mean <= max(own)
+    other_model = ({**sets[1][0], "model": "another"}, sets[1][1])
+    with pytest.raises(ValueError, match="one model and one setting"):
+        calibrate.pool([sets[0], other_model])
+    with pytest.raises(ValueError, match="at least two"):
+        calibrate.pool(sets[:1])
+
+
+def test_shipped_calibration_prefers_its_own_fit_unless_the_pooled_one_beat_it():
+    prior = brag.load_calibration(ROOT / "tests" / "prior_calibration.json").to_dict()
+
+    def fit(corpus: str, **meta) -> brag.Calibration:
+        return brag.load_calibration({**prior, "fitted": True, "model": "m", "corpus": corpus, **meta})
+
+    shipped = {
+        "prior": brag.load_calibration(prior),
+        "a": fit("A"),
+        "b": fit("B"),
+        "pooled": fit(brag.POOLED, replaces=["B"], pooled_from=["A", "B"]),
+    }
+    assert brag.shipped_calibration("m", "A", shipped) is shipped["a"]
+    assert brag.shipped_calibration("m", "B", shipped) is shipped["pooled"]
+    assert brag.shipped_calibration("m", "uploaded documents", shipped) is shipped["pooled"]
+    assert brag.shipped_calibration("m", None, shipped) is shipped["pooled"]
+    assert brag.shipped_calibration("other model", "A", shipped) is shipped["prior"]
+    assert brag.calibration_status(shipped["pooled"], "m") == "fitted for this model, pooled over A, B"
+
+
+def test_the_pool_command_fits_from_the_outcomes_kept_beside_each_calibration(tmp_path, capsys):
+    paths = []
+    for name, truth in (("A", TRUTH), ("B", TRUTH)):
+        result, _ = simulated_fit(tmp_path, name, truth)
+        path = tmp_path / f"{name}.json"
+        path.write_text(json.dumps(result))
+        (tmp_path / f"{name}.progress.jsonl").replace(calibrate.outcomes_path(path))
+        paths.append(str(path))
+    out = tmp_path / "pooled.json"
+    assert calibrate.main(["pool", *paths, "--out", str(out)]) == 0
+    assert brag.load_calibration(out).meta["pooled_from"] == ["A", "B"]
+    calibrate.outcomes_path(paths[1]).unlink()
+    assert calibrate.main(["pool", *paths, "--out", str(out)]) == 2
+    assert "B.outcomes.jsonl is missing" in capsys.readouterr().err

@@ -353,6 +353,105 @@ def test_failure_mid_run_raises_with_the_partial_report():
     assert isinstance(err.value.__cause__, TokenRejected)
 
 
+# ---------------------------------------------------------------------------------- log-probabilities
+
+READ_TOKENS = [("Answer", -0.1), (":", 0.0), (" Paris", -0.5), ("\n", -0.2), ("Follow-up query: x", -0.3)]
+
+
+@BACKENDS
+def test_token_log_probabilities_are_asked_for_and_returned(factory):
+    reply = Reply(texts=["Answer: Paris\nFollow-up query: x"], logprobs=[READ_TOKENS])
+    with FakeOpenAI(handler=lambda r: reply) as server:
+        result = factory(server.url).complete(MESSAGES)
+        assert server.chat_requests[0]["logprobs"] is True
+    assert result.logprobs == [READ_TOKENS]
+    assert brag.answer_logprobs("Paris", result.logprobs[0]) == [-0.5]
+
+
+@BACKENDS
+def test_a_server_that_refuses_log_probabilities_still_answers_and_is_not_asked_again(factory):
+    def handler(request):
+        if request.get("logprobs"):
+            return Reply(
+                status=400, body=json.dumps({"error": {"message": "logprobs are not supported"}}).encode()
+            )
+        return Reply()
+
+    with FakeOpenAI(handler=handler) as server:
+        backend = factory(server.url)
+        first, second = backend.complete(MESSAGES), backend.complete(MESSAGES)
+        asked = [bool(r.get("logprobs")) for r in server.chat_requests]
+    assert first.texts == second.texts == ["Answer: Paris\nFollow-up query: Paris France"]
+    assert first.logprobs is None and second.logprobs is None and asked == [True, False, False]
+
+
+@BACKENDS
+def test_a_refusal_about_something_else_is_not_blamed_on_log_probabilities(factory):
+    refusal = json.dumps({"error": {"message": "max_tokens is too large"}}).encode()
+    with FakeOpenAI(handler=lambda r: Reply(status=400, body=refusal)) as server:
+        with pytest.raises(llms.RequestRejected):
+            factory(server.url).complete(MESSAGES)
+        assert len(server.chat_requests) == 1  # not sent again without logprobs
+
+
+@pytest.mark.parametrize(
+    "tokens",
+    [[("Answer", 2.0)], [("Answer", "high")], [(None, -0.1)]],
+    ids=["above-one", "not-a-number", "no-token"],
+)
+def test_malformed_log_probabilities_leave_the_evidence_missing_not_the_call_failed(tokens):
+    with FakeOpenAI(handler=lambda r: Reply(logprobs=[tokens])) as server:
+        result = make_llm(server.url + "#m").complete(MESSAGES)
+    assert result.texts == ["Answer: Paris\nFollow-up query: Paris France"] and result.logprobs is None
+
+
+class FixedLLM:
+    """Writes ``text``, with log-probabilities when ``logprobs`` is set."""
+
+    name = "fixed"
+
+    def __init__(self, text: str, logprobs: list | None = None) -> None:
+        self.text, self.logprobs, self.calls = text, logprobs, 0
+
+    def complete(self, messages, *, n=1, temperature=0.0, max_tokens=64, stop=None, seed=None):
+        self.calls += 1
+        return Completion([self.text] * n, 5, n, logprobs=[self.logprobs] * n if self.logprobs else None)
+
+
+def test_the_cache_keeps_log_probabilities_and_a_backfill_adds_them_only_to_the_stored_texts(tmp_path):
+    path = tmp_path / "cache.sqlite"
+    CachedLLM(FixedLLM("Answer: Paris"), path).complete(MESSAGES)  # stored without them
+    CachedLLM(FixedLLM("Answer: Oslo"), path).complete(MESSAGES, temperature=0.7)
+    other = FixedLLM("Answer: Lyon", [("Answer", -0.1), (": Lyon", -0.2)])
+    filling = CachedLLM(other, path, mode="backfill")
+    kept = filling.complete(MESSAGES)
+    assert kept.texts == ["Answer: Paris"] and kept.logprobs is None and filling.mismatched == 1
+    same = FixedLLM("Answer: Paris", [("Answer", -0.1), (": Paris", -0.2)])
+    filling = CachedLLM(same, path, mode="backfill")
+    filled = filling.complete(MESSAGES)
+    assert filled.texts == ["Answer: Paris"] and filled.logprobs == [[("Answer", -0.1), (": Paris", -0.2)]]
+    assert filling.complete(MESSAGES).logprobs == filled.logprobs and same.calls == 1  # filled once
+    sampled = filling.complete(MESSAGES, temperature=0.7)  # a sample is never re-drawn
+    assert sampled.texts == ["Answer: Oslo"] and sampled.logprobs is None and same.calls == 1
+    replay = CachedLLM(FixedLLM("unused"), path, model="fixed", mode="replay")
+    assert replay.complete(MESSAGES).logprobs == filled.logprobs
+
+
+def test_a_cache_written_before_log_probabilities_were_kept_still_opens(tmp_path):
+    path = tmp_path / "old.sqlite"
+    old = sqlite3.connect(path)
+    old.execute(
+        "CREATE TABLE responses (key TEXT PRIMARY KEY, texts TEXT NOT NULL, prompt_tokens INTEGER, "
+        "completion_tokens INTEGER, estimated INTEGER, requests INTEGER, seconds REAL)"
+    )
+    key = llms.request_key("fixed", MESSAGES, 1, 0.0, 64, None, None)
+    old.execute("INSERT INTO responses VALUES (?, ?, 3, 1, 0, 1, 0.5)", (key, json.dumps(["Answer: Rome"])))
+    old.commit()
+    old.close()
+    hit = CachedLLM(FixedLLM("unused"), path, mode="replay").complete(MESSAGES)
+    assert hit.texts == ["Answer: Rome"] and hit.logprobs is None and hit.seconds == 0.5
+
+
 # ---------------------------------------------------------------------------------- cache
 
 

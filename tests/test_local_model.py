@@ -188,6 +188,26 @@ def test_the_default_local_model_is_qwen_and_reads_a_passage(local):
 
 
 @needs_qwen
+def test_a_read_comes_with_its_tokens_log_probabilities_and_scoring_the_text_agrees(local):
+    passage = brag.Passage("Marie Curie", "Marie Curie was born in Warsaw in 1867. She was a physicist.")
+    messages = brag.read_messages("In which city was Marie Curie born?", [passage])
+    (answer, _), reply = read_locally(local, "In which city was Marie Curie born?", passage)
+    tokens = reply.logprobs[0]
+    assert reply.texts[0].startswith("".join(piece for piece, _ in tokens))  # the last token is not seen
+    assert all(lp <= 0 for _, lp in tokens) and len(tokens) >= reply.completion_tokens - 1
+    generated = brag.answer_logprobs(answer, tokens)
+    assert generated and 0.5 < brag.read_evidence(answer, "?", [passage], tokens)["answer_p"] <= 1.0
+    # Scoring the same text (what the cache's backfill does) gives the same tokens their
+    # probabilities, up to the float noise of a different batch; it samples nothing.
+    scored = local.score(messages, reply.texts)[0]
+    assert "".join(piece for piece, _ in scored) == reply.texts[0]
+    assert brag.answer_logprobs(answer, scored) == pytest.approx(generated, abs=0.05)
+    # A text the model would never write scores far lower than its own answer.
+    wrong = local.score(messages, ["Answer: Lisbon"])[0]
+    assert sum(brag.answer_logprobs("Lisbon", wrong)) < sum(generated) - 2
+
+
+@needs_qwen
 def test_samples_n_times_and_brag_runs_on_it(local):
     reply = local.complete(
         brag.closed_book_messages("What is the capital of Italy?"), n=3, temperature=0.8, seed=1
