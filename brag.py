@@ -680,17 +680,42 @@ def expected_gain(
     ``posterior`` is ``beliefs.probabilities(n_candidates)`` when the caller has it already.
     """
     probs, residual = posterior if posterior is not None else beliefs.probabilities(n_candidates)
-    first, best, runner_up = _top_two(probs)
+    return _gain(_Now.of(beliefs, probs, residual), eta, outlook, repeatable)
+
+
+class _Now(NamedTuple):
+    """What every action's lookahead reads from one posterior, worked out once per decision.
+
+    Per candidate: its probability, the leader's or runner-up's probability it must beat, and
+    its log weight with whether a vote favours it (under ``floored``, None under ``spec``).
+    """
+
+    beliefs: Beliefs
+    probs: list[float]
+    residual: float
+    best: float
+    others: list[float]
+    log_w: list[float]
+    favoured: list[bool] | None
+
+    @classmethod
+    def of(cls, beliefs: Beliefs, probs: list[float], residual: float) -> _Now:
+        first, best, runner_up = _top_two(probs)
+        others = [best] * len(probs)
+        if first >= 0:
+            others[first] = runner_up
+        log_w = beliefs.log_w
+        fast = beliefs.model.rule == "floored" and len(beliefs.favour) == len(log_w) == len(probs)
+        favoured = [f is not None for f in beliefs.favour] if fast else None
+        return cls(beliefs, probs, residual, best, others, log_w, favoured)
+
+
+def _gain(now: _Now, eta: float, outlook: VoteOutlook, repeatable: Collection[int]) -> float:
+    """:func:`expected_gain` from a posterior's :class:`_Now`."""
+    probs, best, others, log_w, favoured = now.probs, now.best, now.others, now.log_w, now.favoured
     same = outlook.same_ratio
     same_terms = _vote_terms(same, eta) if same is not None and repeatable else None
-    log_w = beliefs.log_w
     exp = math.exp
-    # How much one vote with log ratio x multiplies candidate j's weight, as Beliefs.add would:
-    # floored, a candidate some vote favours (log_w = its favour) grows by e^x when x >= 0 and
-    # not at all below; one no vote favours (log_w = its largest ratio w) grows to e^x if
-    # x > w. Spelled out here because this loop is most of a decision's time.
-    fast = beliefs.model.rule == "floored" and len(beliefs.favour) == len(log_w) == len(probs)
-    favoured = [f is not None for f in beliefs.favour]
     expected = (1 - outlook.q) * best
     for share, ratio in outlook.kinds:
         rho_new, log_new = _vote_terms(ratio, eta)
@@ -701,16 +726,21 @@ def expected_gain(
             else:
                 rho, log_lr, r = rho_new, log_new, ratio
             chance = pj * rho + (1 - pj) * (1 - rho) * eta  # the vote names candidate j
-            if not fast:
-                grown = pj * exp(beliefs.weight_after(j, log_lr) - log_w[j])
+            # How much the vote multiplies j's weight, as Beliefs.add would. Floored: a
+            # candidate some vote favours (log_w = its favour) grows by the ratio when it is at
+            # least 1, else not at all; one no vote favours (log_w = its largest log ratio w)
+            # grows to the vote's ratio when that is above e^w. Spelled out, as this loop is
+            # most of a decision's time.
+            if favoured is None:
+                grown = pj * exp(now.beliefs.weight_after(j, log_lr) - log_w[j])
             elif favoured[j]:
                 grown = pj * r if log_lr >= 0 else pj
             else:
                 grown = pj * exp(log_lr - log_w[j]) if log_lr > log_w[j] else pj
-            other = runner_up if j == first else best
+            other = others[j]
             total += chance * (grown if grown > other else other) / (1 - pj + grown)
             covered += chance
-        fresh = residual * ratio * eta  # a vote for an answer not seen yet: its weight
+        fresh = now.residual * ratio * eta  # a vote for an answer not seen yet: its weight
         total += max(0.0, 1 - covered) * max(best, fresh) / (1 + fresh)
         # eta is a per-answer likelihood, so with many candidates the chances of naming each
         # can sum past 1; the outcomes must form a distribution for this to be an expectation
@@ -2029,6 +2059,12 @@ class Calibration:
             priors[f"CB_{g}"] = (level.a, level.b)
         return priors
 
+    def typed(self, vote_type: str, flat: str, evidence: Mapping[str, float | None]) -> str:
+        """A read's vote type: ``vote_type:level`` when its votes are split by evidence, else ``flat``."""
+        split = self.actions[vote_type[:2]].evidence
+        level = split.level(evidence) if split is not None else None
+        return f"{vote_type}:{level.name}" if level is not None else flat
+
     def level(self, g: int, m: int) -> Level:
         """The calibrated level matching g of m samples (rescaled when m differs)."""
         levels = self.actions["CB"].levels
@@ -3011,12 +3047,9 @@ class _Run:
         if brag.policy == "rate":  # SPEC: P_err * D / c
             p_err = error_probability(self.probs)
             return {a: p_err * rate_per_cost[a] for a in available}
-        n, eta = len(self.candidates.texts), brag.calibration.eta
-        now = (self.probs, self.residual)  # what _decide just read: the same posterior
-        return {
-            a: expected_gain(self.beliefs, n, eta, outlooks[a], self.read_answers, now) / brag.costs[a]
-            for a in available
-        }
+        eta, costs, repeatable = brag.calibration.eta, brag.costs, self.read_answers
+        now = _Now.of(self.beliefs, self.probs, self.residual)  # what _decide just read
+        return {a: _gain(now, eta, outlooks[a], repeatable) / costs[a] for a in available}
 
     def _follow_schedule(self, decision: Decision, available: list[str]) -> Decision:
         """A fixed schedule (calibration, baselines) overrides the policy's choice, not its score."""
@@ -3120,7 +3153,8 @@ class _Run:
         found = self.first_hop
         window = [i for i, _ in found.hits]
         seen = self.read(window)
-        seen["vote_type"] = self.level_of("R1", "R1_weak" if self.weak["R1"] else "R1", seen["evidence"])
+        flat = "R1_weak" if self.weak["R1"] else "R1"
+        seen["vote_type"] = self.brag.calibration.typed("R1", flat, seen["evidence"])
         seen["candidate"] = self.vote(seen["vote_type"], seen["answer"])
         seen["scores"] = [round(s, 4) for _, s in found.hits]
         seen["dedup_removed"] = found.removed
@@ -3136,11 +3170,12 @@ class _Run:
         new = novel[: self.brag.k]
         # Old passages first, in the order read, so each hop's prompt extends the last one.
         seen = self.read(self.read_ids + new)
+        calibration = self.brag.calibration
         if self.brag.second_hop == "conditional":
             repeats = seen["answer"] and self.candidates.find(seen["answer"]) in self.read_answers
-            source = "R2_same" if repeats else self.level_of("R2_new", "R2_new", seen["evidence"])
+            source = "R2_same" if repeats else calibration.typed("R2_new", "R2_new", seen["evidence"])
         else:
-            source = self.level_of("R2", "R2_weak" if self.weak["R2"] else "R2", seen["evidence"])
+            source = calibration.typed("R2", "R2_weak" if self.weak["R2"] else "R2", seen["evidence"])
         seen["vote_type"] = source
         seen["candidate"] = self.vote(source, seen["answer"])
         seen["gate"] = self.gate_view["R2"]
@@ -3150,12 +3185,6 @@ class _Run:
         self.note_answer(seen["candidate"])
         self.after_read(seen, self.read_ids + new)
         return seen
-
-    def level_of(self, vote_type: str, flat: str, evidence: Mapping[str, float | None]) -> str:
-        """A read's vote type: ``vote_type:level`` when its votes are split by evidence, else ``flat``."""
-        split = self.brag.calibration.actions[vote_type[:2]].evidence
-        level = split.level(evidence) if split is not None else None
-        return f"{vote_type}:{level.name}" if level is not None else flat
 
     def note_answer(self, candidate: int | None) -> None:
         """Remember that a read voted for ``candidate`` (it conditions the next hop's vote type)."""

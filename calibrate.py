@@ -1356,13 +1356,7 @@ def vote_losses(calibration: brag.Calibration, outcomes: Sequence[Outcome], hops
     the gate's verdict, the agreement level). A repeated answer is left out: its "reliability"
     encodes a likelihood ratio, not how often it is right.
     """
-    priors, losses = calibration.source_priors(calibration.m), []
-
-    def typed(action: str, flat: str, evidence: Mapping[str, Any]) -> str:
-        split = calibration.actions[action[:2]].evidence
-        level = split.level(evidence) if split is not None else None
-        return f"{action}:{level.name}" if level is not None else flat
-
+    priors, losses, typed = calibration.source_priors(calibration.m), [], calibration.typed
     for o in outcomes:
         votes = []
         if o.answers["R1"]:

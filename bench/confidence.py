@@ -20,6 +20,7 @@ from __future__ import annotations
 import argparse
 import json
 import sys
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -149,6 +150,52 @@ def ask_the_app(pdf: Path, questions: list[dict[str, Any]]) -> list[dict[str, An
     return rows
 
 
+def documents_fits(pdf: Path, questions: list[dict[str, Any]], cache: str, folds: int = 6) -> dict[str, Any]:
+    """What a user who labels these questions gets: their own fit, by cross-validation.
+
+    Every action runs on every question as ``calibrate.py`` runs them (through the cache); then
+    in each fold a fit of the other questions' outcomes (alone: ``own``; with the three
+    datasets' calibration outcomes: ``pooled with own``) prices BRAG on the held-out ones.
+    """
+    import documents
+
+    corpus = brag.Corpus(documents.read_file(pdf.name, pdf.read_bytes()))
+    items = [calibrate.Labelled(q["id"], q["question"], tuple(q["answer"])) for q in questions]
+    llm = llms.CachedLLM(llms.make_llm("local"), cache)
+    progress = Path(cache).with_name(f"{pdf.stem}.progress.jsonl")
+    fitted = calibrate.calibrate(items, corpus, llm, hops=brag.DEFAULT_HOPS, progress_path=progress)
+    outcomes = list(calibrate.read_progress(progress, None).values())
+    progress.unlink()
+    shipped = sorted(brag.CALIBRATIONS_DIR.glob(f"{MODEL_PREFIX}-*.outcomes.jsonl"))
+    datasets = [
+        replace(o, weak={})
+        for path in shipped
+        for o in calibrate.read_outcomes(path.with_name(path.name.replace(".outcomes.jsonl", ".json")))
+    ]
+    m, hops = fitted["m"], fitted["hops"]
+    rows: dict[str, list[dict[str, Any]]] = {"own": [], "pooled with own": []}
+    for fold in range(folds):
+        train = [o for i, o in enumerate(outcomes) if i % folds != fold]
+        held_out = [item for i, item in enumerate(items) if i % folds == fold]
+        for kind, together in (("own", train), ("pooled with own", datasets + train)):
+            fit = {**calibrate.fit(together, m, hops), "gate": None}
+            calibration = brag.load_calibration({"version": brag.CALIBRATION_VERSION, "m": m, **fit})
+            controller = brag.BRAG(llm, calibration=calibration, lam=DEFAULT_LAMBDA)
+            for item in held_out:
+                answer, report = controller.run(item.question, corpus)
+                rows[kind].append(
+                    {
+                        "id": item.id,
+                        "p": report["confidence"]["p_correct"],
+                        "right": bool(answer) and brag.exact_match(answer, item.gold),
+                        "guess": report["confidence"]["guess"],
+                        "calls": report["totals"]["llm_calls"],
+                        "r1_levels": getattr(calibration.actions["R1"].evidence, "name", "none"),
+                    }
+                )
+    return {kind: {**scores(found), "rows": found} for kind, found in rows.items()}
+
+
 def documents_scores(rows: list[dict[str, Any]]) -> dict[str, Any]:
     """The dataset scores, and how often a second call followed a wrong or a right first read."""
     wrong_first = [r for r in rows if not r["first_right"]]
@@ -160,6 +207,61 @@ def documents_scores(rows: list[dict[str, Any]]) -> dict[str, Any]:
     }
 
 
+TARGET_AUROC, TARGET_ECE, TARGET_DISTINCT = 0.75, 0.10, 10
+COLUMNS = ("accuracy", "mean_p", "auroc", "ece", "brier", "distinct_p", "guess_right", "sure_right", "calls")
+
+
+def _cell(value: Any) -> str:
+    if value is None:
+        return "—"
+    return f"{value:.3f}" if isinstance(value, float) else str(value)
+
+
+def _row(label: str, result: dict[str, Any]) -> str:
+    guesses = f"{result['guesses']}/{result['n']}"
+    cells = [_cell(result[c]) for c in COLUMNS]
+    return f"| {label} | {' | '.join(cells[:6])} | {guesses} | {' | '.join(cells[6:])} |"
+
+
+HEADER = [
+    "| | accuracy | mean P | AUROC | ECE | Brier | distinct P | guesses | right when a guess "
+    "| right otherwise | calls |",
+    "|---|---|---|---|---|---|---|---|---|---|---|",
+]
+
+
+def report(results: Path, before: Path, documents: Path | None) -> list[str]:
+    """confidence.md: before and after per dataset, every fit, the documents set, the targets."""
+    after, old = json.loads(results.read_text()), json.loads(before.read_text())
+    lines = ["## Per dataset: the code before issue 33 and now (test splits, λ = 0.05)", "", *HEADER]
+    for key in DATASETS:
+        if key in old.get("own", {}) and key in after.get("default", {}):
+            lines.append(
+                _row(f"{DATASETS[key].name}, before ({old['own'][key]['calibration']})", old["own"][key])
+            )
+            new = after["default"][key]
+            lines.append(_row(f"{DATASETS[key].name}, now ({new['calibration']})", new))
+    lines += ["", "## Every fit, now", "", *HEADER]
+    for kind in FITS:
+        for key, result in after.get(kind, {}).items():
+            lines.append(_row(f"{DATASETS[key].name}: {kind} ({result['calibration']})", result))
+    if documents is not None and documents.exists():
+        docs = json.loads(documents.read_text())
+        wrong, right = docs["second_call_after_wrong_first"], docs["second_call_after_right_first"]
+        lines += [
+            "",
+            f"## A real manual through /brag: {docs['document']}, {docs['n']} questions "
+            f"({docs['questions']})",
+            "",
+            *HEADER,
+            _row("documents set", docs),
+            "",
+            f"Second call after a wrong first read: {wrong[0]} of {wrong[1]}; after a right one: "
+            f"{right[0]} of {right[1]}. Calibration used: {docs['rows'][0]['calibration']}.",
+        ]
+    return lines
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--fits", default=",".join(FITS))
@@ -167,14 +269,35 @@ def main() -> int:
     parser.add_argument("--replay", action="store_true", help="no LLM: every response from the cache")
     parser.add_argument("--cache", default=str(ROOT / "bench" / "cache" / "llm.sqlite"))
     parser.add_argument("--out", type=Path, default=ROOT / "bench" / "results" / "confidence.json")
+    for flag, does in (
+        ("--documents", "ask QUESTIONS (JSON: id, question, answer) about PDF through a real app's /brag"),
+        (
+            "--documents-fits",
+            "fit on the labelled QUESTIONS about PDF and score the fits by cross-validation",
+        ),
+    ):
+        parser.add_argument(flag, nargs=2, type=Path, metavar=("PDF", "QUESTIONS"), help=f"instead: {does}")
     parser.add_argument(
-        "--documents",
-        nargs=2,
+        "--report",
+        nargs="+",
         type=Path,
-        metavar=("PDF", "QUESTIONS"),
-        help="instead: ask QUESTIONS (JSON: id, question, answer) about PDF through a real app's /brag",
+        metavar="JSON",
+        help="instead: print confidence.md's tables from RESULTS BEFORE [DOCUMENTS] JSON files",
     )
     args = parser.parse_args()
+    if args.documents_fits:
+        pdf, questions = args.documents_fits
+        result = documents_fits(pdf, json.loads(questions.read_text(encoding="utf-8")), args.cache)
+        args.out.write_text(json.dumps(result, indent=1) + "\n", encoding="utf-8")
+        print({kind: {k: v for k, v in r.items() if k != "rows"} for kind, r in result.items()})
+        return 0
+    if args.report:
+        print(
+            "\n".join(
+                report(args.report[0], args.report[1], args.report[2] if len(args.report) > 2 else None)
+            )
+        )
+        return 0
     if args.documents:
         pdf, questions = args.documents
         rows = ask_the_app(pdf, json.loads(questions.read_text(encoding="utf-8")))

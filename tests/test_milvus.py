@@ -295,6 +295,9 @@ def test_calibration_and_the_benchmark_retrieve_from_a_milvus_collection(tmp_pat
         cache = ["--cache", str(tmp_path / "c.sqlite")]
         args = ["--questions", str(questions), *served, "--model", model, *cache, "--split", "0:30"]
         assert calibrate.main([*args, "--out", str(out)]) == 0
+        # The outcomes stay beside the fit, for `calibrate.py pool`.
+        kept = calibrate.read_outcomes(out)
+        assert [o.id for o in kept] == json.loads(out.read_text())["split_ids"]
         results = tmp_path / "results"
         results.mkdir()
         bench = ["--datasets", "hotpotqa", "--n", "3", "--data", str(tmp_path / "data"), *cache]
