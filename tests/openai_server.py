@@ -28,9 +28,19 @@ class Reply:
     delay: float = 0.0  # seconds to wait before answering
     trickle: float = 0.0  # send the body one byte per this many seconds (a slow-loris endpoint)
     usage: dict[str, int] | None = None  # None = the server's default usage
-    # Per choice, (token, logprob) pairs sent when the request asks for logprobs; None = each
-    # whitespace-separated piece of the text at log-probability -0.1
+    # Per choice, (token, logprob) pairs sent when the request asks for logprobs; None = the
+    # text's first max_tokens "tokens" (see _tokens) at log-probability -0.1 each
     logprobs: list[list[tuple[str, float]]] | None = None
+
+
+def _tokens(text: str, most: int) -> list[str]:
+    """The first ``most`` "tokens" of a text: words, and pieces of 8 characters of a longer one."""
+    found = []
+    for match in re.finditer(r"\s*\S{1,8}", text):
+        found.append(match.group())
+        if len(found) == most:
+            break
+    return found
 
 
 class FakeOpenAI:
@@ -113,7 +123,9 @@ class FakeOpenAI:
             ],
         }
         if request.get("logprobs"):
-            pieces = reply.logprobs or [[(p, -0.1) for p in re.findall(r"\s*\S+", t)] for t in texts]
+            # Like a real server, log-probabilities for at most max_tokens generated tokens.
+            most = int(request.get("max_tokens") or 64)
+            pieces = reply.logprobs or [[(p, -0.1) for p in _tokens(t, most)] for t in texts]
             for choice, tokens in zip(body["choices"], pieces, strict=False):
                 choice["logprobs"] = {
                     "content": [
