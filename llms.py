@@ -8,6 +8,11 @@
   no network).
 - ``CachedLLM``: a SQLite response cache around any of them, with a replay mode.
 
+Each backend returns the tokens' log-probabilities with the texts when it can
+(``Completion.logprobs``): the local worker records them as it generates, the HTTP backends ask
+for ``logprobs`` and stop asking a server that refuses them. They are evidence for an answer's
+confidence (``brag.read_evidence``), never a reason for a call to fail.
+
 ``make_llm(spec)`` picks the backend from a model string. Every failure of a call surfaces as
 one ``LLMError`` with a message a user can act on::
 
