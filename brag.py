@@ -2085,8 +2085,10 @@ class Calibration:
         q = self.actions["R2"].q
         d_same = vote_information(same.mean, self.eta, rule)
         split = self.actions["R2"].evidence
-        levels = split.levels if split is not None else (EvidenceLevel("", 1.0, new.a, new.b),)
-        d_new = sum(level.pi * vote_information(level.mean, self.eta, rule) for level in levels)
+        if split is None:
+            d_new = vote_information(new.mean, self.eta, rule)
+        else:  # a new answer's vote lands in one of the evidence levels
+            d_new = sum(level.pi * vote_information(level.mean, self.eta, rule) for level in split.levels)
         rates["R2_after_answer"] = q * (same.pi * d_same + (1 - same.pi) * d_new)
         rates["R2_after_none"] = q * d_new
         return rates

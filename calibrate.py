@@ -593,8 +593,8 @@ Vote = tuple[Mapping[str, Any], float]  # (evidence features, right: 1/0 or its 
 def fit_evidence_levels(outcomes: Sequence[Outcome], hops: int, fitted: dict[str, Any]) -> None:
     """Split R1's votes, and the second hop's votes for a new answer, into evidence levels.
 
-    In place: each read's entry in ``fitted["actions"]`` gets an ``evidence`` split when one
-    feature tells its right answers from its wrong ones on held-out questions (see
+    In place: each read's entry in ``fitted["actions"]`` gets an ``evidence`` split when a
+    score of its features tells its right answers from its wrong ones on held-out questions (see
     :func:`fit_evidence_split`); ``fitted["diagnostics"]["evidence"]`` has every feature's
     held-out AUROC. Each level's reliability is shrunk toward the action's own.
     """
@@ -634,13 +634,16 @@ def fit_evidence_split(
     candidates = {f: (f,) for f in present}
     if len(present) > 1:
         candidates["combined"] = tuple(present)
-    results: dict[str, float] = {}
-    for name, features in candidates.items():
-        rows = [
+    rows_of = {
+        name: [
             ([v[f] for f in features], right)
             for v, right in votes
             if all(v.get(f) is not None for f in features)
         ]
+        for name, features in candidates.items()
+    }
+    results: dict[str, float] = {}
+    for name, rows in rows_of.items():
         if not _both_classes([(0.0, y) for _, y in rows]):
             continue
         held_out: list[tuple[float, float]] = []
@@ -658,10 +661,7 @@ def fit_evidence_split(
     name = max(results, key=lambda n: (results[n], n != "combined"))  # a tie goes to one feature
     if results[name] < chance_auc(sum(y >= 0.5 for _, y in votes), sum(y < 0.5 for _, y in votes)):
         return None, results
-    features = candidates[name]
-    rows = [
-        ([v[f] for f in features], right) for v, right in votes if all(v.get(f) is not None for f in features)
-    ]
+    features, rows = candidates[name], rows_of[name]
     score = _evidence_score(rows)
     split = _best_split([(score(x), y) for x, y in rows], base_rho) if score else None
     if split is None or score is None:
@@ -1297,7 +1297,7 @@ def pool(
         if not all(o.labelled for o in outcomes):
             raise ValueError(f"pool: {calibration.get('name')} has questions without gold answers")
     m, hops = int(first["m"]), int(first["hops"])
-    together = [replace(o, weak={}) for _, outcomes in sets for o in outcomes]
+    together = without_gate([o for _, outcomes in sets for o in outcomes])
     fitted = fit(together, m, hops)
     names = [str(c.get("corpus") or c.get("name")) for c, _ in sets]
     comparison = {name: own_or_pooled(i, sets, m, hops) for i, name in enumerate(names)}
@@ -1334,19 +1334,24 @@ def own_or_pooled(
 
     ``POOL_FOLDS`` folds of its questions: each fold is scored by a fit on the set's other folds
     (its own, with its gate's verdicts) and by a fit on those plus every other set (pooled, no
-    gate), as :func:`vote_log_loss` scores them. Lower is better.
+    gate), as :func:`vote_losses` scores them. Lower is better.
     """
     own_calibration, outcomes = sets[index]
-    others = [replace(o, weak={}) for i, (_, found) in enumerate(sets) if i != index for o in found]
+    others = without_gate([o for i, (_, found) in enumerate(sets) if i != index for o in found])
     own_loss, pooled_loss = [], []
     for fold in range(POOL_FOLDS):
         train = [o for i, o in enumerate(outcomes) if i % POOL_FOLDS != fold]
         test = [o for i, o in enumerate(outcomes) if i % POOL_FOLDS == fold]
         own = _loaded({**fit(train, m, hops), "gate": own_calibration.get("gate")}, m)
-        pooled = _loaded(fit(others + [replace(o, weak={}) for o in train], m, hops), m)
+        pooled = _loaded(fit(others + without_gate(train), m, hops), m)
         own_loss += vote_losses(own, test, hops)
-        pooled_loss += vote_losses(pooled, [replace(o, weak={}) for o in test], hops)
+        pooled_loss += vote_losses(pooled, without_gate(test), hops)
     return {"own": round(float(np.mean(own_loss)), 5), "pooled": round(float(np.mean(pooled_loss)), 5)}
+
+
+def without_gate(outcomes: Iterable[Outcome]) -> list[Outcome]:
+    """Outcomes as a fit without a gate sees them: no window judged weak or strong."""
+    return [replace(o, weak={}) for o in outcomes]
 
 
 def vote_losses(calibration: brag.Calibration, outcomes: Sequence[Outcome], hops: int) -> list[float]:

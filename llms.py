@@ -566,8 +566,7 @@ def token_logprobs(raw: Any, n_texts: int, max_tokens: int) -> list[list[tuple[s
             if isinstance(token, (list, tuple)) and len(token) == 2:
                 piece, logprob = token
             else:
-                get = token.get if isinstance(token, dict) else lambda key, t=token: getattr(t, key, None)
-                piece, logprob = get("token"), get("logprob")
+                piece, logprob = _field(token, "token"), _field(token, "logprob")
             if (
                 not isinstance(piece, str)
                 or isinstance(logprob, bool)
@@ -699,12 +698,13 @@ class _RemoteBackend:
 
 def _choice_logprobs(choices: list[Any], max_tokens: int) -> list[list[tuple[str, float]]] | None:
     """Each choice's ``logprobs.content`` as (token, log-probability) pairs; None if any lacks them."""
-
-    def field_of(item: Any, name: str) -> Any:
-        return item.get(name) if isinstance(item, dict) else getattr(item, name, None)
-
-    raw = [field_of(field_of(choice, "logprobs") or {}, "content") for choice in choices]
+    raw = [_field(_field(choice, "logprobs") or {}, "content") for choice in choices]
     return token_logprobs(raw, len(choices), max_tokens)
+
+
+def _field(item: Any, name: str) -> Any:
+    """A field of a parsed response part, whether the client gave a dict or an object."""
+    return item.get(name) if isinstance(item, dict) else getattr(item, name, None)
 
 
 def _merge(parts: list[Completion]) -> Completion:

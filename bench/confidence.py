@@ -20,7 +20,6 @@ from __future__ import annotations
 import argparse
 import json
 import sys
-from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -85,13 +84,29 @@ def fit_for(kind: str, key: str, llm_name: str) -> brag.Calibration:
         return next(c for c in shipped.values() if c.meta.get("corpus") == brag.POOLED)
     if kind == "default":
         return brag.shipped_calibration(llm_name, name, shipped)
-    others = [
-        path
-        for path in sorted(brag.CALIBRATIONS_DIR.glob(f"{MODEL_PREFIX}-*.json"))
-        if path.stem != f"{MODEL_PREFIX}-pooled" and brag.read_json(path, "calibration").get("corpus") != name
+    others = [(fit, outcomes) for fit, outcomes in shipped_sets() if fit.get("corpus") != name]
+    return brag.load_calibration(calibrate.pool(others, meta={"name": f"pooled without {name}"}))
+
+
+def shipped_sets() -> list[tuple[dict[str, Any], list[calibrate.Outcome]]]:
+    """Each dataset's shipped fit of the embedded model, with the outcomes it was fitted on."""
+    paths = sorted(brag.CALIBRATIONS_DIR.glob(f"{MODEL_PREFIX}-*.json"))
+    return [
+        (brag.read_json(path, "calibration"), calibrate.read_outcomes(path))
+        for path in paths
+        if path.stem != f"{MODEL_PREFIX}-pooled"
     ]
-    sets = [(brag.read_json(path, "calibration"), calibrate.read_outcomes(path)) for path in others]
-    return brag.load_calibration(calibrate.pool(sets, meta={"name": f"pooled without {name}"}))
+
+
+def answered(item: calibrate.Labelled, answer: str, report: dict[str, Any]) -> dict[str, Any]:
+    """One run's row: P(correct), right or not, the guess label, calls."""
+    return {
+        "id": item.id,
+        "p": report["confidence"]["p_correct"],
+        "right": bool(answer) and brag.exact_match(answer, item.gold),
+        "guess": report["confidence"]["guess"],
+        "calls": report["totals"]["llm_calls"],
+    }
 
 
 def run(key: str, llm: brag.LLM, calibration: brag.Calibration, root: Path) -> list[dict[str, Any]]:
@@ -100,20 +115,7 @@ def run(key: str, llm: brag.LLM, calibration: brag.Calibration, root: Path) -> l
     items = calibrate.read_labelled(root / ds.questions)[ds.calibration_size :][: ds.test_size]
     corpus = brag.Corpus((root / ds.corpus).read_text(encoding="utf-8"))
     controller = brag.BRAG(llm, calibration=calibration, lam=DEFAULT_LAMBDA)
-    rows = []
-    for item in items:
-        answer, report = controller.run(item.question, corpus)
-        confidence = report["confidence"]
-        rows.append(
-            {
-                "id": item.id,
-                "p": confidence["p_correct"],
-                "right": bool(answer) and brag.exact_match(answer, item.gold),
-                "guess": confidence["guess"],
-                "calls": report["totals"]["llm_calls"],
-            }
-        )
-    return rows
+    return [answered(item, *controller.run(item.question, corpus)) for item in items]
 
 
 def ask_the_app(pdf: Path, questions: list[dict[str, Any]]) -> list[dict[str, Any]]:
@@ -166,33 +168,19 @@ def documents_fits(pdf: Path, questions: list[dict[str, Any]], cache: str, folds
     fitted = calibrate.calibrate(items, corpus, llm, hops=brag.DEFAULT_HOPS, progress_path=progress)
     outcomes = list(calibrate.read_progress(progress, None).values())
     progress.unlink()
-    shipped = sorted(brag.CALIBRATIONS_DIR.glob(f"{MODEL_PREFIX}-*.outcomes.jsonl"))
-    datasets = [
-        replace(o, weak={})
-        for path in shipped
-        for o in calibrate.read_outcomes(path.with_name(path.name.replace(".outcomes.jsonl", ".json")))
-    ]
+    datasets = calibrate.without_gate([o for _, found in shipped_sets() for o in found])
     m, hops = fitted["m"], fitted["hops"]
     rows: dict[str, list[dict[str, Any]]] = {"own": [], "pooled with own": []}
     for fold in range(folds):
         train = [o for i, o in enumerate(outcomes) if i % folds != fold]
         held_out = [item for i, item in enumerate(items) if i % folds == fold]
         for kind, together in (("own", train), ("pooled with own", datasets + train)):
-            fit = {**calibrate.fit(together, m, hops), "gate": None}
-            calibration = brag.load_calibration({"version": brag.CALIBRATION_VERSION, "m": m, **fit})
+            calibration = calibrate._loaded({**calibrate.fit(together, m, hops), "gate": None}, m)
             controller = brag.BRAG(llm, calibration=calibration, lam=DEFAULT_LAMBDA)
+            levels = getattr(calibration.actions["R1"].evidence, "name", "none")
             for item in held_out:
-                answer, report = controller.run(item.question, corpus)
-                rows[kind].append(
-                    {
-                        "id": item.id,
-                        "p": report["confidence"]["p_correct"],
-                        "right": bool(answer) and brag.exact_match(answer, item.gold),
-                        "guess": report["confidence"]["guess"],
-                        "calls": report["totals"]["llm_calls"],
-                        "r1_levels": getattr(calibration.actions["R1"].evidence, "name", "none"),
-                    }
-                )
+                row = answered(item, *controller.run(item.question, corpus))
+                rows[kind].append({**row, "r1_levels": levels})
     return {kind: {**scores(found), "rows": found} for kind, found in rows.items()}
 
 

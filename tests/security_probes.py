@@ -436,6 +436,15 @@ def cpu_seconds(pid: int) -> float:
     return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
 
 
+def result_ending(text: str) -> Callable[[Lab, str], str | None]:
+    """The probe's own result ends with ``text`` (else the result is the finding)."""
+
+    def check(lab: Lab, result: str) -> str | None:
+        return None if result.endswith(text) else result
+
+    return check
+
+
 def cpu_below(limit: float) -> Callable[[Lab, str], str | None]:
     def check(lab: Lab, response: str) -> str | None:
         if not response.startswith("output:"):
@@ -1272,7 +1281,7 @@ def probes() -> list[Probe]:
             "queue/join for each event, arities n-1..n+1, names with / and ../, a kept fit's path",
             "public",
             every_event_with_hostile_data,
-            lambda lab, r: None if r.endswith("nothing written") else r,
+            result_ending("nothing written"),
             watch="",
         ),
         *[
@@ -1314,7 +1323,7 @@ def probes() -> list[Probe]:
             "question with SAYKEY, REST stream",
             "public",
             secrets_in_stream,
-            lambda lab, r: None if r.endswith("clean") else r,
+            result_ending("clean"),
             watch="",
         ),
         Probe(
@@ -1548,7 +1557,7 @@ def probes() -> list[Probe]:
             "upload notes.md and tower.json, /brag, then the page's render event",
             "public",
             markup_in_titles,
-            lambda lab, r: None if r.endswith("no tag from the documents") else r,
+            result_ending("no tag from the documents"),
             watch="",
         ),
         Probe(
