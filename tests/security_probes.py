@@ -153,51 +153,38 @@ def start_lab(stack: ExitStack) -> Lab:
         "BRAG_DOCUMENTS_CACHE_BYTES": str(DOCUMENTS_BUDGET),
         "BRAG_ALLOWED_ENDPOINTS": "",
     }
-    public = stack.enter_context(AppProcess({**env, **app_folders(stack, "public", folders)}))
+
+    def start(name: str, **settings: str) -> AppProcess:
+        """One app of the lab: the shared environment and the owner's model, then ``settings``."""
+        own = {**env, "BRAG_MODEL": owner.url + "#m", **settings, **app_folders(stack, name, folders)}
+        return stack.enter_context(AppProcess(own))
+
+    public = start("public", BRAG_MODEL=env["BRAG_MODEL"])
     # The listed app's own model URL has no credentials in it, so its Bearer token is visible.
-    listed_env = {
-        **env,
-        "BRAG_MODEL": owner.url + "#m",
-        "BRAG_ALLOWED_ENDPOINTS": f"{attacker.url},{trickle.url},{hostile.url}",
-        **app_folders(stack, "listed", folders),
-    }
-    listed = stack.enter_context(AppProcess(listed_env))
+    listed = start("listed", BRAG_ALLOWED_ENDPOINTS=f"{attacker.url},{trickle.url},{hostile.url}")
     # Behind a proxy (loopback, trusted), with two workers, one request per caller, a short queue.
-    fair_env = {
-        **env,
-        "BRAG_MODEL": owner.url + "#m",
-        "BRAG_ALLOWED_ENDPOINTS": blocker.url,
-        "BRAG_TRUSTED_PROXIES": "127.0.0.1",
-        "BRAG_CONCURRENCY": "2",
-        "BRAG_MAX_PER_SESSION": "1",
-        "BRAG_MAX_PER_ADDRESS": "1",
-        "BRAG_MAX_QUEUE": "3",
-        "BRAG_REQUEST_TIMEOUT": "120",
-        **app_folders(stack, "fair", folders),
-    }
-    fair = stack.enter_context(AppProcess(fair_env))
+    fair = start(
+        "fair",
+        BRAG_ALLOWED_ENDPOINTS=blocker.url,
+        BRAG_TRUSTED_PROXIES="127.0.0.1",
+        BRAG_CONCURRENCY="2",
+        BRAG_MAX_PER_SESSION="1",
+        BRAG_MAX_PER_ADDRESS="1",
+        BRAG_MAX_QUEUE="3",
+        BRAG_REQUEST_TIMEOUT="120",
+    )
     # Behind a trusted proxy with four workers and the default per-address share (half of them).
     release_slow = threading.Event()
     stack.callback(release_slow.set)
     slow = stack.enter_context(FakeOpenAI(handler=lambda r: (release_slow.wait(), owner_reply(r))[1]))
-    crowd_env = {
-        **env,
-        "BRAG_MODEL": owner.url + "#m",
-        "BRAG_ALLOWED_ENDPOINTS": slow.url,
-        "BRAG_TRUSTED_PROXIES": "127.0.0.1",
-        "BRAG_CONCURRENCY": "4",
-        "BRAG_REQUEST_TIMEOUT": "120",
-        **app_folders(stack, "crowd", folders),
-    }
-    crowd = stack.enter_context(AppProcess(crowd_env))
-    milvus_env = {
-        **env,
-        "BRAG_MODEL": owner.url + "#m",
-        "BRAG_REQUEST_TIMEOUT": "120",
-        "BRAG_MILVUS_URI": milvus_collection(folders, stack),
-        **app_folders(stack, "milvus", folders),
-    }
-    milvus = stack.enter_context(AppProcess(milvus_env))
+    crowd = start(
+        "crowd",
+        BRAG_ALLOWED_ENDPOINTS=slow.url,
+        BRAG_TRUSTED_PROXIES="127.0.0.1",
+        BRAG_CONCURRENCY="4",
+        BRAG_REQUEST_TIMEOUT="120",
+    )
+    milvus = start("milvus", BRAG_REQUEST_TIMEOUT="120", BRAG_MILVUS_URI=milvus_collection(folders, stack))
     marker = f"pwned-{uuid.uuid4().hex[:8]}"
     return Lab(
         owner,
