@@ -4,7 +4,7 @@ The controller keeps a posterior over candidate answers and picks, between LLM c
 action whose next vote is expected to lower P(error) the most per unit cost; it stops when that
 gain is worth less than its price ``lam``. It never calls the LLM itself: the actions do.
 
-Sections, in order: LLM protocol, answers, posterior, policy, corpus, dedup, gate,
+Sections, in order: LLM protocol, text analysis, answers, posterior, policy, corpus, dedup, gate,
 calibration, prompts, runner, files, command line. Three entry points:
 
 - ``BRAG(llm).run(question, corpus)`` (runner): ``BRAG.stream`` -> ``_Run.loop``, which
@@ -45,13 +45,23 @@ from typing import Any, BinaryIO, NamedTuple, Protocol, runtime_checkable
 
 import bm25s
 import numpy as np
-from bm25s.stopwords import STOPWORDS_EN
+from bm25s import stopwords as bm25s_stopwords
 
 # The public API, by section (in the order the sections come), not alphabetically.
 __all__ = [  # noqa: RUF022
     # LLM protocol
     "LLM",
     "Completion",
+    # Text analysis
+    "LANGUAGE_NAMES",
+    "STOPWORDS",
+    "UNSPACED_SCRIPTS",
+    "language_of",
+    "ANALYSIS",
+    "Analyzer",
+    "stopword_language",
+    "tokenize",
+    "words",
     # Answers
     "MAX_ANSWER_CHARS",
     "MAX_QUERY_CHARS",
@@ -92,7 +102,6 @@ __all__ = [  # noqa: RUF022
     "cached_corpus",
     "parse_json",
     "read_json",
-    "tokenize",
     # Dedup
     "DedupConfig",
     "Embedder",
@@ -128,6 +137,7 @@ __all__ = [  # noqa: RUF022
     "CLOSED_BOOK_INSTRUCTIONS",
     "MAX_PROMPT_PASSAGE_CHARS",
     "READ_STOP",
+    "answer_language",
     "closed_book_messages",
     "expand_query",
     "is_degenerate_query",
@@ -201,6 +211,260 @@ class LLM(Protocol):
 
 
 # ------------------------------------------------------------------------------------------
+# Text analysis: scripts, languages, tokens (one path for BM25, the gate, dedup and answers)
+# ------------------------------------------------------------------------------------------
+
+
+# Scripts written without spaces between words. A run of them is matched by overlapping
+# character bigrams, as Lucene's CJK analyser does: no dictionary, no model, any language.
+UNSPACED_SCRIPTS = (
+    "\u0e00-\u0eff"  # Thai, Lao
+    "\u1000-\u1049\u104c-\u109f"  # Myanmar, not its two full stops
+    "\u1100-\u11ff"  # Hangul jamo
+    "\u1780-\u17d3\u17db-\u17ff"  # Khmer, not its punctuation
+    "\u3005-\u3007"  # 々 〆 〇
+    "\u3040-\u309f\u30a1-\u30fa\u30fc-\u30ff"  # hiragana, katakana with ー, not ・ or ゠
+    "\u3130-\u318f"  # Hangul compatibility jamo
+    "\u31f0-\u31ff"  # katakana phonetic extensions
+    "\u3400-\u4dbf\u4e00-\u9fff\uf900-\ufaff"  # Han
+    "\uac00-\ud7af"  # Hangul syllables
+    "\U00020000-\U0003134f"  # Han extensions
+)
+_UNSPACED = re.compile(f"[{UNSPACED_SCRIPTS}]+")
+_UNSPACED_PIECES = re.compile(f"([{UNSPACED_SCRIPTS}]+)")
+
+
+def _combining_marks() -> str:
+    """The combining marks as a character-class body: vowel signs and viramas belong to words.
+
+    Those of the Basic Multilingual Plane, every living script's: a class with ranges past it
+    makes every match several times slower.
+    """
+    marks = [c for c in range(0x10000) if unicodedata.category(chr(c))[0] == "M"]
+    ranges, start = [], marks[0]
+    for previous, current in itertools.pairwise([*marks, -1]):
+        if current != previous + 1:
+            ranges.append(
+                re.escape(chr(start)) + ("-" + re.escape(chr(previous)) if previous > start else "")
+            )
+            start = current
+    return "".join(ranges)
+
+
+# Letters, digits and the marks on them; "_" is a separator ("snake_case" is two words).
+_WORD = re.compile(f"[\\w{_combining_marks()}]+")
+
+
+def _folded(words: Iterable[str]) -> frozenset[str]:
+    return frozenset(unicodedata.normalize("NFKC", w).casefold() for w in words)
+
+
+# Stop words of the languages written with spaces that BRAG knows (bm25s's lists). English keeps
+# its short list, which BM25 was tuned with; the longer one only helps tell English apart.
+STOPWORDS: dict[str, frozenset[str]] = {
+    "en": _folded(bm25s_stopwords.STOPWORDS_EN),
+    "da": _folded(bm25s_stopwords.STOPWORDS_DANISH),
+    "de": _folded(bm25s_stopwords.STOPWORDS_GERMAN),
+    "es": _folded(bm25s_stopwords.STOPWORDS_SPANISH),
+    "fr": _folded(bm25s_stopwords.STOPWORDS_FRENCH),
+    "it": _folded(bm25s_stopwords.STOPWORDS_ITALIAN),
+    "nl": _folded(bm25s_stopwords.STOPWORDS_DUTCH),
+    "no": _folded(bm25s_stopwords.STOPWORDS_NORWEGIAN),
+    "pt": _folded(bm25s_stopwords.STOPWORDS_PORTUGUESE),
+    "ru": _folded(bm25s_stopwords.STOPWORDS_RUSSIAN),
+    "sv": _folded(bm25s_stopwords.STOPWORDS_SWEDISH),
+    "tr": _folded(bm25s_stopwords.STOPWORDS_TURKISH),
+}
+
+
+LANGUAGE_NAMES = {
+    "en": "English",
+    "da": "Danish",
+    "de": "German",
+    "es": "Spanish",
+    "fr": "French",
+    "it": "Italian",
+    "nl": "Dutch",
+    "no": "Norwegian",
+    "pt": "Portuguese",
+    "ru": "Russian",
+    "sv": "Swedish",
+    "tr": "Turkish",
+    "ja": "Japanese",
+    "ko": "Korean",
+    "th": "Thai",
+    "zh": "Chinese",
+}
+
+
+# Which languages list each word as a stop word (English by its longer list).
+_STOP_LANGUAGES: dict[str, tuple[str, ...]] = {}
+for _language, _words in {**STOPWORDS, "en": _folded(bm25s_stopwords.STOPWORDS_EN_PLUS)}.items():
+    for _word in _words:
+        _STOP_LANGUAGES[_word] = (*_STOP_LANGUAGES.get(_word, ()), _language)
+del _language, _words, _word
+
+
+# How a corpus in Latin script has always been read: runs of letters and digits, whatever the
+# script, so such a corpus keeps every token (and every ranking) it had.
+_PLAIN_WORD = re.compile(r"[^\W_]+")
+
+
+def words(text: str, by_script: bool = True) -> list[str]:
+    """The units BM25 matches, before stop words: NFKC, case-folded, diacritics kept.
+
+    ``by_script``: words of scripts written with spaces keep their marks (so "हिन्दी" stays
+    whole), and runs of Han, kana, hangul, Thai, Lao, Khmer and Myanmar become overlapping
+    character bigrams (a single character alone): "東京タワーは1958年" gives 東京 京タ タワ ワー
+    ーは, 1958, 年. Without it, runs of letters and digits, the way :class:`Analyzer` reads a
+    corpus in Latin script.
+    """
+    text = unicodedata.normalize("NFKC", text).casefold()
+    if not by_script:
+        return _PLAIN_WORD.findall(text)
+    units: list[str] = []
+    for i, piece in enumerate(_UNSPACED_PIECES.split(text.replace("_", " "))):
+        if i % 2:  # a run of a script written without spaces: its bigrams, or the one character
+            units += [piece[j : j + 2] for j in range(len(piece) - 1)] if len(piece) > 1 else [piece]
+        elif piece:
+            units += _WORD.findall(piece)
+    return units
+
+
+def _stopword_signs(units: Iterable[str]) -> tuple[Counter[str], int]:
+    """Stop words per language other than English, and English's, among ``units``.
+
+    A word that is a stop word in English too ("in", "was") is no sign of another language,
+    and a language shows only with two different stop words ("dog" alone is Danish).
+    """
+    hits = Counter(unit for unit in units if unit in _STOP_LANGUAGES)
+    signs: Counter[str] = Counter()
+    distinct: Counter[str] = Counter()
+    english = 0
+    for unit, count in hits.items():
+        languages = _STOP_LANGUAGES[unit]
+        if "en" in languages:
+            english += count if len(languages) == 1 else 0
+            continue
+        for language in languages:
+            signs[language] += count
+            distinct[language] += 1
+    return Counter({language: n for language, n in signs.items() if distinct[language] >= 2}), english
+
+
+def stopword_language(units: Sequence[str]) -> str:
+    """The language whose stop words ``units`` use most; English unless another clearly leads.
+
+    Another language needs more than twice English's signs, so an English text quoting a
+    foreign title ("Della Santa E Del Fico Fiorone") stays English.
+    """
+    signs, english = _stopword_signs(units)
+    ranked = signs.most_common(1)  # ties: the first listed in STOPWORDS
+    return ranked[0][0] if ranked and ranked[0][1] > 2 * english else "en"
+
+
+# What an analysis is called where it is recorded (a saved corpus, a Milvus collection): a new
+# name whenever ``words`` or ``Analyzer.tokens`` would give other tokens for the same text.
+ANALYSIS = "unicode-words+bigrams/1"
+
+
+_LETTER = re.compile(r"[^\W\d_]")
+_NON_LATIN_LETTER = re.compile(r"[^\W\d_\u0000-\u024f]")
+
+
+def _mainly_non_latin(text: str) -> bool:
+    return not text.isascii() and 2 * len(_NON_LATIN_LETTER.findall(text)) >= len(_LETTER.findall(text)) > 0
+
+
+@dataclass(frozen=True)
+class Analyzer:
+    """How a corpus turns text into BM25 tokens: the same for its passages and every query.
+
+    ``language``: whose stop words go (a key of ``STOPWORDS``; any other language loses none).
+    ``by_script``: see :func:`words`. ``Analyzer.of(texts)`` picks both for a corpus: by-script
+    analysis once any passage is mainly written in a script other than Latin (an English corpus
+    quoting a Japanese title is read as it always was), and the stop words of the language that
+    an even sample of the passages uses most.
+    """
+
+    language: str = "en"
+    by_script: bool = True
+
+    def tokens(self, text: str) -> list[str]:
+        """``text``'s BM25 tokens."""
+        stop = STOPWORDS.get(self.language, frozenset())
+        return list(itertools.filterfalse(stop.__contains__, words(text, self.by_script)))
+
+    @property
+    def name(self) -> str:
+        """The analysis as recorded: ``ANALYSIS:scripts:ja`` or ``ANALYSIS:words:en``."""
+        return f"{ANALYSIS}:{'scripts' if self.by_script else 'words'}:{self.language}"
+
+    @classmethod
+    def named(cls, name: str) -> Analyzer:
+        """The analyzer a recorded ``name`` stands for; ValueError for another analysis."""
+        parts = name.rsplit(":", 2)
+        version, mode, language = parts if len(parts) == 3 else ("", "", "")
+        if version != ANALYSIS or mode not in ("scripts", "words") or not language:
+            raise ValueError(f"analysis {name!r} is not this BRAG's ({ANALYSIS})")
+        return cls(language, mode == "scripts")
+
+    @classmethod
+    def of(cls, texts: Sequence[str], sample: int = 1000) -> Analyzer:
+        """The analyzer for a corpus of ``texts``."""
+        by_script = any(_mainly_non_latin(text) for text in texts)
+        step = max(1, len(texts) // sample)
+        return cls(
+            stopword_language([u for text in texts[::step] for u in words(text, by_script)]), by_script
+        )
+
+
+def tokenize(text: str, analyzer: Analyzer | None = None) -> list[str]:
+    """BM25 tokens: :func:`words` without stop words.
+
+    ``analyzer`` is a corpus's (so a query and the passages lose the same words); without
+    one, the text is read by script and loses its own language's stop words.
+    """
+    if analyzer is not None:
+        return analyzer.tokens(text)
+    units = words(text)
+    stop = STOPWORDS.get(stopword_language(units), frozenset())
+    return [unit for unit in units if unit not in stop]
+
+
+# The script a text is written in tells its language where one language owns the script.
+_SCRIPT_LANGUAGES = (
+    (re.compile("[\u3040-\u30ff\u31f0-\u31ff]"), "ja"),  # kana: Japanese, even beside Han
+    (re.compile("[\u1100-\u11ff\u3130-\u318f\uac00-\ud7af]"), "ko"),
+    (re.compile("[\u0e00-\u0e7f]"), "th"),
+    (re.compile("[\u3400-\u4dbf\u4e00-\u9fff\uf900-\ufaff\U00020000-\U0003134f]"), "zh"),
+)
+_SCRIPT_NAMED = frozenset(language for _, language in _SCRIPT_LANGUAGES)
+
+
+def language_of(text: str) -> str:
+    """An ISO 639-1 code for ``text``'s language, ``""`` when BRAG cannot tell which.
+
+    By script for Japanese, Korean, Thai and Chinese; by stop words for the languages of
+    ``STOPWORDS``, when one leads the others ("der" is German and Danish: no lead); English for
+    Latin text with no sign of another language and, if accented, some sign of English.
+    """
+    norm = unicodedata.normalize("NFKC", text).casefold()
+    for script, language in _SCRIPT_LANGUAGES:
+        if script.search(norm):
+            return language
+    signs, english = _stopword_signs(_WORD.findall(norm.replace("_", " ")))
+    ranked = signs.most_common(2)
+    if ranked and ranked[0][1] > 2 * english:
+        return ranked[0][0] if len(ranked) == 1 or ranked[0][1] > ranked[1][1] else ""
+    letters = [c for c in norm if c.isalpha()]
+    latin = sum(1 for c in letters if c < "\u0250")
+    if english == 0 and any("\u00c0" <= c < "\u0250" for c in letters):
+        return ""  # accented Latin and not one English stop word ("Vad gör kommandot ls?")
+    return "en" if not letters or 2 * latin >= len(letters) else ""
+
+
+# ------------------------------------------------------------------------------------------
 # Answers: normalisation, comparison, parsing
 # ------------------------------------------------------------------------------------------
 
@@ -237,18 +501,41 @@ _NO_ANSWER = frozenset(
 _NO_ANSWER_PREFIXES = ("none ", "unknown ", "i dont know", "not enough information", "no answer")
 
 
+# "None" and "unknown" in the languages a reader may answer in; compared after normalize_answer.
+_NO_ANSWER_WORDS = ("なし", "不明", "わかりません", "无", "無", "没有", "不知道", "未知", "없음", "모름")
+_NO_ANSWER_WORDS += ("keine", "unbekannt", "aucune", "inconnu", "ninguna", "desconocido", "nessuna")
+_NO_ANSWER_WORDS += ("sconosciuto", "nenhuma", "desconhecido", "ingen", "okänd", "geen", "onbekend")
+
+
+def _spaced_out(run: re.Match[str]) -> str:
+    return " " + " ".join(run.group()) + " "
+
+
 def normalize_answer(text: str) -> str:
-    """SQuAD normalisation: lower-case, drop punctuation and articles, collapse white space."""
+    """SQuAD normalisation: lower-case, drop punctuation and articles, collapse white space.
+
+    Full-width forms fold (NFKC), punctuation of every script goes (「」、。 too), and each
+    character of a script written without spaces stands alone, so the token F1 of Japanese or
+    Chinese answers is their character F1, as CMRC scores Chinese.
+    """
     text = unicodedata.normalize("NFKC", text).lower()
-    text = "".join(ch for ch in text if ch not in _PUNCT)
+    text = "".join(ch for ch in text if ch not in _PUNCT and unicodedata.category(ch)[0] != "P")
     text = _ARTICLES.sub(" ", text)
+    if _UNSPACED.search(text):
+        text = _UNSPACED.sub(_spaced_out, text)
     return " ".join(text.split())
 
 
 def is_no_answer(text: str) -> bool:
-    """``NONE``, "unknown" and empty answers are no vote."""
+    """``NONE``, "unknown" and empty answers are no vote.
+
+    "Unknown" also in Japanese, Chinese, Korean and some European languages.
+    """
     norm = normalize_answer(text)
-    return norm in _NO_ANSWER or norm.startswith(_NO_ANSWER_PREFIXES)
+    return norm in _NO_ANSWER or norm.startswith(_NO_ANSWER_PREFIXES) or norm in _NO_ANSWERS_ELSEWHERE
+
+
+_NO_ANSWERS_ELSEWHERE = frozenset(normalize_answer(word) for word in _NO_ANSWER_WORDS)
 
 
 def token_f1(prediction: str, gold: str) -> float:
@@ -285,9 +572,13 @@ def exact_match(prediction: str, golds: Iterable[str]) -> bool:
     return bool(norm) and any(norm == normalize_answer(g) for g in golds)
 
 
+# "Answer" as readers write it in other languages, which a prompt in English does not rule out.
+_ANSWER_LABELS = "答え|回答|解答|答案|答|답변|antwort|réponse|respuesta|risposta|resposta|svar|antwoord|ответ"
+
+
 _LABEL = re.compile(
     r"^\s*(?:\*\*)?\s*(final answer|answer|follow[- ]?up(?: search)?(?: query)?|search query|"
-    r"next query|query)\s*(?:\*\*)?\s*[:：-]\s*(?:\*\*)?",
+    rf"next query|query|{_ANSWER_LABELS})\s*(?:\*\*)?\s*[:：-]\s*(?:\*\*)?",
     re.IGNORECASE,
 )
 
@@ -301,6 +592,13 @@ _SENTENCE_END = re.compile(r"(?<=[a-z0-9)\]]{3})[.!?](?=\s+[A-Z\"“]|\s*$)")
 
 
 _YES_NO = re.compile(r"^(yes|no)\b[\s,.;:!-]", re.IGNORECASE)
+
+
+# A sentence of a script written without spaces ends at its own full stop, whatever follows.
+_WIDE_SENTENCE_END = re.compile("[。．！？]")
+
+
+_QUOTE_MARKS = "\"'“”‘’「」『』"
 
 
 # Bounds on what a reply can put in the posterior, the report and the UI: the model is asked
@@ -320,13 +618,14 @@ def _clean_answer(text: str, max_words: int = 20) -> str:
     Keeps the first sentence, a bare "yes"/"no" when it opens an explanation, and strips quotes,
     markup, a leading "The answer is" and a trailing full stop.
     """
-    text = text.strip().strip("*`\"'“”‘’ ").strip()
+    text = text.strip().strip("*` " + _QUOTE_MARKS).strip()
     text = _ANSWER_PREFIX.sub("", text)
     text = _SENTENCE_END.split(text, maxsplit=1)[0]
+    text = _WIDE_SENTENCE_END.split(text, maxsplit=1)[0]
     yes_no = _YES_NO.match(text + " ")
     if yes_no:
         return yes_no.group(1).capitalize()
-    text = text.rstrip(".").strip().strip("\"'“”‘’").strip()
+    text = text.rstrip(".").strip().strip(_QUOTE_MARKS).strip()
     return " ".join(text.split()[:max_words])[:MAX_ANSWER_CHARS]
 
 
@@ -345,7 +644,9 @@ def parse_reading(text: str) -> tuple[str, str]:
             unlabeled.append(line)
             continue
         value = line[match.end() :].strip()
-        if match.group(1).lower() in ("answer", "final answer"):
+        if match.group(1).lower() in ("answer", "final answer") or re.fullmatch(
+            _ANSWER_LABELS, match.group(1).lower()
+        ):
             answer = answer or value
         else:
             query = query or value
@@ -368,12 +669,40 @@ def parse_reading(text: str) -> tuple[str, str]:
 EVIDENCE_FEATURES = ("answer_p", "answer_p_min", "span", "in_question")
 
 
+_NO_WORD_BEFORE = f"(?<![^\\W{UNSPACED_SCRIPTS}])"  # no letter or digit, but Han, kana…
+_NO_WORD_AFTER = f"(?![^\\W{UNSPACED_SCRIPTS}])"
+
+
 def _answer_pattern(answer: str) -> re.Pattern[str] | None:
-    """The answer's words as a case-blind pattern that matches whole words across any spacing."""
-    words = answer.split()
-    if not words:
+    """The answer's words as a case-blind pattern that matches whole words across any spacing.
+
+    Characters of scripts written without spaces are no word for a boundary: 内藤多仲 stands
+    in 設計者は内藤多仲です, 1958 in 1958年.
+    """
+    said = answer.split()
+    if not said:
         return None
-    return re.compile(r"(?<!\w)" + r"\s+".join(map(re.escape, words)) + r"(?!\w)", re.IGNORECASE)
+    before = "" if _UNSPACED.match(answer.lstrip()) else _NO_WORD_BEFORE
+    after = "" if _UNSPACED.match(answer.rstrip()[-1]) else _NO_WORD_AFTER
+    return re.compile(before + r"\s+".join(map(re.escape, said)) + after, re.IGNORECASE)
+
+
+def _find_answer(answer: str, text: str) -> tuple[str, re.Match[str]] | None:
+    """Where ``text`` holds ``answer`` word for word, and the text the match is in.
+
+    As written, else after NFKC on both sides (full-width ＡＢＣ１２３, half-width kana).
+    """
+    for folded in (False, True):
+        if folded:
+            answer, nfkc = unicodedata.normalize("NFKC", answer), unicodedata.normalize("NFKC", text)
+            if nfkc == text:
+                return None
+            text = nfkc
+        pattern = _answer_pattern(answer)
+        found = pattern.search(text) if pattern is not None else None
+        if found is not None:
+            return text, found
+    return None
 
 
 def answer_logprobs(answer: str, tokens: Sequence[tuple[str, float]]) -> list[float]:
@@ -418,11 +747,9 @@ def read_evidence(
     }
     if normalize_answer(answer) in ("yes", "no"):
         return evidence
-    pattern = _answer_pattern(answer)
-    assert pattern is not None
-    rank = next((i for i, p in enumerate(passages, 1) if pattern.search(p.render())), None)
+    rank = next((i for i, p in enumerate(passages, 1) if _find_answer(answer, p.render())), None)
     evidence["span"] = 1.0 / rank if rank else 0.0
-    evidence["in_question"] = float(pattern.search(question) is not None)
+    evidence["in_question"] = float(_find_answer(answer, question) is not None)
     return evidence
 
 
@@ -798,12 +1125,6 @@ def choose_action(gain_per_cost: Mapping[str, float], available: Sequence[str], 
 # ------------------------------------------------------------------------------------------
 
 
-_WORD = re.compile(r"[^\W_]+", re.UNICODE)
-
-
-_STOPWORDS = frozenset(STOPWORDS_EN)
-
-
 # Named BM25 scoring variants as (term-frequency method, idf method) in bm25s' terms.
 # "okapi" scores exactly like rank_bm25.BM25Okapi(epsilon=0): ATIRE's (k1+1) tf saturation
 # with Robertson's idf, whose negative values are floored at zero.
@@ -815,12 +1136,6 @@ BM25_VARIANTS: dict[str, tuple[str, str]] = {
     "bm25l": ("bm25l", "bm25l"),
     "bm25+": ("bm25+", "bm25+"),
 }
-
-
-def tokenize(text: str) -> list[str]:
-    """Unicode-aware word tokens: NFKC, case-folded, accents kept, punctuation and stop words out."""
-    words = _WORD.findall(unicodedata.normalize("NFKC", text).casefold())
-    return [w for w in words if w not in _STOPWORDS]
 
 
 @dataclass(frozen=True)
@@ -991,16 +1306,17 @@ def bm25_index(
     method, idf_method = BM25_VARIANTS[variant]
     bm25 = bm25s.BM25(k1=k1, b=b, method=method, idf_method=idf_method)
     n_docs, n_vocab = len(lengths), len(vocab)
-    docs = np.repeat(np.arange(n_docs, dtype=np.int64), lengths)
-    pairs, tf = np.unique(docs * n_vocab + ids, return_counts=True)  # (passage, token), doc-major
-    del docs
-    pair_doc, pair_token = np.divmod(pairs, n_vocab)
+    pairs, tf = _counted_pairs(ids, lengths, n_vocab)
+    # Arrays as long as the pairs dominate the memory: narrow ones, each freed once used.
+    pair_doc, pair_token = (part.astype(np.int32) for part in np.divmod(pairs, n_vocab))
     del pairs
     df = np.bincount(pair_token, minlength=n_vocab)
     average = float(lengths.mean())
     idf = _IDF[idf_method](df.astype(np.float64), n_docs)
     tfc = _tfc(method, tf.astype(np.float64), lengths[pair_doc], average, k1, b, bm25.delta)
+    del tf
     scores = (idf[pair_token] * tfc).astype(np.float32)
+    del tfc
     bm25.nonoccurrence_array = None
     if method in bm25.methods_requiring_nonoccurrence:
         # A token's score in a passage without it, as bm25s computes it (at the average length).
@@ -1012,13 +1328,31 @@ def bm25_index(
     np.cumsum(df, out=indptr[1:])
     bm25.scores = {
         "data": scores[order],
-        "indices": pair_doc[order].astype(np.int32),
+        "indices": pair_doc[order],
         "indptr": indptr,
         "num_docs": n_docs,
     }
     bm25.vocab_dict = vocab
     bm25.unique_token_ids_set = set(vocab.values())
     return bm25
+
+
+def _counted_pairs(ids: np.ndarray, lengths: np.ndarray, n_vocab: int) -> tuple[np.ndarray, np.ndarray]:
+    """Each distinct (passage, token) as ``passage * n_vocab + token``, ascending, and its count.
+
+    ``np.unique`` would sort a copy and keep index arrays beside it; sorting the one key array
+    in place keeps the peak near one array of the token count.
+    """
+    keys = np.repeat(np.arange(len(lengths), dtype=np.int64), lengths)
+    keys *= n_vocab
+    keys += ids
+    keys.sort()
+    first = np.empty(len(keys), dtype=bool)
+    first[:1] = True
+    np.not_equal(keys[1:], keys[:-1], out=first[1:])
+    starts = np.flatnonzero(first)
+    del first
+    return keys[starts], np.diff(np.append(starts, len(keys)))
 
 
 def _scoring_tokens(bm25: bm25s.BM25) -> np.ndarray:
@@ -1042,6 +1376,8 @@ class Retriever(Protocol):
     ``retrieve`` ranks passages for a query (``Retrieval.hits``: ids and scores, best first; a
     retriever that cannot score every passage leaves ``Retrieval.bm25`` as None). The gate
     reads the top scores, how rare a term is (``document_share``) and the passages' text.
+    A retriever may also say how it reads text with an ``analyzer`` attribute (an
+    :class:`Analyzer`): the gate's terms and the follow-up query's words are then its tokens.
     """
 
     def retrieve(self, query: str, k: int = 5) -> Retrieval:
@@ -1150,6 +1486,7 @@ class _Index:
     vocab: dict[str, int]
     dropped: int  # empty passages
     ingestion: IngestionResult | None  # None: read from ingestion_file on first use
+    analyzer: Analyzer  # how the passages and every query become tokens
     ingestion_file: Path | None = None
 
 
@@ -1181,7 +1518,8 @@ def _build_index(
     embeddings = None if vectors is None else vectors[kept]
     if embeddings is not None:
         embeddings.setflags(write=False)  # embeddings are never modified after ingestion
-    bm25, vocab = _bm25_of(store, variant, k1, b, show_progress)
+    analyzer = Analyzer.of([p.render() for p in store._list or []])
+    bm25, vocab = _bm25_of(store, analyzer, variant, k1, b, show_progress)
     return _Index(
         ids=np.array([present[j] for j in kept], dtype=np.int64),  # ascending: input order
         salience=salience,
@@ -1193,23 +1531,32 @@ def _build_index(
         vocab=vocab,
         dropped=len(parsed) - len(present),
         ingestion=_remap(result, present),
+        analyzer=analyzer,
     )
 
 
+class _Vocabulary(dict[str, int]):
+    """Token ids in order of first sight; a lookup of a new token adds it (no Python per known token)."""
+
+    def __missing__(self, token: str) -> int:
+        self[token] = number = len(self)
+        return number
+
+
 def _bm25_of(
-    store: _Passages, variant: str, k1: float, b: float, show_progress: bool
+    store: _Passages, analyzer: Analyzer, variant: str, k1: float, b: float, show_progress: bool
 ) -> tuple[bm25s.BM25, dict[str, int]]:
     """The BM25 index of the kept passages, and its vocabulary."""
-    vocab: dict[str, int] = {}
+    vocab = _Vocabulary()
     ids, lengths = array("i"), array("q")
     for passage in _progress(store._list or [], show_progress, "tokenizing"):
-        words = tokenize(passage.render())
-        lengths.append(len(words))
-        ids.extend(vocab.setdefault(word, len(vocab)) for word in words)
+        tokens = analyzer.tokens(passage.render())
+        lengths.append(len(tokens))
+        ids.extend(map(vocab.__getitem__, tokens))
     if not vocab:
         raise ValueError("corpus has nothing to search: no passage holds a word (letters or digits)")
     token_ids, counts = np.frombuffer(ids, dtype=np.int32), np.frombuffer(lengths, dtype=np.int64)
-    return bm25_index(token_ids, counts, vocab, variant, k1, b), vocab
+    return bm25_index(token_ids, counts, vocab, variant, k1, b), dict(vocab)
 
 
 class Corpus:
@@ -1250,7 +1597,7 @@ class Corpus:
         self.dropped = index.dropped
         self.ids, self.salience, self.embeddings = index.ids, index.salience, index.embeddings
         self._store, self._bm25, self._scoring = index.store, index.bm25, index.scoring
-        self._df, self._vocab = index.df, index.vocab
+        self._df, self._vocab, self.analyzer = index.df, index.vocab, index.analyzer
         self._ingestion, self._ingestion_file = index.ingestion, index.ingestion_file
         self._fingerprint: str | None = None
 
@@ -1290,12 +1637,14 @@ class Corpus:
             "avg_salience_boost": round(sum(boosts) / len(boosts), 6) if boosts else 0.0,
             "max_salience_boost": round(max(boosts), 6) if boosts else 0.0,
             "embedder": self.embedder.name if self.embedder is not None else None,
+            "analysis": self.analyzer.name,
         }
 
     def fingerprint(self) -> str:
-        """SHA-256 of what retrieval depends on: the kept passages, their ids and the BM25 settings."""
+        """SHA-256 of what retrieval depends on: the kept passages, their ids, the analysis and BM25."""
         if self._fingerprint is None:
-            digest = hashlib.sha256(json.dumps([self.variant, self.k1, self.b, self.rrf_k]).encode())
+            settings = [self.variant, self.k1, self.b, self.rrf_k, self.analyzer.name]
+            digest = hashlib.sha256(json.dumps(settings).encode())
             for row, i in enumerate(self.ids):
                 digest.update(f"\0{i}\0{self._store[row].render()}".encode())
             self._fingerprint = digest.hexdigest()
@@ -1322,7 +1671,8 @@ class Corpus:
     def scores(self, query: str) -> np.ndarray:
         """BM25 score of every kept passage (in the order of ``ids``) for ``query``."""
         scoring = self._scoring
-        token_ids = [i for i in (self._vocab.get(t) for t in tokenize(query)) if i is not None and scoring[i]]
+        tokens = self.analyzer.tokens(query)
+        token_ids = [i for i in (self._vocab.get(t) for t in tokens) if i is not None and scoring[i]]
         if not token_ids:
             return np.zeros(len(self.ids), dtype=np.float32)
         return self._bm25.get_scores_from_ids(token_ids)
@@ -1414,6 +1764,7 @@ class Corpus:
             "dropped": self.dropped,
             "embedder": self.embedder.name if self.embedder is not None else None,
             "dedup": asdict(self.dedup),
+            "analysis": self.analyzer.name,
         }
         np.save(path / "ids.npy", np.asarray(self.ids, dtype=np.int64))
         np.save(path / "salience.npy", self.salience)
@@ -1454,6 +1805,8 @@ class Corpus:
             meta = json.loads((path / "brag_corpus.json").read_text(encoding="utf-8"))
             if meta.get("format") != _CORPUS_FORMAT:
                 raise ValueError(f"format {meta.get('format')!r}, expected {_CORPUS_FORMAT}: index it again")
+            # A save without one was analysed as a Latin-script English corpus is now.
+            analyzer = Analyzer.named(meta.get("analysis", f"{ANALYSIS}:words:en"))
             ids = np.load(path / "ids.npy", mmap_mode="r")
             salience = np.load(path / "salience.npy", mmap_mode="r")
             scoring = np.load(path / "scoring.npy", mmap_mode="r")
@@ -1467,7 +1820,17 @@ class Corpus:
         if (embedder.name if embedder is not None else None) != saved_with:
             raise ValueError(f"{path}: saved with embedder {saved_with!r}; pass the same one to load it")
         index = _Index(
-            ids, salience, store, embeddings, bm25, scoring, df, bm25.vocab_dict, meta["dropped"], None
+            ids,
+            salience,
+            store,
+            embeddings,
+            bm25,
+            scoring,
+            df,
+            bm25.vocab_dict,
+            meta["dropped"],
+            None,
+            analyzer,
         )
         index.ingestion_file = path / "ingestion.npz"
         dedup = DedupConfig(**meta["dedup"])
@@ -1588,10 +1951,13 @@ class HashingEmbedder:
     name: str = "hashing"
 
     def _features(self, text: str) -> list[str]:
-        norm = " ".join(_WORD.findall(unicodedata.normalize("NFKC", text).casefold()))
-        words = norm.split()
-        grams = words + [f"{a} {b}" for a, b in itertools.pairwise(words)]
-        padded = f" {norm} "
+        units = words(text)  # BM25's units: for text without spaces, its character bigrams
+        grams = units + [f"{a} {b}" for a, b in itertools.pairwise(units)]
+        padded = (
+            " "
+            + " ".join(_WORD.findall(unicodedata.normalize("NFKC", text).casefold().replace("_", " ")))
+            + " "
+        )
         grams += [padded[i : i + n] for n in (3, 4, 5) for i in range(len(padded) - n + 1)]
         return grams
 
@@ -1813,14 +2179,15 @@ def _salient_terms(question: str, corpus: Retriever, rare_share: float = 0.01) -
     Named entities (capitalised words after the first), numbers, and rare terms: found in at
     most ``rare_share`` of the passages (or in one, in a small corpus).
     """
-    words = question.split()
-    spans = " ".join(w for w in words[1:] if w[:1].isupper() or _NUMBER.search(w))
-    named = set(tokenize(spans))
+    analyzer = getattr(corpus, "analyzer", None)  # a retriever that analyses text says how
+    said = question.split()
+    spans = " ".join(w for w in said[1:] if w[:1].isupper() or _NUMBER.search(w))
+    named = set(tokenize(spans, analyzer))
     # A term no passage contains cannot be covered by any window, so it says nothing.
     floor = max(1.0, rare_share * len(corpus)) / len(corpus)
     # Each share can be a query to the retriever (Milvus counts it): a question's first
     # MAX_TERM_LOOKUPS distinct terms are looked up, however long it is.
-    terms = list(dict.fromkeys(tokenize(question)))[:MAX_TERM_LOOKUPS]
+    terms = list(dict.fromkeys(tokenize(question, analyzer)))[:MAX_TERM_LOOKUPS]
     rare = {t for t in terms if 0 < corpus.document_share(t) <= floor}
     return named | rare
 
@@ -1853,9 +2220,10 @@ def window_signals(
     terms = _salient_terms(question, corpus)
     signals["salient_terms"] = float(len(terms))  # more named things, more passages needed
     if terms:
-        seen = set().union(*(tokenize(corpus[i].render()) for i in window)) if window else set()
+        analyzer = getattr(corpus, "analyzer", None)
+        seen = set().union(*(tokenize(corpus[i].render(), analyzer) for i in window)) if window else set()
         signals["evidence_coverage"] = len(terms & seen) / len(terms)
-        top1 = set(tokenize(corpus[window[0]].render())) if window else set()
+        top1 = set(tokenize(corpus[window[0]].render(), analyzer)) if window else set()
         signals["top1_coverage"] = len(terms & top1) / len(terms)
     embeddings, embedder = getattr(corpus, "embeddings", None), getattr(corpus, "embedder", None)
     if embeddings is not None and embedder is not None and bm25 is not None:
@@ -2451,44 +2819,83 @@ def _prompt_passage(passage: Passage) -> str:
     return text if len(text) <= MAX_PROMPT_PASSAGE_CHARS else text[:MAX_PROMPT_PASSAGE_CHARS] + " …"
 
 
+def answer_language(question: str, what: str = "the answer", passages: Sequence[Passage] = ()) -> str:
+    """The prompt's line on the answer's language: none for English, else the question's.
+
+    The worked examples are English, which a small model would copy. A language its script
+    tells is named; one told by stop words is not, as a short question can mislead them
+    ("Quelle commande" has more Italian stop words than French), and a wrong name is worse
+    than none. A question that looks English over passages that are not ("Was macht der
+    Befehl ls?" has one German stop word) gets the line too: it is right either way. The
+    labels stay English, as the parser reads them.
+    """
+    language = language_of(question)
+    if language == "en" and _english(passages):
+        return ""
+    named = language in _SCRIPT_NAMED
+    said = (
+        f"{LANGUAGE_NAMES[language]}, the language of the question"
+        if named
+        else "the language of the question"
+    )
+    return f" Write {what} in {said}."
+
+
+def _english(passages: Sequence[Passage]) -> bool:
+    """Whether the passages read as English: Latin script, and English's stop words."""
+    texts = [p.render() for p in passages]
+    if any(_mainly_non_latin(text) for text in texts):
+        return False
+    return stopword_language([unit for text in texts for unit in words(text, by_script=False)]) == "en"
+
+
 def read_messages(question: str, passages: Sequence[Passage]) -> list[dict[str, str]]:
     """The R1/R2 prompt: worked examples, then the passages (each cut short) and the question."""
     body = (
         "\n".join(f"[{i}] {_prompt_passage(p)}" for i, p in enumerate(passages, 1)) or "(no passages found)"
     )
     examples = [(_read_turn(b, q), reply) for b, q, reply in _READ_EXAMPLES]
-    return _chat(_READ_INSTRUCTIONS, examples, _read_turn(body, question))
+    return _chat(
+        _READ_INSTRUCTIONS + answer_language(question, "the answer and the query", passages),
+        examples,
+        _read_turn(body, question),
+    )
 
 
 def closed_book_messages(question: str) -> list[dict[str, str]]:
     """The CB prompt: worked examples, then the question alone."""
     examples = [(f"Question: {q}", reply) for q, reply in _CLOSED_BOOK_EXAMPLES]
-    return _chat(CLOSED_BOOK_INSTRUCTIONS, examples, f"Question: {question}")
+    return _chat(CLOSED_BOOK_INSTRUCTIONS + answer_language(question), examples, f"Question: {question}")
 
 
 _CAPITALISED = re.compile(r"\b[A-Z][\w'’.-]*(?:\s+(?:of|the|de|von|van|[A-Z][\w'’.-]*))*")
 
 
-def is_degenerate_query(query: str, question: str) -> bool:
-    """Empty, a copy of the question, or nothing the question does not already say."""
-    new = set(tokenize(query)) - set(tokenize(question))
+def is_degenerate_query(query: str, question: str, analyzer: Analyzer | None = None) -> bool:
+    """Empty, a copy of the question, or nothing the question does not already say.
+
+    ``analyzer``: the corpus's, which the query will be searched with.
+    """
+    new = set(tokenize(query, analyzer)) - set(tokenize(question, analyzer))
     return not new
 
 
-def expand_query(question: str, passages: Sequence[Passage], max_terms: int = 4) -> str:
+def expand_query(
+    question: str, passages: Sequence[Passage], max_terms: int = 4, analyzer: Analyzer | None = None
+) -> str:
     """Build a follow-up query without the LLM.
 
     The question plus salient titles and entities of the passages read that the question does
-    not name: the likely bridge to the second hop.
+    not name: the likely bridge to the second hop. ``analyzer``: the corpus's.
     """
-    named = set(tokenize(question))
+    named = set(tokenize(question, analyzer))
     extra: list[str] = []
     seen: set[str] = set()
 
     def add(phrase: str) -> None:
-        words = tokenize(phrase)
-        key = " ".join(words)
-        if words and key not in seen and not set(words) <= named:
+        tokens = tokenize(phrase, analyzer)
+        key = " ".join(tokens)
+        if tokens and key not in seen and not set(tokens) <= named:
             seen.add(key)
             extra.append(phrase.strip())
 
@@ -2889,22 +3296,20 @@ QUOTE_CHARS = 200  # at most this many characters on each side
 
 def _source_of(answer: str, passages: Sequence[Passage]) -> dict[str, str] | None:
     """The first passage read that holds ``answer`` word for word, and its words around it."""
-    pattern = _answer_pattern(answer)
-    if pattern is None:
-        return None
     for passage in passages:
-        found = pattern.search(passage.text)
-        if found is None:
+        located = _find_answer(answer, passage.text)
+        if located is None:
             continue
-        before = [w.start() for w in re.finditer(r"\S+", passage.text[: found.start()])]
-        after = [found.end() + w.end() for w in re.finditer(r"\S+", passage.text[found.end() :])]
+        text, found = located
+        before = [w.start() for w in re.finditer(r"\S+", text[: found.start()])]
+        after = [found.end() + w.end() for w in re.finditer(r"\S+", text[found.end() :])]
         start = before[-QUOTE_WORDS] if len(before) >= QUOTE_WORDS else 0
-        end = after[QUOTE_WORDS - 1] if len(after) >= QUOTE_WORDS else len(passage.text)
+        end = after[QUOTE_WORDS - 1] if len(after) >= QUOTE_WORDS else len(text)
         lead = "… " if len(before) > QUOTE_WORDS or start < found.start() - QUOTE_CHARS else ""
         tail = " …" if len(after) > QUOTE_WORDS or end > found.end() + QUOTE_CHARS else ""
         # Words can be as long as a text without spaces: the quote is cut in characters too.
         start, end = max(start, found.start() - QUOTE_CHARS), min(end, found.end() + QUOTE_CHARS)
-        return {"passage": passage.label(), "quote": lead + " ".join(passage.text[start:end].split()) + tail}
+        return {"passage": passage.label(), "quote": lead + " ".join(text[start:end].split()) + tail}
     return None
 
 
@@ -3112,9 +3517,10 @@ class _Run:
         answer, query = parse_reading(raw)
         if is_no_answer(answer):
             answer = ""
-        fallback = is_degenerate_query(query, self.question)
+        analyzer = getattr(self.corpus, "analyzer", None)  # the retriever's, if it says
+        fallback = is_degenerate_query(query, self.question, analyzer)
         if fallback:
-            query = expand_query(self.question, passages)
+            query = expand_query(self.question, passages, analyzer=analyzer)
         tokens = reply.logprobs[0] if reply.logprobs else None
         evidence = read_evidence(answer, self.question, passages, tokens)
         return {

@@ -41,10 +41,13 @@ capped (``parse_worker.py``), so a bound that does not hold still cannot hurt th
 from __future__ import annotations
 
 import contextvars
+import functools
 import io
+import itertools
 import json
 import logging
 import re
+import unicodedata
 import zipfile
 from collections.abc import Callable, Iterable, Iterator, Sequence
 from dataclasses import dataclass
@@ -211,24 +214,42 @@ def _shorten(text: str, chars: int) -> str:
     return text if len(text) <= chars else text[: chars - 1].rstrip() + "…"
 
 
+@functools.cache
+def _cut_word() -> re.Pattern[str]:
+    """A word, for cutting: a run without spaces, or two wide characters (Han, kana, hangul).
+
+    Japanese or Chinese text has no spaces to count, and about two characters to a word. Wide is
+    Unicode's East Asian width, computed once (this module stays free of brag for the worker).
+    """
+    wide = [c for c in range(0x3000, 0x10000) if unicodedata.east_asian_width(chr(c)) in "WF"]
+    ranges, start = [], wide[0]
+    for previous, current in itertools.pairwise([*wide, -1]):
+        if current != previous + 1:
+            ranges.append(re.escape(chr(start)) + "-" + re.escape(chr(previous)))
+            start = current
+    chars = "".join(ranges) + "\U00020000-\U0003fffd"
+    return re.compile(f"[{chars}]{{1,2}}|[^\\s{chars}]+")
+
+
 def _pack(paragraphs: Sequence[str], cut: Cut) -> Iterator[str]:
     """Whole paragraphs while they fit; a longer one cut into overlapping windows of words."""
     current: list[str] = []
     size = 0
     for paragraph in paragraphs:
-        words = paragraph.split()
+        words = [m.span() for m in _cut_word().finditer(paragraph)]
         if not words:
             continue
         if size and size + len(words) > cut.max_words:
             yield "\n".join(current)
             current, size = [], 0
         if len(words) <= cut.max_words:
-            current.append(" ".join(words))
+            current.append(" ".join(paragraph.split()))
             size += len(words)
             continue
         step = max(1, cut.max_words - cut.overlap)
         for start in range(0, len(words), step):
-            yield " ".join(words[start : start + cut.max_words])
+            window = words[start : start + cut.max_words]
+            yield " ".join(paragraph[window[0][0] : window[-1][1]].split())
             if start + cut.max_words >= len(words):
                 break
     if current:

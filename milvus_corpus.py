@@ -6,6 +6,14 @@ keyed by the hash of its title and text, with a ``BM25`` function that turns the
 into a sparse vector, and optionally a dense vector from one of our embedders; ``retrieve`` is a
 BM25 full-text search, or a hybrid search with Milvus's RRF ranker when there are dense vectors.
 
+The text Milvus analyses is brag's own analysis (``brag.Analyzer``: words, character bigrams
+of Han, kana, hangul and Thai, the corpus's stop words), each token written in hex. Milvus Lite
+offers only its ``standard`` and ``jieba`` tokenizers, and a server's ``standard`` tokenizer
+cuts Han text into single characters; a hex token is one word to every tokenizer, so a
+collection ranks with the tokens ``brag.Corpus`` ranks with, in any language. A collection
+records its analyzer (chosen from the first passages indexed into it) as a property, as it
+records its embedder.
+
     MilvusError (ValueError)    unreachable server, bad token, missing collection, wrong schema
 """
 
@@ -26,16 +34,19 @@ import brag
 
 FIELDS = ("pid", "title", "text", "doc_id", "content", "sparse")
 RRF_K = 60
-# As close to brag.tokenize as Milvus's analysers come: Unicode word tokens, lower-cased, the
-# same English stop words removed, no stemming.
-ANALYZER = {
+# Hex tokens are single lower-case words to any tokenizer (see the module's docstring).
+ANALYZER = {"tokenizer": "standard", "filter": ["lowercase"]}
+# Collections made before brag analysed their text: Unicode words, English stop words.
+LEGACY_ANALYZER = {
     "tokenizer": "standard",
-    "filter": ["lowercase", {"type": "stop", "stop_words": sorted(brag._STOPWORDS)}],
+    "filter": ["lowercase", {"type": "stop", "stop_words": sorted(brag.STOPWORDS["en"])}],
 }
 BATCH = 500
 BM25_PARAMS = {"bm25_k1": 1.5, "bm25_b": 0.75}  # brag.Corpus's (Milvus's own default k1 is 1.2)
 EMBEDDER_PROPERTY = "brag.embedder"  # the collection property naming its dense vectors' embedder
-_TOKEN = re.compile(r"^[\w-]{1,64}$")
+ANALYSIS_PROPERTY = "brag.analysis"  # the name of the brag.Analyzer that analysed its text
+MAX_TOKEN_CHARS = 100  # a longer token is no word (Milvus drops tokens past 255 bytes)
+_LEGACY_TOKEN = re.compile(r"^[\w-]{1,64}$")
 
 
 class MilvusError(ValueError):
@@ -110,6 +121,7 @@ class MilvusCorpus:
                 f"not {embedder.name}: search it with that embedder"
             )
         self.embedder = embedder if self.dense else None
+        self.analyzer = recorded_analyzer(self.client, collection)
         self._passages: OrderedDict[int, brag.Passage] = OrderedDict()
         self._vectors: dict[int, np.ndarray] = {}
         self._shares: OrderedDict[str, float] = OrderedDict()  # least recently used first
@@ -130,27 +142,32 @@ class MilvusCorpus:
 
     def retrieve(self, query: str, k: int = 5) -> brag.Retrieval:
         """BM25 full-text search (hybrid with the dense vectors when the collection has them)."""
-        if k <= 0 or not query.strip():
+        analysed = self._analysed(query)
+        if k <= 0 or not analysed.strip():
             return brag.Retrieval([], [], 0)
         wanted = ["title", "text", "doc_id", *(["dense"] if self.embedder is not None else [])]
         if self.embedder is None:
             found = self.client.search(
-                self.collection, data=[query], anns_field="sparse", limit=k, output_fields=wanted
+                self.collection, data=[analysed], anns_field="sparse", limit=k, output_fields=wanted
             )[0]
             # Milvus gives BM25 as a distance to minimise (its negative) on some builds.
             hits = [(int(h["pid"]), abs(float(h["distance"]))) for h in found]
             for h in found:
                 self._keep({"pid": h["pid"], **h["entity"]})
             return brag.Retrieval(hits, [], len(hits))
-        return self._hybrid(query, k, wanted)
+        return self._hybrid(query, analysed, k, wanted)
 
-    def _hybrid(self, query: str, k: int, wanted: list[str]) -> brag.Retrieval:
+    def _analysed(self, query: str) -> str:
+        """``query`` as the collection's content field holds its text (raw, in a legacy collection)."""
+        return analysed(query, self.analyzer) if self.analyzer is not None else query
+
+    def _hybrid(self, query: str, analysed: str, k: int, wanted: list[str]) -> brag.Retrieval:
         from pymilvus import AnnSearchRequest, RRFRanker
 
         pool = max(4 * k, 50)
         vector = self.embedder.embed([query])[0].astype(np.float32).tolist()
         requests = [
-            AnnSearchRequest(data=[query], anns_field="sparse", param={}, limit=pool),
+            AnnSearchRequest(data=[analysed], anns_field="sparse", param={}, limit=pool),
             AnnSearchRequest(data=[vector], anns_field="dense", param={"metric_type": "IP"}, limit=pool),
         ]
         found = self.client.hybrid_search(
@@ -173,10 +190,12 @@ class MilvusCorpus:
         if token in self._shares:
             self._shares.move_to_end(token)
             return self._shares[token]
-        if not _TOKEN.match(token) or not self._size:
+        # A hex token cannot break out of the filter's quotes; a legacy one is checked.
+        word = _hex(token) if self.analyzer is not None else token
+        if not word or not self._size or (self.analyzer is None and not _LEGACY_TOKEN.match(token)):
             return 0.0
         rows = self.client.query(
-            self.collection, filter=f"TEXT_MATCH(content, '{token}')", output_fields=["count(*)"]
+            self.collection, filter=f"TEXT_MATCH(content, '{word}')", output_fields=["count(*)"]
         )
         self._shares[token] = rows[0]["count(*)"] / self._size if rows else 0.0
         while len(self._shares) > self._cache_size:
@@ -201,7 +220,7 @@ class MilvusCorpus:
     def fingerprint(self) -> str:
         """SHA-256 of what retrieval depends on, which a calibration's progress file checks.
 
-        That is every passage's key (the hash of its text), the analyser, BM25's settings and
+        That is every passage's key (the hash of its text), the analysis, BM25's settings and
         the embedder.
         """
         if self._fingerprint is None:
@@ -210,7 +229,8 @@ class MilvusCorpus:
             while batch := iterator.next():
                 keys.extend(int(row["pid"]) for row in batch)
             iterator.close()
-            digest = hashlib.sha256(json.dumps([ANALYZER, BM25_PARAMS, self.embedder_name]).encode())
+            analysis = self.analyzer.name if self.analyzer is not None else LEGACY_ANALYZER
+            digest = hashlib.sha256(json.dumps([analysis, BM25_PARAMS, self.embedder_name]).encode())
             digest.update(np.sort(np.array(keys, dtype=np.int64)).tobytes())
             self._fingerprint = digest.hexdigest()
         return self._fingerprint
@@ -223,6 +243,7 @@ class MilvusCorpus:
             "collection": self.collection,
             "search": "hybrid (BM25 + dense, RRF)" if self.embedder is not None else "BM25 full text",
             "embedder": self.embedder.name if self.embedder is not None else None,
+            "analysis": self.analyzer.name if self.analyzer is not None else "milvus standard (legacy)",
         }
 
     def _keep(self, row: dict[str, Any]) -> None:
@@ -269,17 +290,49 @@ def recorded_embedder(client: Any, collection: str) -> str | None:
     return properties.get(EMBEDDER_PROPERTY)
 
 
+def recorded_analyzer(client: Any, collection: str) -> brag.Analyzer | None:
+    """The analyzer a collection's text went through, as ingestion recorded it.
+
+    None for a collection made before brag analysed the text (Milvus's own words and English
+    stop words); MilvusError for one analysed in a way this BRAG does not know.
+    """
+    properties = client.describe_collection(collection).get("properties") or {}
+    name = properties.get(ANALYSIS_PROPERTY)
+    if name is None:
+        return None
+    try:
+        return brag.Analyzer.named(name)
+    except ValueError as err:
+        raise MilvusError(
+            f"collection {collection!r}: {err}; index the documents into a new collection"
+        ) from None
+
+
+def _hex(token: str) -> str:
+    return token.encode().hex() if len(token) <= MAX_TOKEN_CHARS else ""
+
+
+def analysed(text: str, analyzer: brag.Analyzer) -> str:
+    """``text`` as a collection's content field holds it: the analyzer's tokens, each in hex."""
+    return " ".join(filter(None, map(_hex, analyzer.tokens(text))))
+
+
 def _count(client: Any, collection: str) -> int:
     rows = client.query(collection, filter="", output_fields=["count(*)"])
     return int(rows[0]["count(*)"]) if rows else 0
 
 
 def create_collection(
-    client: Any, collection: str, embedder: brag.Embedder | None = None, dim: int = 0
+    client: Any,
+    collection: str,
+    embedder: brag.Embedder | None = None,
+    dim: int = 0,
+    analyzer: brag.Analyzer | None = None,
 ) -> None:
     """A collection for passages: BM25 over the analysed text, and optionally dense vectors.
 
-    The vectors are ``dim`` wide, from ``embedder``, whose name a collection property records.
+    The vectors are ``dim`` wide, from ``embedder``, whose name a collection property records;
+    the ``analyzer`` that turns passages and queries into tokens is recorded too.
     """
     from pymilvus import DataType, Function, FunctionType
 
@@ -316,7 +369,9 @@ def create_collection(
     if embedder is not None:
         schema.add_field("dense", DataType.FLOAT_VECTOR, dim=dim)
         index.add_index(field_name="dense", index_type="FLAT", metric_type="IP")
-    properties = {EMBEDDER_PROPERTY: embedder.name} if embedder is not None else {}
+    properties = {ANALYSIS_PROPERTY: (analyzer or brag.Analyzer()).name}
+    if embedder is not None:
+        properties[EMBEDDER_PROPERTY] = embedder.name
     client.create_collection(collection, schema=schema, index_params=index, properties=properties)
 
 
@@ -340,13 +395,16 @@ def ingest(
     embeddings = embedder.embed([p.render() for p in parsed]) if embedder is not None else None
     kept = brag.dedup_ingestion(parsed, embeddings, brag.DedupConfig()).kept
     if not client.has_collection(collection):
-        create_collection(client, collection, embedder, embeddings.shape[1] if embeddings is not None else 0)
+        analyzer = brag.Analyzer.of([parsed[i].render() for i in kept])
+        width = embeddings.shape[1] if embeddings is not None else 0
+        create_collection(client, collection, embedder, width, analyzer)
     else:
         _check_schema(client, collection)
+    recorded = recorded_analyzer(client, collection)
     inserted = 0
     for start in range(0, len(kept), batch):
         rows = [
-            _row(parsed[i], embeddings[i] if embeddings is not None else None)
+            _row(parsed[i], embeddings[i] if embeddings is not None else None, recorded)
             for i in kept[start : start + batch]
         ]
         present = {
@@ -364,13 +422,14 @@ def ingest(
     return {"passages": len(parsed), "kept": len(kept), "inserted": inserted}
 
 
-def _row(passage: brag.Passage, vector: np.ndarray | None) -> dict[str, Any]:
+def _row(passage: brag.Passage, vector: np.ndarray | None, analyzer: brag.Analyzer | None) -> dict[str, Any]:
+    content = analysed(passage.render(), analyzer) if analyzer is not None else passage.render()
     row: dict[str, Any] = {
         "pid": passage_id(passage),
         "title": passage.title[:4000],
         "text": passage.text[:60000],
         "doc_id": passage.doc_id[:4000],
-        "content": passage.render()[:65000],
+        "content": content[: content.rfind(" ", 0, 65000) if len(content) > 65000 else None],
     }
     if vector is not None:
         row["dense"] = vector.astype(np.float32).tolist()

@@ -57,18 +57,18 @@ def measure(name: str, passages: list, queries: list[str], k: int, ref_queries: 
     index_s = time.perf_counter() - t0
     texts = [corpus[int(i)].render() for i in corpus.ids]
     t0 = time.perf_counter()
-    ref = BM25Okapi([tokenize(t) for t in texts], epsilon=0)
+    ref = BM25Okapi([tokenize(t, corpus.analyzer) for t in texts], epsilon=0)
     ref_index_s = time.perf_counter() - t0
 
     def ref_search(q: str) -> list[int]:
-        scores = ref.get_scores(tokenize(q))
+        scores = ref.get_scores(tokenize(q, corpus.analyzer))
         return list(np.argsort(-scores, kind="stable")[:k])
 
     ours = time_queries(lambda q: corpus.search(q, k), queries)
     theirs = time_queries(ref_search, queries[:ref_queries])
     max_rel = 0.0
     for q in queries[:ref_queries]:
-        a, b = corpus.scores(q), ref.get_scores(tokenize(q))
+        a, b = corpus.scores(q), ref.get_scores(tokenize(q, corpus.analyzer))
         np.testing.assert_allclose(a, b, rtol=1e-5, atol=1e-5)
         nz = b > 0
         if nz.any():

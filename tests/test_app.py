@@ -745,6 +745,24 @@ def test_a_real_browser_sees_progress_then_the_answer_an_error_and_a_calibration
         page.locator("#progress").filter(has_text="Done").wait_for(timeout=60_000)
         page.locator("#answer").filter(has_text="tower.pdf, p. 3").wait_for(timeout=60_000)
 
+        # A file named in Japanese, with a Japanese heading: the name and the quote read as written.
+        japanese = tmp_path / "ベルゲンの建築家 メモ.md"
+        japanese.write_text(
+            "# 建築家について\n\n"
+            "The architect of the Glass Tower, Lina Berg, was born in Bergen in 1961（昭和36年）.\n",
+            encoding="utf-8",
+        )
+        page.locator("#files input[type=file]").set_input_files([str(japanese)])
+        page.locator("#files").filter(has_text="ベルゲンの建築家").wait_for(timeout=30_000)
+        page.get_by_role("button", name="Ask").click()
+        page.locator("#progress").filter(has_text="Running · step").wait_for(timeout=30_000)
+        page.locator("#answer").filter(has_text="ベルゲンの建築家 メモ.md › 建築家について").wait_for(
+            timeout=60_000
+        )
+        shown = page.locator("#answer").inner_text()
+        assert "1961（昭和36年）" in shown and "ベルゲンの建築家 メモ.md" in shown.split("corpus: ")[1]
+        assert "ベルゲンの建築家 メモ.md › 建築家について" in page.locator("#steps").inner_text()
+
         # A hostile document: markup in a heading and in a passage title is shown as written, and
         # never becomes an element on the page (Gradio's sanitiser keeps img, form and input).
         hostile = tmp_path / "hostile.md"

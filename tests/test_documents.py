@@ -76,6 +76,22 @@ def test_the_cut_packs_paragraphs_and_cuts_a_long_one_with_an_overlap():
     assert [len(p.split()) for p in mixed] == [60, 90]
 
 
+def test_text_without_spaces_is_cut_by_characters_two_to_a_word():
+    cut = Cut(max_words=10, overlap=2)
+    # 40 characters of Japanese: 20 "words", so windows of 20 characters overlapping by 4.
+    sentence = "東京タワーは電波塔です。設計者は内藤多仲です。" * 2
+    sentence = sentence[:40]
+    windows = list(documents._pack([sentence], cut))
+    assert windows == [sentence[0:20], sentence[16:36], sentence[32:40]]
+    # Latin words and digits inside such text count one each, and keep their spaces.
+    assert list(documents._pack(["Tokyo Tower 東京タワー 1958年", "次"], cut)) == [
+        "Tokyo Tower 東京タワー 1958年\n次"
+    ]
+    # A whole Japanese page is no longer one passage: it used to count as a handful of "words".
+    page = ["。".join(["東京タワーは1958年に完成した電波塔で、設計者は内藤多仲です"] * 20)]
+    assert len(list(documents._pack(page, Cut()))) > 1
+
+
 @pytest.mark.parametrize(
     ("name", "data", "message"),
     [

@@ -339,3 +339,59 @@ def test_term_counts_are_cached_within_a_bound(milvus):
     assert list(corpus._shares) == ["bergen", "fjord", "city"]  # the last three, oldest first
     assert corpus.document_share("bergen") == pytest.approx(2 / len(PASSAGES))
     assert list(corpus._shares)[-1] == "bergen"  # used again: now the newest
+
+
+JAPANESE = [
+    {"title": "東京タワー", "text": "東京タワーは1958年に完成した電波塔で、設計者は内藤多仲です。"},
+    {"title": "大阪城", "text": "大阪城は豊臣秀吉が築いた城で、天守閣は1931年に再建されました。"},
+    {"title": "富士山", "text": "富士山は標高3776メートルの日本最高峰の火山です。"},
+    {"title": "京都", "text": "京都は794年から1869年まで日本の都でした。金閣寺があります。"},
+    {"title": "札幌", "text": "札幌は北海道の道庁所在地で、雪まつりで知られています。"},
+    {"title": "故宫", "text": "故宫位于北京中轴线的中心，是明清两代的皇家宫殿。"},
+    {"title": "西湖", "text": "西湖位于浙江省杭州市，是中国主要的观赏性淡水湖泊之一。"},
+]
+JAPANESE_QUESTIONS = {
+    "東京タワーの設計者は誰ですか": "東京タワー",
+    "天守閣はいつ再建されましたか": "大阪城",
+    "日本最高峰の山の標高は": "富士山",
+    "雪まつりで知られる都市は": "札幌",
+    "金閣寺がある都はどこ": "京都",
+    "明清两代的皇家宫殿在哪里？": "故宫",
+    "杭州市的湖泊叫什么？": "西湖",
+}
+
+
+def test_a_japanese_and_chinese_collection_ranks_as_corpus_does(tmp_path):
+    uri = str(tmp_path / "ja.db")
+    client = mc.connect(uri)
+    mc.ingest(JAPANESE, client, "ja")
+    corpus = mc.MilvusCorpus(uri, "ja", client=client)
+    reference = brag.Corpus(JAPANESE)
+    # The collection records the analysis brag.Corpus chose for the same passages.
+    assert corpus.analyzer == reference.analyzer == brag.Analyzer("en", by_script=True)
+    assert corpus.stats()["analysis"] == reference.stats()["analysis"]
+    for question, title in JAPANESE_QUESTIONS.items():
+        mine = [corpus[pid].title for pid, _ in corpus.retrieve(question, 3).hits]
+        theirs = [reference[i].title for i, s in reference.retrieve(question, 3).hits if s > 0]
+        assert mine[0] == theirs[0] == title, question
+    # A bigram counts as one term, as it does in brag.Corpus.
+    assert corpus.document_share("日本") == reference.document_share("日本") == pytest.approx(2 / 7)
+    assert corpus.document_share("北京") == pytest.approx(1 / 7)
+    client.close()
+
+
+def test_a_collection_made_before_brag_analysed_its_text_is_still_searched(tmp_path):
+    uri = str(tmp_path / "old.db")
+    client = mc.connect(uri)
+    # Such a collection has no analysis property, and holds the raw title and text.
+    mc.create_collection(client, "old")
+    client.drop_collection_properties("old", property_keys=[mc.ANALYSIS_PROPERTY])
+    mc.ingest(PASSAGES, client, "old")
+    corpus = mc.MilvusCorpus(uri, "old", client=client)
+    assert corpus.analyzer is None and corpus.stats()["analysis"] == "milvus standard (legacy)"
+    assert corpus[corpus.retrieve("Where was Lina Berg born?", 1).hits[0][0]].title == "Lina Berg"
+    assert corpus.document_share("norway") > 0
+    client.alter_collection_properties("old", {mc.ANALYSIS_PROPERTY: "stemmed/9:words:en"})
+    with pytest.raises(mc.MilvusError, match="into a new collection"):
+        mc.MilvusCorpus(uri, "old", client=client)
+    client.close()

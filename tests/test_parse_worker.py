@@ -57,8 +57,11 @@ def test_a_bad_file_is_named_and_the_first_one_stops_the_request():
 
 
 def test_past_its_cpu_time_the_worker_is_stopped_and_the_file_named():
+    # Several seconds of parsing however fast the machine: SLOW_PDF alone can fit in a second's cap.
+    slower = raw_pdf(1, b"q Q " * 1_500_000 + b"BT /F1 12 Tf (Lina Berg was born in Bergen.) Tj ET")
+    limits = FileLimits(pdf_operations=4_000_000)
     with pytest.raises(TooLarge, match=r"slow\.pdf: reading it took more than \d+ s.*BRAG_PARSE_CPU_SECONDS"):
-        FileReaders(Caps(cpu_seconds=1)).read([("slow.pdf", SLOW_PDF)], FileLimits())
+        FileReaders(Caps(cpu_seconds=1)).read([("slow.pdf", slower)], limits)
     assert workers_of(os.getpid()) == []
 
 
