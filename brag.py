@@ -39,7 +39,7 @@ from array import array
 from collections import Counter
 from collections.abc import Callable, Collection, Iterable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
-from dataclasses import asdict, dataclass, field, replace
+from dataclasses import asdict, dataclass, field, is_dataclass, replace
 from pathlib import Path
 from typing import Any, BinaryIO, NamedTuple, Protocol, runtime_checkable
 
@@ -99,6 +99,7 @@ __all__ = [  # noqa: RUF022
     "Retrieval",
     "Retriever",
     "bm25_index",
+    "check_retriever",
     "cached_corpus",
     "parse_json",
     "read_json",
@@ -1262,12 +1263,21 @@ class Retrieval:
 
 
 def _progress(items: Sequence[Any], show: bool, what: str) -> Iterable[Any]:
-    """``items``, with a progress bar on stderr when asked (tqdm comes with bm25s)."""
-    if not show:
-        return items
-    from tqdm import tqdm
+    """``items``, with a line of progress on stderr at most once a second when asked.
 
-    return tqdm(items, desc=what, unit=" passages", mininterval=1.0)
+    Written here, not by tqdm: bm25s does not bring it, and brag needs only its three packages.
+    """
+    return _counted(items, what) if show else items
+
+
+def _counted(items: Sequence[Any], what: str) -> Iterator[Any]:
+    shown = 0.0
+    for done, item in enumerate(items, 1):
+        if time.monotonic() - shown >= 1.0 or done == len(items):
+            end = "\n" if done == len(items) else ""
+            print(f"\r{what}: {done:,} of {len(items):,} passages", end=end, file=sys.stderr, flush=True)
+            shown = time.monotonic()
+        yield item
 
 
 # bm25s's scoring, per variant, on whole arrays at once: inverse document frequency of each
@@ -1403,6 +1413,24 @@ class Retriever(Protocol):
     def stats(self) -> dict[str, Any]:
         """Figures for reports (passages, dedup ratios)."""
         ...
+
+    def fingerprint(self) -> str:
+        """A digest of what retrieval depends on: a calibration's progress resumes only over the same."""
+        ...
+
+
+def check_retriever(corpus: Any) -> None:
+    """ValueError naming what ``corpus`` lacks of :class:`Retriever`; nothing when it is one."""
+    if isinstance(corpus, Retriever):
+        return
+    wanted = [
+        name for name in vars(Retriever) if name in ("__getitem__", "__len__") or not name.startswith("_")
+    ]
+    missing = [name for name in wanted if not callable(getattr(corpus, name, None))]
+    raise ValueError(
+        f"corpus must be a brag.Corpus or another Retriever, got {type(corpus).__name__}"
+        + (f" (it lacks {', '.join(missing)})" if missing else "")
+    )
 
 
 class _Passages:
@@ -1870,11 +1898,12 @@ def cached_corpus(
     with path.open("rb") as source:
         while chunk := source.read(1 << 22):
             digest.update(chunk)
-    key = json.dumps({"variant": "okapi", "k1": 1.5, "b": 0.75, **settings}, sort_keys=True)
+    key = json.dumps({"variant": "okapi", "k1": 1.5, "b": 0.75, **settings}, sort_keys=True, default=_setting)
     slug = re.sub(r"[^a-z0-9]+", "-", (name or path.stem).lower()).strip("-") or "corpus"
     folder = (cache or cache_dir()) / "corpora" / f"{slug}-{digest.hexdigest()[:16]}-{_digest(key)[:8]}"
+    embedder = settings.get("embedder")
     try:
-        return Corpus.load(folder)
+        return Corpus.load(folder, embedder)
     except ValueError:
         pass  # not indexed yet, or a save that never finished
     corpus = Corpus(read_json(path, str(path)), **settings)
@@ -1884,7 +1913,16 @@ def cached_corpus(
         scratch.rename(folder)
     except OSError:  # another process got there first: use its copy
         shutil.rmtree(scratch, ignore_errors=True)
-    return Corpus.load(folder)
+    return Corpus.load(folder, embedder)
+
+
+def _setting(value: Any) -> Any:
+    """A setting as a cache key holds it: a dataclass (a DedupConfig) by its fields, an embedder by name."""
+    if is_dataclass(value) and not isinstance(value, type):
+        return asdict(value)
+    if isinstance(getattr(value, "name", None), str):
+        return f"embedder {value.name}"
+    raise TypeError(f"cached_corpus: {value!r} is no setting a cache can be keyed by")
 
 
 def _digest(text: str) -> str:
@@ -2183,6 +2221,8 @@ def _salient_terms(question: str, corpus: Retriever, rare_share: float = 0.01) -
     said = question.split()
     spans = " ".join(w for w in said[1:] if w[:1].isupper() or _NUMBER.search(w))
     named = set(tokenize(spans, analyzer))
+    if not len(corpus):
+        return named  # nothing to be rare in (an empty collection)
     # A term no passage contains cannot be covered by any window, so it says nothing.
     floor = max(1.0, rare_share * len(corpus)) / len(corpus)
     # Each share can be a query to the retriever (Milvus counts it): a question's first
@@ -3153,8 +3193,10 @@ class BRAG:
             raise ValueError(f"lam must be a number >= 0, got {self.lam!r}")
         counts = (("k", self.k), ("m", self.m), ("max_uses", self.max_uses), ("hops", self.hops))
         for name, value in (*counts, ("min_calls", self.min_calls)):
-            if not isinstance(value, int) or value < (0 if name in ("hops", "min_calls") else 1):
-                raise ValueError(f"{name} must be a positive integer, got {value!r}")
+            least = 0 if name in ("hops", "min_calls") else 1  # no second hop; no call made regardless
+            if not isinstance(value, int) or isinstance(value, bool) or value < least:
+                kind = "a whole number >= 0" if least == 0 else "a positive integer"
+                raise ValueError(f"{name} must be {kind}, got {value!r}")
         if self.costs is None:
             self.costs, self._cost_source = action_costs(
                 self.calibration,
@@ -3208,10 +3250,7 @@ class BRAG:
             raise ValueError(f"actions must be drawn from {ACTIONS}, got {list(actions)!r}")
         if not isinstance(question, str) or not question.strip():
             raise ValueError("question is empty")
-        if not isinstance(corpus, Retriever):
-            raise ValueError(
-                f"corpus must be a brag.Corpus or another Retriever, got {type(corpus).__name__}"
-            )
+        check_retriever(corpus)
         question = " ".join(question.split())
         run = _Run(self, question, corpus, on_step, list(actions) if actions is not None else None)
         try:
@@ -3353,9 +3392,8 @@ class _Run:
         self.follow_up = ""
         self.weak = {"R1": False, "R2": False}  # the gate's verdict on each action's window
         self.next_hop: tuple[Retrieval, list[int], list[int]] | None = None
-        self.first_hop = corpus.retrieve(question, brag.k)
-        window = [i for i, _ in self.first_hop.hits]
-        self.gate_view = {"R1": self.judge("R1", question, window, self.first_hop)}
+        self.first_hop = Retrieval([], [], 0)  # set by loop, where a retriever's failure is caught
+        self.gate_view: dict[str, dict[str, Any] | None] = {}
         self.steps: list[dict[str, Any]] = []
         self.usage = _Usage()
         self.actions: dict[str, Callable[[], dict[str, Any]]] = {
@@ -3384,7 +3422,12 @@ class _Run:
         ]
 
     def loop(self) -> Iterator[dict[str, Any]]:
-        """Decide, yield the step, act; until the policy (or the schedule) stops."""
+        """Retrieve and judge the first window; then decide, yield the step, act, until done."""
+        self.current = "retrieval"  # a retriever that raises is named in RunAborted
+        self.first_hop = self.corpus.retrieve(self.question, self.brag.k)
+        window = [i for i, _ in self.first_hop.hits]
+        self.gate_view["R1"] = self.judge("R1", self.question, window, self.first_hop)
+        self.current = None
         while True:
             step = self._decide()
             yield step
@@ -3928,9 +3971,6 @@ def _index_into_milvus(args: Any) -> int:
 
 def _save_whole(corpus: Corpus, out: Path, name: str) -> None:
     """Save into a hidden folder beside ``out`` and rename it: ``out`` appears only when complete."""
-    import shutil
-    import tempfile
-
     if out.exists():
         raise ValueError(f"{out} already exists: give a new folder, or delete it first")
     out.parent.mkdir(parents=True, exist_ok=True)

@@ -247,6 +247,7 @@ def progress_key(
     llm: brag.LLM, corpus: brag.Retriever, k: int, m: int, hops: int, seed: int, f1_threshold: float
 ) -> str:
     """What observed outcomes depend on: the model, the corpus, the settings and the prompts."""
+    brag.check_retriever(corpus)  # its fingerprint is part of the key
     prompts = [brag.read_messages("Q", []), brag.closed_book_messages("Q"), brag.READ_STOP]
     payload = [
         getattr(llm, "name", type(llm).__name__),

@@ -276,6 +276,9 @@ class WordOverlap:
     def stats(self):
         return {"passages": len(self.passages)}
 
+    def fingerprint(self) -> str:
+        return str(hash(tuple(p.text for p in self.passages)))
+
 
 def test_another_retriever_slots_in_behind_the_protocol():
     from conftest import PRIORS, ScriptedLLM, last_block
@@ -299,3 +302,52 @@ def test_another_retriever_slots_in_behind_the_protocol():
     assert signals["max_score"] == 2.0 and "evidence_coverage" in signals
     with pytest.raises(ValueError, match="Corpus or another Retriever"):
         controller.run("Where?", ["not", "a", "retriever"])
+
+
+class WithoutFingerprint(WordOverlap):
+    fingerprint = None  # a search service that cannot say what it holds
+
+
+def test_calibration_refuses_a_retriever_without_a_fingerprint_and_names_it():
+    from conftest import ScriptedLLM
+
+    import calibrate
+
+    llm, texts = ScriptedLLM(read=lambda p: "Answer: Bergen"), ["Lina Berg was born in Bergen."]
+    with pytest.raises(ValueError, match=r"Retriever, got WithoutFingerprint \(it lacks fingerprint\)"):
+        calibrate.progress_key(llm, WithoutFingerprint(texts), 5, 5, 2, 0, 0.8)
+    keys = {calibrate.progress_key(llm, WordOverlap(t), 5, 5, 2, 0, 0.8) for t in (texts, texts, ["Oslo."])}
+    assert len(keys) == 2  # the same passages, the same key
+
+
+def test_the_index_command_needs_only_brags_three_packages(tmp_path):
+    import subprocess
+    import sys
+
+    docs = tmp_path / "docs.json"
+    docs.write_text(json.dumps(["alpha rivers", "beta lakes", "gamma hills"]))
+    # tqdm is absent on the minimal install (numpy, scipy, bm25s): importing it must fail here.
+    blocked = "import sys; sys.modules['tqdm'] = None; import brag; sys.exit(brag.main(sys.argv[1:]))"
+    result = subprocess.run(
+        [sys.executable, "-c", blocked, "index", str(docs), str(tmp_path / "out")],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert result.returncode == 0, result.stderr
+    assert "tokenizing: 3 of 3 passages" in result.stderr and len(Corpus.load(tmp_path / "out")) == 3
+
+
+def test_a_cached_corpus_with_an_embedder_is_indexed_once_and_loaded_with_it(tmp_path):
+    source = tmp_path / "docs.json"
+    source.write_text(
+        json.dumps([{"title": "A", "text": "alpha rivers"}, {"title": "B", "text": "beta lakes"}])
+    )
+    embedder = brag.HashingEmbedder(dim=64)
+    first = brag.cached_corpus(source, cache=tmp_path / "cache", embedder=embedder)
+    again = brag.cached_corpus(source, cache=tmp_path / "cache", embedder=embedder)
+    assert first.embedder is embedder and again.embedder is embedder and again.embeddings is not None
+    assert len(list((tmp_path / "cache" / "corpora").iterdir())) == 1  # the second call loaded it
+    plain = brag.cached_corpus(source, cache=tmp_path / "cache")
+    assert plain.embedder is None and len(list((tmp_path / "cache" / "corpora").iterdir())) == 2

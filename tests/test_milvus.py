@@ -395,3 +395,22 @@ def test_a_collection_made_before_brag_analysed_its_text_is_still_searched(tmp_p
     with pytest.raises(mc.MilvusError, match="into a new collection"):
         mc.MilvusCorpus(uri, "old", client=client)
     client.close()
+
+
+def test_an_empty_collection_gives_the_gate_its_signals_and_brag_a_clear_answer(tmp_path):
+    uri = str(tmp_path / "empty.db")
+    client = mc.connect(uri)
+    mc.create_collection(client, "empty")
+    corpus = mc.MilvusCorpus(uri, "empty", client=client)
+    assert len(corpus) == 0 and corpus.retrieve("Where was Lina Berg born?", 5).hits == []
+    # The gate's rare-term signal divides by the collection's size: nothing to be rare in here.
+    signals = brag.window_signals("Where was Lina Berg born in 1961?", corpus, [], 5)
+    assert signals["salient_terms"] == 3.0 and signals["evidence_coverage"] == 0.0  # lina, berg, 1961
+    gated = brag.load_calibration(brag.CALIBRATIONS_DIR / "qwen2.5-coder-0.5b-hotpotqa.json")
+    assert gated.gate is not None
+    llm = ScriptedLLM(
+        read=lambda p: "Answer: NONE\nFollow-up query: Lina Berg", closed_book=lambda p, n: ["Oslo"] * n
+    )
+    _, report = brag.BRAG(llm, calibration=gated).run("Where was Lina Berg born in 1961?", corpus)
+    assert report["gate"]["R1"]["signals"]["salient_terms"] == 3.0 and report["steps"]
+    client.close()

@@ -371,3 +371,30 @@ def test_no_prompt_holds_more_of_a_passage_or_title_than_a_read_should():
     room = 2 * (brag.MAX_PROMPT_PASSAGE_CHARS + 10) + 3_000  # two passages, the examples, the question
     assert max(len(p) for p in prompts) < room
     assert len(json.dumps(report)) < 100_000
+
+
+class FailingRetriever(Corpus):
+    """A retriever whose search service is down: its first retrieval raises."""
+
+    def retrieve(self, query, k=5):
+        raise ConnectionError("search service unreachable")
+
+
+def test_a_retriever_failing_before_the_first_call_is_a_run_aborted_with_its_report():
+    llm = ScriptedLLM(read=two_hop_reader, closed_book=lambda p, n: ["Oslo"] * n)
+    with pytest.raises(RunAborted, match="retrieval failed: search service unreachable") as err:
+        BRAG(llm, calibration=PRIORS).run(QUESTION, FailingRetriever(PASSAGES))
+    assert err.value.report["totals"]["llm_calls"] == 0 and err.value.report["steps"] == []
+    assert err.value.report["stop_reason"] == "error: search service unreachable"
+    assert llm.requests == []
+
+
+def test_counts_are_checked_with_messages_that_say_what_is_allowed():
+    llm = ScriptedLLM(read=two_hop_reader)
+    assert BRAG(llm, calibration=PRIORS, hops=0).hops == 0  # no second hop: allowed, and said so
+    with pytest.raises(ValueError, match=r"hops must be a whole number >= 0, got -1"):
+        BRAG(llm, calibration=PRIORS, hops=-1)
+    with pytest.raises(ValueError, match=r"k must be a positive integer, got 0"):
+        BRAG(llm, calibration=PRIORS, k=0)
+    with pytest.raises(ValueError, match=r"m must be a positive integer, got True"):
+        BRAG(llm, calibration=PRIORS, m=True)
