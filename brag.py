@@ -3151,9 +3151,12 @@ def _policy_tables(
     return tables
 
 
-@dataclass
+@dataclass(frozen=True)
 class BRAG:
     """The orchestrator: ``run(question, corpus) -> (answer, report)``.
+
+    Frozen: what it derives from its settings (the relative costs, the vote model, the policy
+    tables) always matches them. ``dataclasses.replace(controller, k=2)`` makes another.
 
     ``lam`` is the price of one LLM call in units of answer error; ``k`` passages per hop;
     ``m`` closed-book samples per CB call; ``hops`` second-hop reads (R2) allowed per question,
@@ -3184,11 +3187,16 @@ class BRAG:
     second_hop: str = "conditional"
     policy: str = "lookahead"
     min_calls: int = 1
+    # Each action's relative cost as runs price it: ``costs`` when given, else from ``cost``.
+    priced_costs: dict[str, float] = field(init=False, repr=False, compare=False)
 
     def __post_init__(self) -> None:
-        if self.calibration is None:
-            self.calibration = shipped_calibration(getattr(self.llm, "name", ""))
-        self.calibration = load_calibration(self.calibration)
+        # Derived once here: a frozen dataclass sets its own fields through object.__setattr__.
+        given = self.calibration
+        calibration = load_calibration(
+            shipped_calibration(getattr(self.llm, "name", "")) if given is None else given
+        )
+        object.__setattr__(self, "calibration", calibration)
         if not (isinstance(self.lam, (int, float)) and self.lam >= 0):
             raise ValueError(f"lam must be a number >= 0, got {self.lam!r}")
         counts = (("k", self.k), ("m", self.m), ("max_uses", self.max_uses), ("hops", self.hops))
@@ -3198,18 +3206,15 @@ class BRAG:
                 kind = "a whole number >= 0" if least == 0 else "a positive integer"
                 raise ValueError(f"{name} must be {kind}, got {value!r}")
         if self.costs is None:
-            self.costs, self._cost_source = action_costs(
-                self.calibration,
-                self.cost,
-                k=self.k,
-                m=self.m,
-                output_ratio=self.output_ratio,
-                prices=self.prices,
+            priced, source = action_costs(
+                calibration, self.cost, k=self.k, m=self.m, output_ratio=self.output_ratio, prices=self.prices
             )
         else:
-            self._cost_source = "given"
-        if set(self.costs) != set(ACTIONS) or min(self.costs.values()) <= 0:
+            priced, source = dict(self.costs), "given"
+        if set(priced) != set(ACTIONS) or min(priced.values()) <= 0:
             raise ValueError("costs must give a positive cost for each of R1, R2 and CB")
+        object.__setattr__(self, "priced_costs", priced)  # ``costs`` stays what the caller gave
+        object.__setattr__(self, "_cost_source", source)
         if (
             self.rule not in _RULES
             or self.second_hop not in _SECOND_HOP_MODELS
@@ -3217,10 +3222,11 @@ class BRAG:
         ):
             choices = f"rule in {_RULES}, second_hop in {_SECOND_HOP_MODELS}, policy in {_POLICIES}"
             raise ValueError(f"settings must be {choices}")
-        self._vote_model = VoteModel(
-            self.calibration.source_priors(self.m), self.calibration.eta, rule=self.rule
+        object.__setattr__(
+            self, "_vote_model", VoteModel(calibration.source_priors(self.m), calibration.eta, rule=self.rule)
         )
-        self._tables = _policy_tables(self.calibration, self.m, self.costs, self.rule, self.second_hop)
+        tables = _policy_tables(calibration, self.m, priced, self.rule, self.second_hop)
+        object.__setattr__(self, "_tables", tables)
 
     def run(self, question: str, corpus: Retriever, **options: Any) -> tuple[str, dict[str, Any]]:
         """Answer ``question`` from ``corpus``: the final ``(answer, report)`` of :meth:`stream`.
@@ -3497,7 +3503,7 @@ class _Run:
         if brag.policy == "rate":  # SPEC: P_err * D / c
             p_err = error_probability(self.probs)
             return {a: p_err * rate_per_cost[a] for a in available}
-        eta, costs, repeatable = brag.calibration.eta, brag.costs, self.read_answers
+        eta, costs, repeatable = brag.calibration.eta, brag.priced_costs, self.read_answers
         now = _Now.of(self.beliefs, self.probs, self.residual)  # what _decide just read
         return {a: _gain(now, eta, outlooks[a], repeatable) / costs[a] for a in available}
 
@@ -3754,7 +3760,7 @@ class _Run:
                 "min_calls": brag.min_calls,
                 "cost": {
                     "unit": brag.cost,
-                    "per_action": {a: round(c, 6) for a, c in (brag.costs or {}).items()},
+                    "per_action": {a: round(c, 6) for a, c in brag.priced_costs.items()},
                     "source": brag._cost_source,
                 },
                 "calibration": {

@@ -398,3 +398,18 @@ def test_counts_are_checked_with_messages_that_say_what_is_allowed():
         BRAG(llm, calibration=PRIORS, k=0)
     with pytest.raises(ValueError, match=r"m must be a positive integer, got True"):
         BRAG(llm, calibration=PRIORS, m=True)
+
+
+def test_a_controller_is_frozen_so_its_costs_always_match_its_settings():
+    import dataclasses
+
+    llm = ScriptedLLM(read=two_hop_reader, closed_book=lambda p, n: ["Oslo"] * n)
+    controller = BRAG(llm, calibration=PRIORS, k=5, m=5)
+    with pytest.raises(dataclasses.FrozenInstanceError):
+        controller.k = 2
+    smaller = dataclasses.replace(controller, k=2, m=3)
+    assert smaller.priced_costs == BRAG(llm, calibration=PRIORS, k=2, m=3).priced_costs
+    assert smaller.priced_costs != controller.priced_costs
+    _, report = smaller.run(QUESTION, Corpus(PASSAGES))
+    assert report["config"]["k"] == 2 and report["config"]["m"] == 3
+    assert report["config"]["cost"]["per_action"] == {a: round(c, 6) for a, c in smaller.priced_costs.items()}
