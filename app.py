@@ -1383,7 +1383,7 @@ class Server:
         )
         backend = self.llms.get(ask.model, ask.hf_token, ask.provider)
         cal = read_calibration(
-            ask.calibration, label, getattr(backend, "name", ""), self.shipped, self.kept, self.limits
+            ask.calibration, label, brag.llm_name(backend), self.shipped, self.kept, self.limits
         )
         unit, prices = pricing
         return chosen, label, brag.BRAG(backend, calibration=cal, lam=lam, cost=unit, prices=prices)

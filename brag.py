@@ -52,6 +52,7 @@ __all__ = [  # noqa: RUF022
     # LLM protocol
     "LLM",
     "Completion",
+    "llm_name",
     # Text analysis
     "LANGUAGE_NAMES",
     "STOPWORDS",
@@ -195,7 +196,14 @@ class Completion:
 
 @runtime_checkable
 class LLM(Protocol):
-    """The one method BRAG needs from a language model backend."""
+    """The one method BRAG needs from a language model backend, and the model's name.
+
+    ``name`` picks the model's shipped calibration, says whether a calibration was fitted for
+    it, and keys its cached responses; a backend without one goes by its class name
+    (:func:`llm_name`).
+    """
+
+    name: str
 
     def complete(
         self,
@@ -209,6 +217,12 @@ class LLM(Protocol):
     ) -> Completion:
         """Return ``n`` completions of the chat ``messages`` as one request."""
         ...
+
+
+def llm_name(llm: Any) -> str:
+    """``llm.name``, or the class name of a backend that has none (the one fallback, everywhere)."""
+    name = getattr(llm, "name", None)
+    return name if isinstance(name, str) and name else type(llm).__name__
 
 
 # ------------------------------------------------------------------------------------------
@@ -3193,9 +3207,7 @@ class BRAG:
     def __post_init__(self) -> None:
         # Derived once here: a frozen dataclass sets its own fields through object.__setattr__.
         given = self.calibration
-        calibration = load_calibration(
-            shipped_calibration(getattr(self.llm, "name", "")) if given is None else given
-        )
+        calibration = load_calibration(shipped_calibration(llm_name(self.llm)) if given is None else given)
         object.__setattr__(self, "calibration", calibration)
         if not (isinstance(self.lam, (int, float)) and self.lam >= 0):
             raise ValueError(f"lam must be a number >= 0, got {self.lam!r}")
@@ -3777,7 +3789,7 @@ class _Run:
                             "date",
                         )
                     },
-                    "status": calibration_status(brag.calibration, getattr(brag.llm, "name", "")),
+                    "status": calibration_status(brag.calibration, llm_name(brag.llm)),
                 },
             },
         }

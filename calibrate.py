@@ -250,7 +250,7 @@ def progress_key(
     brag.check_retriever(corpus)  # its fingerprint is part of the key
     prompts = [brag.read_messages("Q", []), brag.closed_book_messages("Q"), brag.READ_STOP]
     payload = [
-        getattr(llm, "name", type(llm).__name__),
+        brag.llm_name(llm),
         corpus.fingerprint(),
         k,
         m,
@@ -1250,7 +1250,7 @@ def calibrate(
         "source": "fitted",
         "fitted": True,
         # The name the backend goes by is what a calibration is matched to (brag.shipped_calibration).
-        "model": getattr(llm, "name", type(llm).__name__),
+        "model": brag.llm_name(llm),
         **(meta or {}),
         "k": k,
         "m": m,

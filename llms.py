@@ -1374,7 +1374,7 @@ class CachedLLM:
         if mode not in CACHE_MODES:
             raise ValueError(f"cache mode must be one of {CACHE_MODES}, got {mode!r}")
         self.llm, self.mode = llm, mode
-        self.model = model or getattr(llm, "name", None) or type(llm).__name__
+        self.model = model or brag.llm_name(llm)
         self.name = self.model
         self.hits = self.misses = 0
         self.backfilled = self.mismatched = 0  # backfill: log-probabilities stored, or not (texts differed)

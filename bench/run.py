@@ -193,7 +193,7 @@ def run_dataset(
     items = everything[ds.calibration_size :][:size]
     if corpus is None:
         corpus = brag.Corpus((root / ds.corpus).read_text(encoding="utf-8"))
-    cal = brag.shipped_calibration(getattr(llm, "name", ""), ds.name)
+    cal = brag.shipped_calibration(brag.llm_name(llm), ds.name)
     fixed = brag.BRAG(llm, calibration=cal, lam=0.0, k=k, m=m, hops=3)
     calibration_items = everything[: ds.calibration_size]
     best, on_calibration = best_fixed_on_calibration(calibration_items, corpus, fixed, workers)

@@ -413,3 +413,24 @@ def test_a_controller_is_frozen_so_its_costs_always_match_its_settings():
     _, report = smaller.run(QUESTION, Corpus(PASSAGES))
     assert report["config"]["k"] == 2 and report["config"]["m"] == 3
     assert report["config"]["cost"]["per_action"] == {a: round(c, 6) for a, c in smaller.priced_costs.items()}
+
+
+def test_a_backend_without_a_name_goes_by_its_class_name_everywhere(tmp_path):
+    import calibrate
+    import llms
+
+    llm = ScriptedLLM(read=two_hop_reader, closed_book=lambda p, n: ["Oslo"] * n)
+    assert brag.llm_name(llm) == "ScriptedLLM" and not hasattr(llm, "name")
+    # A fit made for this backend names it so; the controller then knows the fit is its own.
+    fitted = {
+        **json.loads(PRIORS.read_text()),
+        "fitted": True,
+        "model": brag.llm_name(llm),
+        "corpus": "Towers",
+    }
+    _, report = BRAG(llm, calibration=fitted).run(QUESTION, Corpus(PASSAGES))
+    assert report["config"]["calibration"]["status"] == "fitted for this model on Towers"
+    assert llms.CachedLLM(llm, tmp_path / "cache.sqlite").model == "ScriptedLLM"
+    assert calibrate.progress_key(llm, Corpus(PASSAGES), 5, 5, 2, 0, 0.8) != calibrate.progress_key(
+        llms.CachedLLM(llm, tmp_path / "other.sqlite", model="another"), Corpus(PASSAGES), 5, 5, 2, 0, 0.8
+    )
