@@ -407,8 +407,7 @@ class Analyzer:
 
     def tokens(self, text: str) -> list[str]:
         """``text``'s BM25 tokens."""
-        stop = STOPWORDS.get(self.language, frozenset())
-        return list(itertools.filterfalse(stop.__contains__, words(text, self.by_script)))
+        return _without_stop_words(words(text, self.by_script), self.language)
 
     @property
     def name(self) -> str:
@@ -443,8 +442,17 @@ def tokenize(text: str, analyzer: Analyzer | None = None) -> list[str]:
     if analyzer is not None:
         return analyzer.tokens(text)
     units = words(text)
-    stop = STOPWORDS.get(stopword_language(units), frozenset())
-    return [unit for unit in units if unit not in stop]
+    return _without_stop_words(units, stopword_language(units))
+
+
+def _without_stop_words(units: list[str], language: str) -> list[str]:
+    stop = STOPWORDS.get(language, frozenset())
+    return list(itertools.filterfalse(stop.__contains__, units))
+
+
+def _analyzer_of(retriever: Any) -> Analyzer | None:
+    """How a retriever reads text, when it says (``Corpus`` and ``MilvusCorpus`` do)."""
+    return getattr(retriever, "analyzer", None)
 
 
 # The script a text is written in tells its language where one language owns the script.
@@ -536,8 +544,7 @@ def normalize_answer(text: str) -> str:
     text = unicodedata.normalize("NFKC", text).lower()
     text = "".join(ch for ch in text if ch not in _PUNCT and unicodedata.category(ch)[0] != "P")
     text = _ARTICLES.sub(" ", text)
-    if _UNSPACED.search(text):
-        text = _UNSPACED.sub(_spaced_out, text)
+    text = _UNSPACED.sub(_spaced_out, text)
     return " ".join(text.split())
 
 
@@ -2231,7 +2238,7 @@ def _salient_terms(question: str, corpus: Retriever, rare_share: float = 0.01) -
     Named entities (capitalised words after the first), numbers, and rare terms: found in at
     most ``rare_share`` of the passages (or in one, in a small corpus).
     """
-    analyzer = getattr(corpus, "analyzer", None)  # a retriever that analyses text says how
+    analyzer = _analyzer_of(corpus)
     said = question.split()
     spans = " ".join(w for w in said[1:] if w[:1].isupper() or _NUMBER.search(w))
     named = set(tokenize(spans, analyzer))
@@ -2274,10 +2281,9 @@ def window_signals(
     terms = _salient_terms(question, corpus)
     signals["salient_terms"] = float(len(terms))  # more named things, more passages needed
     if terms:
-        analyzer = getattr(corpus, "analyzer", None)
-        seen = set().union(*(tokenize(corpus[i].render(), analyzer) for i in window)) if window else set()
-        signals["evidence_coverage"] = len(terms & seen) / len(terms)
-        top1 = set(tokenize(corpus[window[0]].render(), analyzer)) if window else set()
+        read = [set(tokenize(corpus[i].render(), _analyzer_of(corpus))) for i in window]
+        signals["evidence_coverage"] = len(terms & set().union(*read)) / len(terms)
+        top1 = read[0] if read else set()
         signals["top1_coverage"] = len(terms & top1) / len(terms)
     embeddings, embedder = getattr(corpus, "embeddings", None), getattr(corpus, "embedder", None)
     if embeddings is not None and embedder is not None and bm25 is not None:
@@ -2884,8 +2890,8 @@ def answer_language(question: str, what: str = "the answer", passages: Sequence[
     labels stay English, as the parser reads them.
     """
     language = language_of(question)
-    if language == "en" and _english(passages):
-        return ""
+    if language == "en" and Analyzer.of([p.render() for p in passages]) == Analyzer("en", by_script=False):
+        return ""  # English over English passages (or none): the prompt English always had
     named = language in _SCRIPT_NAMED
     said = (
         f"{LANGUAGE_NAMES[language]}, the language of the question"
@@ -2893,14 +2899,6 @@ def answer_language(question: str, what: str = "the answer", passages: Sequence[
         else "the language of the question"
     )
     return f" Write {what} in {said}."
-
-
-def _english(passages: Sequence[Passage]) -> bool:
-    """Whether the passages read as English: Latin script, and English's stop words."""
-    texts = [p.render() for p in passages]
-    if any(_mainly_non_latin(text) for text in texts):
-        return False
-    return stopword_language([unit for text in texts for unit in words(text, by_script=False)]) == "en"
 
 
 def read_messages(question: str, passages: Sequence[Passage]) -> list[dict[str, str]]:
@@ -3578,7 +3576,7 @@ class _Run:
         answer, query = parse_reading(raw)
         if is_no_answer(answer):
             answer = ""
-        analyzer = getattr(self.corpus, "analyzer", None)  # the retriever's, if it says
+        analyzer = _analyzer_of(self.corpus)
         fallback = is_degenerate_query(query, self.question, analyzer)
         if fallback:
             query = expand_query(self.question, passages, analyzer=analyzer)

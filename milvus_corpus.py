@@ -112,16 +112,16 @@ class MilvusCorpus:
     ) -> None:
         self.uri, self.collection = uri, collection
         self.client = client if client is not None else connect(uri, token)
-        fields = _check_schema(self.client, collection)
-        self.dense = "dense" in fields
-        self.embedder_name = recorded_embedder(self.client, collection) if self.dense else None
+        described = _check_schema(self.client, collection)  # one description serves every check
+        self.dense = "dense" in _field_names(described)
+        self.embedder_name = recorded_embedder(described) if self.dense else None
         if embedder is not None and self.dense and embedder.name != self.embedder_name:
             raise MilvusError(
                 f"collection {collection!r} holds dense vectors from {self.embedder_name}, "
                 f"not {embedder.name}: search it with that embedder"
             )
         self.embedder = embedder if self.dense else None
-        self.analyzer = recorded_analyzer(self.client, collection)
+        self.analyzer = recorded_analyzer(described, collection)
         self._passages: OrderedDict[int, brag.Passage] = OrderedDict()
         self._vectors: dict[int, np.ndarray] = {}
         self._shares: OrderedDict[str, float] = OrderedDict()  # least recently used first
@@ -262,8 +262,8 @@ class MilvusCorpus:
 # ------------------------------------------------------------------------------------------
 
 
-def _check_schema(client: Any, collection: str) -> set[str]:
-    """The collection's field names, or MilvusError when it is missing or not BRAG's."""
+def _check_schema(client: Any, collection: str) -> dict[str, Any]:
+    """The collection's description (fields, properties), or MilvusError when it is missing or not BRAG's."""
     try:
         exists = client.has_collection(collection)
     except Exception as err:
@@ -274,30 +274,33 @@ def _check_schema(client: Any, collection: str) -> set[str]:
             f"`python -m brag index DOCS --milvus URI --collection {collection}`"
         )
     described = client.describe_collection(collection)
-    fields = {f["name"] for f in described.get("fields", [])}
+    fields = _field_names(described)
     missing = [f for f in FIELDS if f not in fields]
     if missing:
         raise MilvusError(
             f"collection {collection!r} is not a BRAG collection: it lacks the fields {', '.join(missing)}"
         )
     client.load_collection(collection)  # a collection another process made starts released
-    return fields
+    return described
 
 
-def recorded_embedder(client: Any, collection: str) -> str | None:
+def _field_names(described: dict[str, Any]) -> set[str]:
+    return {f["name"] for f in described.get("fields", [])}
+
+
+def recorded_embedder(described: dict[str, Any]) -> str | None:
     """The name of the embedder a collection's dense vectors came from, as ingestion recorded it."""
-    properties = client.describe_collection(collection).get("properties") or {}
-    return properties.get(EMBEDDER_PROPERTY)
+    return (described.get("properties") or {}).get(EMBEDDER_PROPERTY)
 
 
-def recorded_analyzer(client: Any, collection: str) -> brag.Analyzer | None:
+def recorded_analyzer(described: dict[str, Any], collection: str) -> brag.Analyzer | None:
     """The analyzer a collection's text went through, as ingestion recorded it.
 
-    None for a collection made before brag analysed the text (Milvus's own words and English
-    stop words); MilvusError for one analysed in a way this BRAG does not know.
+    ``described`` is the collection's description (``_check_schema``). None for a collection
+    made before brag analysed the text (Milvus's own words and English stop words); MilvusError
+    for one analysed in a way this BRAG does not know.
     """
-    properties = client.describe_collection(collection).get("properties") or {}
-    name = properties.get(ANALYSIS_PROPERTY)
+    name = (described.get("properties") or {}).get(ANALYSIS_PROPERTY)
     if name is None:
         return None
     try:
@@ -395,12 +398,11 @@ def ingest(
     embeddings = embedder.embed([p.render() for p in parsed]) if embedder is not None else None
     kept = brag.dedup_ingestion(parsed, embeddings, brag.DedupConfig()).kept
     if not client.has_collection(collection):
-        analyzer = brag.Analyzer.of([parsed[i].render() for i in kept])
+        recorded: brag.Analyzer | None = brag.Analyzer.of([parsed[i].render() for i in kept])
         width = embeddings.shape[1] if embeddings is not None else 0
-        create_collection(client, collection, embedder, width, analyzer)
+        create_collection(client, collection, embedder, width, recorded)
     else:
-        _check_schema(client, collection)
-    recorded = recorded_analyzer(client, collection)
+        recorded = recorded_analyzer(_check_schema(client, collection), collection)
     inserted = 0
     for start in range(0, len(kept), batch):
         rows = [
