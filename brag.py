@@ -714,16 +714,12 @@ def _find_answer(answer: str, text: str) -> tuple[str, re.Match[str]] | None:
 
     As written, else after NFKC on both sides (full-width ＡＢＣ１２３, half-width kana).
     """
-    for folded in (False, True):
-        if folded:
-            answer, nfkc = unicodedata.normalize("NFKC", answer), unicodedata.normalize("NFKC", text)
-            if nfkc == text:
-                return None
-            text = nfkc
-        pattern = _answer_pattern(answer)
-        found = pattern.search(text) if pattern is not None else None
+    folded = (unicodedata.normalize("NFKC", answer), unicodedata.normalize("NFKC", text))
+    for said, within in dict.fromkeys([(answer, text), folded]):  # the folded pair only if it differs
+        pattern = _answer_pattern(said)
+        found = pattern.search(within) if pattern is not None else None
         if found is not None:
-            return text, found
+            return within, found
     return None
 
 
