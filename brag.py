@@ -5,7 +5,7 @@ action whose next vote is expected to lower P(error) the most per unit cost; it 
 gain is worth less than its price ``lam``. It never calls the LLM itself: the actions do.
 
 Sections, in order: LLM protocol, text analysis, answers, posterior, policy, corpus, dedup, gate,
-calibration, prompts, runner, files, command line. Three entry points:
+calibration, prompts, actions, runner, files (the command line is ``cli.py``). Three entry points:
 
 - ``BRAG(llm).run(question, corpus)`` (runner): ``BRAG.stream`` -> ``_Run.loop``, which
   decides (``_Run._decide``) and acts (``_Run._act``) one step at a time;
@@ -99,10 +99,12 @@ __all__ = [  # noqa: RUF022
     "Passage",
     "Retrieval",
     "Retriever",
+    "ScoringRetriever",
     "bm25_index",
     "check_retriever",
     "cached_corpus",
     "parse_json",
+    "parse_passages",
     "read_json",
     # Dedup
     "DedupConfig",
@@ -144,8 +146,12 @@ __all__ = [  # noqa: RUF022
     "expand_query",
     "is_degenerate_query",
     "read_messages",
-    # Runner
+    # Actions
     "ACTIONS",
+    "ACTION_TABLE",
+    "Action",
+    "VOTE_KINDS",
+    # Runner
     "BRAG",
     "DEFAULT_HOPS",
     "action_costs",
@@ -161,10 +167,7 @@ __all__ = [  # noqa: RUF022
     "data_dir",
     "package_dir",
     "write_atomic",
-    # Command line
-    "main",
 ]
-ACTIONS = ("R1", "R2", "CB")
 _HERE = Path(__file__).resolve().parent
 # A hand-set prior for a capable reader: every model without a calibration of its own gets it.
 PRIOR_CALIBRATION_PATH = _HERE / "data" / "calibration_prior.json"
@@ -1222,7 +1225,7 @@ def _short_title(title: str) -> str:
     return title if len(title) <= MAX_TITLE_CHARS else title[: MAX_TITLE_CHARS - 1].rstrip() + "…"
 
 
-def _parse_passages(passages: Any) -> list[Passage | None]:
+def parse_passages(passages: Any) -> list[Passage | None]:
     """Read strings, ``{title, text}`` dicts, or a JSON string of either; None marks an empty one.
 
     Titles longer than ``MAX_TITLE_CHARS`` are cut.
@@ -1436,6 +1439,23 @@ class Retriever(Protocol):
         ...
 
 
+@runtime_checkable
+class ScoringRetriever(Retriever, Protocol):
+    """A retriever that can score every passage, not only its top hits (:class:`Corpus` can).
+
+    Optional: the gate then reads the whole score distribution (height, spread) and, with dense
+    vectors, how far the dense ranking departs from the BM25 one.
+    """
+
+    def scores(self, query: str) -> np.ndarray:
+        """The BM25 score of every passage for ``query``, in id order."""
+        ...
+
+    def dense_scores(self, query: str) -> np.ndarray | None:
+        """The dense similarity of every passage to ``query``; None without dense vectors."""
+        ...
+
+
 def check_retriever(corpus: Any) -> None:
     """ValueError naming what ``corpus`` lacks of :class:`Retriever`; nothing when it is one."""
     if isinstance(corpus, Retriever):
@@ -1630,7 +1650,7 @@ class Corpus:
         if variant not in BM25_VARIANTS:
             raise ValueError(f"variant: unknown BM25 variant {variant!r}; use one of {list(BM25_VARIANTS)}")
         dedup = dedup or DedupConfig()
-        parsed = _parse_passages(passages)
+        parsed = parse_passages(passages)
         index = _build_index(parsed, variant, k1, b, embedder, dedup, show_progress)
         self._open(index, _Settings(variant, k1, b, rrf_k, dedup, embedder))
         self._log_ingestion(len(parsed) - index.dropped)
@@ -1722,6 +1742,12 @@ class Corpus:
             return np.zeros(len(self.ids), dtype=np.float32)
         return self._bm25.get_scores_from_ids(token_ids)
 
+    def dense_scores(self, query: str) -> np.ndarray | None:
+        """Cosine similarity of every kept passage to ``query``; None without dense vectors."""
+        if self.embeddings is None or self.embedder is None:
+            return None
+        return self.embeddings @ self.embedder.embed([query])[0]
+
     def search(self, query: str, k: int = 5) -> list[tuple[int, float]]:
         """Top-``k`` passages, best first; equal scores keep input order.
 
@@ -1736,11 +1762,11 @@ class Corpus:
         if k <= 0:
             return Retrieval([], [], 0)
         bm25 = self.scores(query)
-        if self.embeddings is None:
+        dense = self.dense_scores(query)
+        if dense is None:
             ranked = _top(bm25, k)
         else:
             pool = max(4 * k, 50)  # deep enough that dedup still leaves k
-            dense = self.embeddings @ self.embedder.embed([query])[0]
             lists = [[j for j in _top(bm25, pool) if bm25[j] > 0], _top(dense, pool)]
             if self.ingestion.boosts:
                 lists.append(_top(self.salience, pool))
@@ -2262,9 +2288,10 @@ def window_signals(
     ``found``, the retrieval for ``question``, lends its scores so nothing is scored twice. A
     retriever that scores only its top hits gives the height and spread signals from those.
     """
+    scorer = corpus if isinstance(corpus, ScoringRetriever) else None
     bm25 = found.bm25 if found is not None else None
-    if bm25 is None and isinstance(corpus, Corpus):
-        bm25 = corpus.scores(question)
+    if bm25 is None and scorer is not None:
+        bm25 = scorer.scores(question)
     if bm25 is not None:
         top = bm25[_top(bm25, max(k, 2))]
     else:
@@ -2281,11 +2308,10 @@ def window_signals(
         signals["evidence_coverage"] = len(terms & set().union(*read)) / len(terms)
         top1 = read[0] if read else set()
         signals["top1_coverage"] = len(terms & top1) / len(terms)
-    embeddings, embedder = getattr(corpus, "embeddings", None), getattr(corpus, "embedder", None)
-    if embeddings is not None and embedder is not None and bm25 is not None:
-        dense = found.dense if found is not None and found.dense is not None else None
-        if dense is None:
-            dense = embeddings @ embedder.embed([question])[0]
+    dense = found.dense if found is not None else None
+    if dense is None and scorer is not None and bm25 is not None:
+        dense = scorer.dense_scores(question)
+    if dense is not None and bm25 is not None:
         signals["dense_max_score"] = float(dense.max())
         signals["dense_score_variance"] = float(np.var(dense[_top(dense, k)]))
         signals["retriever_divergence"] = 1.0 - topk_overlap(bm25, dense, k)
@@ -2811,7 +2837,7 @@ def calibration_status(calibration: Calibration, model: str) -> str:
 
 
 # Worked examples go in as earlier chat turns, which is how chat models learn a format; a
-# completion-only backend flattens the same turns into one few-shot prompt (llm_worker.plain_prompt).
+# completion-only backend flattens the same turns into one few-shot prompt (llms/worker.py, plain_prompt).
 _READ_INSTRUCTIONS = (
     "Answer the question from the passages with a short answer (a name, date, number or short "
     "phrase), or NONE if the passages do not contain it. Then write a follow-up search query "
@@ -2957,6 +2983,52 @@ def expand_query(
 
 
 # ------------------------------------------------------------------------------------------
+# Actions: each LLM call the controller can choose, in one table
+# ------------------------------------------------------------------------------------------
+
+# How an action's answer enters the posterior, which decides how it is typed, fitted and priced:
+# "read" reads a retrieved window (reliability by window and evidence level); "hop" reads the
+# next window a follow-up query found (a repeat of an earlier read's answer, or a new one);
+# "samples" draws m closed-book answers (reliability by how many agree).
+VOTE_KINDS = ("read", "hop", "samples")
+
+
+@dataclass(frozen=True)
+class Action:
+    """One kind of LLM call: what every part of BRAG knows of it, read from :data:`ACTION_TABLE`.
+
+    The runner runs it with ``_Run.do_<label>`` and builds its prompt with ``messages``; the
+    policy tables, the cost estimates, calibration (its schedule and prior) and the app (the
+    steps table, the progress line) read the rest. README, "where to add things", has the steps.
+    """
+
+    label: str  # what reports, calibrations, costs and the API call it
+    does: str  # what the page says while it runs
+    vote: str  # one of VOTE_KINDS
+    messages: Callable[[str, Sequence[Passage]], list[dict[str, str]]]  # its prompt
+    window: int  # passages in its prompt, in units of k (0: none), for cost estimates
+    answer_tokens: float  # tokens it generates per answer, for cost estimates
+    prior_q: float  # calibration's prior: P(it answers at all)
+    prior_rho: float | None = None  # and P(right | answered) for a read (samples: by agreement)
+
+    def estimated_cost(self, question: str, passage: Passage, k: int, m: int) -> ActionCost:
+        """Its cost from its prompt's size (about 4 characters a token), without a calibration."""
+        prompt = self.messages(question, [passage] * (self.window * k))
+        answers = m if self.vote == "samples" else 1
+        return ActionCost(sum(len(x["content"]) for x in prompt) / 4, self.answer_tokens * answers, 1.0, None)
+
+
+ACTION_TABLE: tuple[Action, ...] = (
+    Action("R1", "reading the top passages", "read", read_messages, 1, 12.0, 0.8, 0.6),
+    # Old and new passages: each hop's prompt extends the last one.
+    Action("R2", "second retrieval hop", "hop", read_messages, 2, 12.0, 0.7, 0.6),
+    Action("CB", "closed-book samples", "samples", lambda q, _: closed_book_messages(q), 0, 4.0, 0.95),
+)
+ACTIONS = tuple(a.label for a in ACTION_TABLE)
+_ACTION_OF = {a.label: a for a in ACTION_TABLE}
+
+
+# ------------------------------------------------------------------------------------------
 # Runner: BRAG.run -> _Run.loop
 # ------------------------------------------------------------------------------------------
 
@@ -3083,14 +3155,7 @@ def _estimated_costs(k: int, m: int) -> dict[str, ActionCost]:
     """Costs from the prompts' own sizes, for k passages of a hundred words each."""
     passage = Passage("A title", " ".join(["word"] * 100))
     question = "In which city was the person this question is about born?"
-
-    def tokens(messages: list[dict[str, str]]) -> float:
-        return sum(len(message["content"]) for message in messages) / 4  # about 4 characters a token
-
-    reads = {"R1": tokens(read_messages(question, [passage] * k))}
-    reads["R2"] = tokens(read_messages(question, [passage] * (2 * k)))  # old and new passages
-    estimated = {a: ActionCost(t, 12.0, 1.0, None) for a, t in reads.items()}
-    estimated["CB"] = ActionCost(tokens(closed_book_messages(question)), 4.0 * m, 1.0, None)
+    estimated = {a.label: a.estimated_cost(question, passage, k, m) for a in ACTION_TABLE}
     return {a: replace(c, seconds=_seconds_estimate(c)) for a, c in estimated.items()}
 
 
@@ -3113,12 +3178,12 @@ _PolicyState = tuple[dict[str, float], dict[str, float], dict[str, VoteOutlook]]
 
 def _policy_tables(
     cal: Calibration, m: int, costs: Mapping[str, float], rule: str, second_hop: str
-) -> dict[tuple[bool, bool, bool], _PolicyState]:
-    """The policy's view in each of its 8 states, computed once per controller.
+) -> dict[tuple[bool, ...], _PolicyState]:
+    """The policy's view in each of its states, computed once per controller.
 
-    A state is (R1's window weak, R2's window weak, some read answered already): the gate's
-    verdicts change which reliabilities apply, and an earlier answer splits R2 into its
-    "repeats" and "new answer" branches.
+    A state is each read's window weak or not (the gate's verdicts, in table order) and whether
+    some read answered already: the verdicts change which reliabilities apply, and an earlier
+    answer splits a hop into its "repeats" and "new answer" branches.
     """
     priors = cal.source_priors(m)
     rates = cal.rates(rule)
@@ -3134,28 +3199,29 @@ def _policy_tables(
             return ((1.0, ratio(flat)),)
         return tuple((lv.pi, ratio(f"{vote_type}:{lv.name}")) for lv in split.levels)
 
-    cb = cal.actions["CB"]
-    cb_outlook = VoteOutlook(
-        cb.q, tuple((lv.pi, _likelihood_ratio(lv.mean, cal.eta, "spec")) for lv in cb.levels)
-    )
+    def view(action: Action, weak: bool, answered: bool) -> tuple[float, VoteOutlook]:
+        """An action's information rate and the outlook of its next vote, in one state."""
+        label, prior = action.label, cal.actions[action.label]
+        if action.vote == "samples":
+            levels = tuple((lv.pi, _likelihood_ratio(lv.mean, cal.eta, "spec")) for lv in prior.levels)
+            return rates[label], VoteOutlook(prior.q, levels)
+        if action.vote == "hop" and second_hop == "conditional":
+            rate = rates[f"{label}_after_answer" if answered else f"{label}_after_none"]
+            return rate, VoteOutlook(
+                prior.q, outcomes(f"{label}_new", f"{label}_new"), ratio(f"{label}_same")
+            )
+        flat = f"{label}_weak" if weak else label
+        prior = prior.on_weak_window() if weak else prior
+        return rates[flat], VoteOutlook(prior.q, outcomes(label, flat))
+
+    gated = [a for a in ACTION_TABLE if a.vote != "samples"]  # the gate judges their windows
     tables = {}
-    for w1, w2, answered in itertools.product((False, True), repeat=3):
-        if second_hop == "conditional":
-            r2 = rates["R2_after_answer" if answered else "R2_after_none"]
-            r2_outlook = VoteOutlook(cal.actions["R2"].q, outcomes("R2_new", "R2_new"), ratio("R2_same"))
-        else:
-            r2 = rates["R2_weak" if w2 else "R2"]
-            r2_prior = cal.actions["R2"].on_weak_window() if w2 else cal.actions["R2"]
-            r2_outlook = VoteOutlook(r2_prior.q, outcomes("R2", "R2_weak" if w2 else "R2"))
-        r1_prior = cal.actions["R1"].on_weak_window() if w1 else cal.actions["R1"]
-        state = {"R1": rates["R1_weak" if w1 else "R1"], "R2": r2, "CB": rates["CB"]}
+    for state_key in itertools.product((False, True), repeat=len(gated) + 1):
+        weak, answered = dict(zip((a.label for a in gated), state_key, strict=False)), state_key[-1]
+        views = {a.label: view(a, weak.get(a.label, False), answered) for a in ACTION_TABLE}
+        state = {a: rate for a, (rate, _) in views.items()}
         per_cost = {a: rate / costs[a] for a, rate in state.items()}
-        outlooks = {
-            "R1": VoteOutlook(r1_prior.q, outcomes("R1", "R1_weak" if w1 else "R1")),
-            "R2": r2_outlook,
-            "CB": cb_outlook,
-        }
-        tables[w1, w2, answered] = (state, per_cost, outlooks)
+        tables[state_key] = (state, per_cost, {a: outlook for a, (_, outlook) in views.items()})
     return tables
 
 
@@ -3402,16 +3468,15 @@ class _Run:
         self.read_ids: list[int] = []
         self.read_answers: set[int] = set()  # candidates that some read (R1 or R2) voted for
         self.follow_up = ""
-        self.weak = {"R1": False, "R2": False}  # the gate's verdict on each action's window
+        # The gate's verdict on each read's window, in table order (a key of the policy tables).
+        self.weak = {a.label: False for a in ACTION_TABLE if a.vote != "samples"}
         self.next_hop: tuple[Retrieval, list[int], list[int]] | None = None
         self.first_hop = Retrieval([], [], 0)  # set by loop, where a retriever's failure is caught
         self.gate_view: dict[str, dict[str, Any] | None] = {}
         self.steps: list[dict[str, Any]] = []
         self.usage = _Usage()
         self.actions: dict[str, Callable[[], dict[str, Any]]] = {
-            "R1": self.do_R1,
-            "R2": self.do_R2,
-            "CB": self.do_CB,
+            a.label: getattr(self, f"do_{a.label}") for a in ACTION_TABLE
         }
         self.policy_us = 0.0
         self.started = time.perf_counter()
@@ -3424,13 +3489,13 @@ class _Run:
         self.residual = 1.0
 
     def available(self) -> list[str]:
-        """The actions left: R1 and CB up to ``max_uses``, R2 up to ``hops`` once a read found more."""
+        """The actions left: each up to ``max_uses``; a hop up to ``hops``, once a read found more."""
         brag, uses = self.brag, self.uses
-        hop_ready = uses["R1"] > 0 and self.next_hop is not None and bool(self.next_hop[2])
+        hop_ready = self.next_hop is not None and bool(self.next_hop[2])  # set by a read only
         return [
-            a
-            for a in ACTIONS
-            if (uses[a] < brag.hops and hop_ready if a == "R2" else uses[a] < brag.max_uses)
+            a.label
+            for a in ACTION_TABLE
+            if (uses[a.label] < brag.hops and hop_ready if a.vote == "hop" else uses[a.label] < brag.max_uses)
         ]
 
     def loop(self) -> Iterator[dict[str, Any]]:
@@ -3500,7 +3565,7 @@ class _Run:
 
     def _state(self) -> _PolicyState:
         """What the policy sees now: the windows the gate judged weak, and whether a read answered."""
-        return self.brag._tables[self.weak["R1"], self.weak["R2"], bool(self.read_answers)]
+        return self.brag._tables[(*self.weak.values(), bool(self.read_answers))]
 
     def _gains(self, available: list[str]) -> dict[str, float]:
         """Each available action's score: its expected drop in P(error) per unit cost."""
@@ -3558,11 +3623,11 @@ class _Run:
         self.votes.append(vote)
         return index
 
-    def read(self, passage_ids: list[int]) -> dict[str, Any]:
-        """One R1/R2 read of ``passage_ids``: the answer and the follow-up query (no vote yet)."""
+    def read(self, action: str, passage_ids: list[int]) -> dict[str, Any]:
+        """One read of ``passage_ids``: the answer and the follow-up query (no vote yet)."""
         passages = [self.corpus[i] for i in passage_ids]
         reply = self.ask(
-            read_messages(self.question, passages),
+            _ACTION_OF[action].messages(self.question, passages),
             n=1,
             temperature=0.0,
             max_tokens=self.brag.max_tokens,
@@ -3615,7 +3680,7 @@ class _Run:
         """Read the question's own top passages."""
         found = self.first_hop
         window = [i for i, _ in found.hits]
-        seen = self.read(window)
+        seen = self.read("R1", window)
         flat = "R1_weak" if self.weak["R1"] else "R1"
         seen["vote_type"] = self.brag.calibration.typed("R1", flat, seen["evidence"])
         seen["candidate"] = self.vote(seen["vote_type"], seen["answer"])
@@ -3632,7 +3697,7 @@ class _Run:
         found, fresh, novel = self.next_hop
         new = novel[: self.brag.k]
         # Old passages first, in the order read, so each hop's prompt extends the last one.
-        seen = self.read(self.read_ids + new)
+        seen = self.read("R2", self.read_ids + new)
         calibration = self.brag.calibration
         if self.brag.second_hop == "conditional":
             repeats = seen["answer"] and self.candidates.find(seen["answer"]) in self.read_answers
@@ -3658,7 +3723,7 @@ class _Run:
         """Sample ``m`` closed-book answers; their mode is one vote, typed by how many agree."""
         m = self.brag.m
         reply = self.ask(
-            closed_book_messages(self.question),
+            _ACTION_OF["CB"].messages(self.question, []),
             n=m,
             temperature=self.brag.temperature,
             max_tokens=16,
@@ -3861,189 +3926,9 @@ def cache_dir() -> Path:
     return Path(base) / "brag"
 
 
-# ------------------------------------------------------------------------------------------
-# Command line: index a collection once, serve it memory-mapped
-# ------------------------------------------------------------------------------------------
-
-
-def _read_collection(path: Path) -> list[Any]:
-    """Passages from a JSON list or a JSON Lines file (a string or a {title, text} per line).
-
-    JSON Lines become Passages line by line, so a large file never holds both forms at once.
-    """
-    if path.suffix != ".jsonl":
-        return read_json(path, str(path))
-    passages: list[Passage | None] = []
-    with path.open(encoding="utf-8") as lines:
-        for number, line in enumerate(lines, 1):
-            if line.strip():
-                item = parse_json(line, f"{path}, line {number}")
-                try:
-                    (passage,) = _parse_passages([item])
-                except ValueError as err:
-                    raise ValueError(f"{path}, line {number}: {str(err).split(': ', 1)[-1]}") from None
-                passages.append(passage or Passage("", ""))  # kept, so ids stay line numbers
-    return passages
-
-
-def _read_documents(paths: Sequence[Path]) -> list[Any]:
-    """Passages from document files and folders (``documents.py``), each file reported as it goes.
-
-    A file that cannot be read is reported with the reason and skipped; the rest are indexed.
-    """
-    import documents  # an optional engine beside this module: pypdf, selectolax
-
-    # A folder's regular files of a document type, and every file named (is_file() is False for
-    # a FIFO, a device, or a link to one: those are reported, never opened).
-    files = [
-        f
-        for p in paths
-        for f in (sorted(x for x in p.rglob("*") if x.is_file()) if p.is_dir() else [p])
-        if not p.is_dir() or f.suffix.lower() in documents.SUFFIXES
-    ]
-    limits = documents.FileLimits(files=len(files), total_bytes=1 << 62, text_chars=1 << 62)
-    passages: list[Any] = []
-    skipped = 0
-    for number, path in enumerate(files, 1):
-        try:
-            found = documents.read_file(path.name, _read_bounded(path, limits.file_bytes), limits)
-        except (documents.DocumentError, OSError) as err:
-            skipped += 1
-            print(f"[{number}/{len(files)}] skipped {path}: {str(err).split(': ', 1)[-1]}", file=sys.stderr)
-            continue
-        # As dicts: run as ``python -m brag`` this module is __main__, and documents.py's
-        # Passage is the class of the module imported as ``brag``.
-        passages += [{"title": p.title, "text": p.text, "doc_id": str(path)} for p in found]
-        count = f"{len(found):,} passage{'s' if len(found) != 1 else ''}"
-        print(f"[{number}/{len(files)}] {path}: {count}", file=sys.stderr, flush=True)
-    if not passages:
-        raise ValueError(f"no readable document among {len(files)} file{'s' if len(files) != 1 else ''}")
-    if skipped:
-        print(f"{skipped} of {len(files)} files skipped (above)", file=sys.stderr)
-    return passages
-
-
-def _read_bounded(path: Path, limit: int) -> bytes:
-    """A regular file's bytes, refused past ``limit`` before it is read (a file growing meanwhile too)."""
-    import documents
-
-    if not path.is_file():
-        raise documents.DocumentError(
-            f"{path.name}: not a regular file (a folder, device, pipe or broken link)"
-        )
-    size = path.stat().st_size
-    if size > limit:
-        raise documents.TooLarge(f"{path.name}: {size:,} bytes, at most {limit:,} per file")
-    with path.open("rb") as handle:
-        data = handle.read(limit + 1)
-    if len(data) > limit:
-        raise documents.TooLarge(f"{path.name}: more than {limit:,} bytes, at most {limit:,} per file")
-    return data
-
-
-def _read_inputs(docs: Sequence[Path]) -> list[Any]:
-    """Passages from one passage file, or from document files and folders."""
-    if len(docs) == 1 and docs[0].is_file() and docs[0].suffix.lower() in (".json", ".jsonl"):
-        print(f"reading {docs[0]}", file=sys.stderr, flush=True)
-        return _read_collection(docs[0])
-    return _read_documents(docs)
-
-
-def _index_into_milvus(args: Any) -> int:
-    """``index ... --milvus URI``: the same passages and ingestion dedup, into a collection."""
-    import milvus_corpus  # an optional engine beside this module: pymilvus
-
-    try:
-        # As dicts: run as ``python -m brag`` this module's Passage is not ``brag.Passage``.
-        passages = [
-            {"title": p.title, "text": p.text, "doc_id": p.doc_id} if isinstance(p, Passage) else p
-            for p in _read_inputs(args.paths)
-        ]
-        embedder = None
-        if args.dense:
-            import embedders
-
-            embedder = embedders.make_embedder(args.dense)
-        client = milvus_corpus.connect(args.milvus, args.token)
-
-        def progress(done: int, total: int) -> None:
-            print(f"\rinserting: {done:,} of {total:,} passages", end="", file=sys.stderr, flush=True)
-
-        counts = milvus_corpus.ingest(passages, client, args.collection, embedder=embedder, progress=progress)
-        print(file=sys.stderr)
-    except (ValueError, OSError) as err:
-        print(f"brag index: {err}", file=sys.stderr)
-        return 2
-    print(
-        f"{counts['passages']:,} passages, {counts['kept']:,} kept, {counts['inserted']:,} inserted into "
-        f"{args.collection!r}"
-    )
-    return 0
-
-
-def _save_whole(corpus: Corpus, out: Path, name: str) -> None:
-    """Save into a hidden folder beside ``out`` and rename it: ``out`` appears only when complete."""
-    if out.exists():
-        raise ValueError(f"{out} already exists: give a new folder, or delete it first")
-    out.parent.mkdir(parents=True, exist_ok=True)
-    partial = Path(tempfile.mkdtemp(prefix=f".{out.name}.partial-", dir=out.parent))
-    try:
-        corpus.save(partial, name=name)
-        partial.rename(out)
-    finally:
-        shutil.rmtree(partial, ignore_errors=True)
-
-
-def main(argv: Sequence[str] | None = None) -> int:
-    """``python -m brag index PATH... OUT``: index documents once, for ``Corpus.load``."""
-    import argparse
-
-    parser = argparse.ArgumentParser(prog="python -m brag", description="BRAG's command line.")
-    commands = parser.add_subparsers(dest="command", required=True)
-    index = commands.add_parser("index", help="index documents or a passage collection into a folder")
-    index.add_argument(
-        "paths",
-        type=Path,
-        nargs="+",
-        help="files and folders (.txt .md .pdf .docx .html, or passages as a JSON list or JSON Lines), "
-        "then the folder to write (the app serves it with BRAG_CORPUS_DIR); no folder with --milvus",
-    )
-    index.add_argument(
-        "--milvus", help="index into Milvus instead: a Milvus Lite file, or http(s)://host:19530"
-    )
-    index.add_argument("--collection", default="brag", help="the Milvus collection (default: brag)")
-    index.add_argument(
-        "--token", default=os.environ.get("BRAG_MILVUS_TOKEN", ""), help="a Milvus server's token"
-    )
-    index.add_argument("--dense", help="with --milvus: also store dense vectors from this embedder")
-    index.add_argument("--name", help="the corpus's name in the app (default: the folder's name)")
-    index.add_argument("--variant", default="okapi", choices=list(BM25_VARIANTS))
-    index.add_argument("--k1", type=float, default=1.5)
-    index.add_argument("--b", type=float, default=0.75)
-    args = parser.parse_args(argv)
-    if args.milvus:
-        return _index_into_milvus(args)
-    if len(args.paths) < 2:
-        parser.error("give the documents, then the folder to write")
-    args.docs, args.out = args.paths[:-1], args.paths[-1]
-    started = time.perf_counter()
-    try:
-        passages = _read_inputs(args.docs)
-        print(f"indexing {len(passages):,} passages", file=sys.stderr, flush=True)
-        corpus = Corpus(passages, variant=args.variant, k1=args.k1, b=args.b, show_progress=True)
-        del passages
-        print(f"writing {args.out}", file=sys.stderr, flush=True)
-        _save_whole(corpus, args.out, args.name or args.out.resolve().name)
-    except (ValueError, OSError) as err:
-        print(f"brag index: {err}", file=sys.stderr)
-        return 2
-    size = sum(f.stat().st_size for f in args.out.rglob("*") if f.is_file())
-    print(
-        f"indexed {len(corpus):,} passages ({corpus.dropped} empty dropped) in "
-        f"{time.perf_counter() - started:.1f} s; {size / 1e6:.1f} MB in {args.out}"
-    )
-    return 0
-
-
 if __name__ == "__main__":
+    # ``python -m brag`` runs this file as __main__: the command line is cli.py's, which imports
+    # this module as ``brag`` (so the loop is at the script's entry, never between modules).
+    from cli import main
+
     sys.exit(main())

@@ -43,13 +43,30 @@ CONCENTRATION = 10.0  # a + b of each fitted reliability Beta
 ETA_PRIOR = (1.0, 9.0)  # Beta prior on eta: mean 0.1
 # The weak prior every fit shrinks toward (hand-set before any data: see data/calibration.json's
 # history). kappa_0(g) for m samples is 0.1 + 0.6 g / m: more agreement, more reliable.
-PRIOR = {"q": {"R1": 0.8, "R2": 0.7, "CB": 0.95}, "rho": {"R1": 0.6, "R2": 0.6}, "eta": 0.1}
-PRIOR_TEXT = (
-    f"each rate shrunk toward a weak prior with {PRIOR_STRENGTH:g} pseudo-observations: q_R1 0.8, "
-    "q_R2 0.7, q_CB 0.95, rho_R1 = rho_R2 = 0.6; kappa_g toward the closed-book precision over all "
-    "levels (itself toward the mean of 0.1 + 0.6 g/m), then made non-decreasing in g; pi_g uniform "
-    f"(Dirichlet(1)); eta ~ Beta{ETA_PRIOR}; reliabilities stored as Beta with a + b = {CONCENTRATION:g}"
-)
+PRIOR = {
+    "q": {a.label: a.prior_q for a in brag.ACTION_TABLE},
+    "rho": {a.label: a.prior_rho for a in brag.ACTION_TABLE if a.prior_rho is not None},
+    "eta": 0.1,
+}
+
+
+def _prior_text() -> str:
+    q = ", ".join(f"q_{a} {v:g}" for a, v in PRIOR["q"].items())
+    rhos = PRIOR["rho"]
+    if len(set(rhos.values())) == 1:
+        rho = " = ".join(f"rho_{a}" for a in rhos) + f" = {next(iter(rhos.values())):g}"
+    else:
+        rho = ", ".join(f"rho_{a} {v:g}" for a, v in rhos.items())
+    return (
+        f"each rate shrunk toward a weak prior with {PRIOR_STRENGTH:g} pseudo-observations: {q}, "
+        f"{rho}; kappa_g toward the closed-book precision over all "
+        "levels (itself toward the mean of 0.1 + 0.6 g/m), then made non-decreasing in g; pi_g uniform "
+        f"(Dirichlet(1)); eta ~ Beta{ETA_PRIOR}; reliabilities stored as Beta with a + b = {CONCENTRATION:g}"
+    )
+
+
+PRIOR_TEXT = _prior_text()
+_VOTE_KIND = {a.label: a.vote for a in brag.ACTION_TABLE}
 
 
 def prior_kappa(g: int, m: int) -> float:
@@ -199,9 +216,10 @@ class Outcome:
 
 def observe_one(item: Labelled, corpus: brag.Corpus, controller: brag.BRAG, f1_threshold: float) -> Outcome:
     """Run R1, every second hop the controller allows, and CB on one question."""
-    schedule = ["R1", *["R2"] * controller.hops, "CB"]
+    # Every action once, in table order, and a hop as often as the controller allows.
+    schedule = [a.label for a in brag.ACTION_TABLE for _ in range(controller.hops if a.vote == "hop" else 1)]
     _, report = controller.run(item.question, corpus, actions=schedule)
-    answers = {"R1": "", "R2": "", "CB": ""}
+    answers = dict.fromkeys(brag.ACTIONS, "")
     agreement = 0
     weak: dict[str, bool | None] = {}
     reads: list[tuple[str, bool]] = []  # (answer, right) of every read so far
@@ -215,7 +233,8 @@ def observe_one(item: Labelled, corpus: brag.Corpus, controller: brag.BRAG, f1_t
         usage.setdefault(action, []).append(step["cost"])
         answer = seen.get("answer", "") or ""
         right = is_correct(answer, item.gold, f1_threshold)
-        if action == "R2":
+        kind = _VOTE_KIND[action]
+        if kind == "hop":
             earlier = [a for a, _ in reads if a]
             hops.append(
                 {
@@ -227,13 +246,13 @@ def observe_one(item: Labelled, corpus: brag.Corpus, controller: brag.BRAG, f1_t
                     "evidence": seen.get("evidence") or {},
                 }
             )
-        if action in ("R1", "R2"):
+        if kind in ("read", "hop"):
             reads.append((answer, right))
         if action not in weak and seen.get("gate"):  # the first window of each action
             weak[action] = seen["gate"]["weak"]
-        if action == "CB":
+        if kind == "samples":
             agreement = seen["agreement"]
-        if action != "R2":
+        if kind != "hop":
             answers[action] = answer
     answers["R2"] = hops[0]["answer"] if hops else ""
     correct = {a: is_correct(answers[a], item.gold, f1_threshold) for a in answers}
@@ -643,20 +662,9 @@ def fit_evidence_split(
         ]
         for name, features in candidates.items()
     }
-    results: dict[str, float] = {}
-    for name, rows in rows_of.items():
-        if not _both_classes([(0.0, y) for _, y in rows]):
-            continue
-        held_out: list[tuple[float, float]] = []
-        for fold in range(EVIDENCE_FOLDS):
-            train = [r for i, r in enumerate(rows) if i % EVIDENCE_FOLDS != fold]
-            test = [r for i, r in enumerate(rows) if i % EVIDENCE_FOLDS == fold]
-            score = _evidence_score(train)
-            split = _best_split([(score(x), y) for x, y in train], base_rho) if score else None
-            for x, right in test:
-                held_out.append((_level_rho(split, score(x), base_rho) if score else base_rho, right))
-        if _both_classes(held_out):
-            results[name] = round(auc([r for r, _ in held_out], [y >= 0.5 for _, y in held_out]), 4)
+    results = {
+        name: held for name, rows in rows_of.items() if (held := _held_out_auc(rows, base_rho)) is not None
+    }
     if not results:
         return None, results
     name = max(results, key=lambda n: (results[n], n != "combined"))  # a tie goes to one feature
@@ -680,6 +688,23 @@ def fit_evidence_split(
         "auc": results[name],
         "levels": {"hi": level(n_hi, right_hi), "lo": level(n_lo, right_lo)},
     }, results
+
+
+def _held_out_auc(rows: Sequence[tuple[list[float], float]], base_rho: float) -> float | None:
+    """AUROC of held-out level reliabilities for a right vote (None when a class is missing)."""
+    if not _both_classes([(0.0, y) for _, y in rows]):
+        return None
+    held_out: list[tuple[float, float]] = []
+    for fold in range(EVIDENCE_FOLDS):
+        train = [r for i, r in enumerate(rows) if i % EVIDENCE_FOLDS != fold]
+        test = [r for i, r in enumerate(rows) if i % EVIDENCE_FOLDS == fold]
+        score = _evidence_score(train)
+        split = _best_split([(score(x), y) for x, y in train], base_rho) if score else None
+        for x, right in test:
+            held_out.append((_level_rho(split, score(x), base_rho) if score else base_rho, right))
+    if not _both_classes(held_out):
+        return None
+    return round(auc([r for r, _ in held_out], [y >= 0.5 for _, y in held_out]), 4)
 
 
 @dataclass(frozen=True)
@@ -1202,6 +1227,16 @@ def _logistic_fit(
     return model
 
 
+def _fit_gate_if_identifiable(
+    items: Sequence[Labelled], corpus: brag.Corpus, k: int
+) -> dict[str, Any] | None:
+    """The gate fitted on ``items``' windows, or None when they are all weak or all strong."""
+    rows = gate_rows(items, corpus, k)
+    if len(rows) >= MIN_QUESTIONS and any(w for _, w in rows) and not all(w for _, w in rows):
+        return fit_gate(rows, k=k)
+    return None
+
+
 def calibrate(
     items: Sequence[Labelled],
     corpus: brag.Corpus,
@@ -1226,10 +1261,7 @@ def calibrate(
         raise ValueError(f"calibration needs at least {MIN_QUESTIONS} questions, got {len(items)}")
     if len({i.id for i in items}) != len(items):
         raise ValueError("questions: ids must be unique")
-    gate = None
-    rows = gate_rows(items, corpus, k)
-    if len(rows) >= MIN_QUESTIONS and any(w for _, w in rows) and not all(w for _, w in rows):
-        gate = fit_gate(rows, k=k)
+    gate = _fit_gate_if_identifiable(items, corpus, k)
     # The prior calibration plus this gate: the schedule decides what runs, and the gate's
     # verdict on each window is recorded so R1 and R2 get strong- and weak-window reliabilities.
     prior = brag.load_calibration().to_dict()

@@ -893,7 +893,7 @@ def _passage_file(name: str, data: bytes, limits: FileLimits) -> list[Row]:
         text = "[" + ",".join(line for line in text.splitlines() if line.strip()) + "]"
     try:
         items = json.loads(text)
-        passages = [p for p in brag._parse_passages(items) if p is not None]
+        passages = [p for p in brag.parse_passages(items) if p is not None]
     except RecursionError:
         raise DocumentError(f"{name}: not a passage list (the JSON is nested too deeply)") from None
     except (json.JSONDecodeError, ValueError) as err:

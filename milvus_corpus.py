@@ -392,7 +392,7 @@ def ingest(
     Each passage's key is the hash of its text, and a batch inserts only the keys the
     collection lacks: a re-run after an interruption resumes, and inserts nothing twice.
     """
-    parsed = [p for p in brag._parse_passages(list(passages)) if p is not None] if passages else []
+    parsed = [p for p in brag.parse_passages(list(passages)) if p is not None] if passages else []
     if not parsed:
         raise ValueError("nothing to index: no passage holds any text")
     embeddings = embedder.embed([p.render() for p in parsed]) if embedder is not None else None

@@ -16,8 +16,8 @@ as untrusted as its input). The worker
 At most ``Caps.workers`` workers run at once, server-wide, and one caller may hold half of them;
 a request waits for one within its deadline. A file that breaks a cap raises
 :class:`documents.TooLarge` naming the file and the setting; the server and other callers are
-unaffected. Like the embedded model's worker (``llm_worker.py``), it is started as
-``python -c``, talks over two pipes, and a crash costs the request in flight, not the server.
+unaffected. Like the embedded model's worker (``llms/worker.py``), it is a process of its own
+that talks over two pipes, and a crash costs the request in flight, not the server.
 
     DocumentError (ValueError)      documents.py: a file that cannot be read
     ├── TooLarge                    past a limit or a cap: the file, and which

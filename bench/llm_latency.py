@@ -30,8 +30,8 @@ sys.path.insert(0, str(ROOT))
 
 import brag  # noqa: E402
 import calibrate  # noqa: E402
-import llm_worker  # noqa: E402
 import llms  # noqa: E402
+from llms import worker as llm_worker  # noqa: E402
 
 # Calibration questions (the benchmark tests only on later ones) and their corpora.
 DATASETS = {

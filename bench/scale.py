@@ -61,10 +61,10 @@ def write_collection(n: int, path: Path) -> dict:
 
 def index(docs: Path, out: Path) -> dict:
     """``python -m brag index`` in this process: its time, and this process's peak memory."""
-    import brag
+    import cli
 
     started = time.perf_counter()
-    if brag.main(["index", str(docs), str(out)]) != 0:
+    if cli.main(["index", str(docs), str(out)]) != 0:
         raise SystemExit("indexing failed")
     return {"index_s": time.perf_counter() - started, "index_rss_mb": peak_rss_mb()}
 

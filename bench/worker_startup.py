@@ -32,18 +32,20 @@ def rss_mb(pid: int) -> float:
 
 
 def worker_module() -> str:
-    """The module the worker process imports (what ``LocalRunner`` starts)."""
+    """A statement that loads what the worker process loads (what ``LocalRunner`` starts)."""
     import inspect
 
     source = inspect.getsource(llms.LocalRunner._start)
-    return "llm_worker" if "llm_worker" in source else "llms"
+    if "worker.py" in source:  # a script run with -P: its imports, without its __main__ block
+        return "import runpy; runpy.run_path('llms/worker.py', run_name='worker')"
+    return "import llm_worker" if "llm_worker" in source else "import llms"
 
 
 def imports_only(module: str) -> tuple[float, float]:
-    """Seconds and RSS (MB) of a fresh interpreter once it has imported ``module``."""
+    """Seconds and RSS (MB) of a fresh interpreter once it has run the import statement ``module``."""
     # VmRSS, not ru_maxrss: a child's ru_maxrss starts from its parent's peak at fork.
     code = (
-        f"import time; t = time.perf_counter(); import {module}; s = time.perf_counter() - t; "
+        f"import time; t = time.perf_counter(); {module}; s = time.perf_counter() - t; "
         "rss = [l for l in open('/proc/self/status') if l.startswith('VmRSS:')][0].split()[1]; "
         "print(s, int(rss) / 1024)"
     )

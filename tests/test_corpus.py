@@ -327,7 +327,7 @@ def test_the_index_command_needs_only_brags_three_packages(tmp_path):
     docs = tmp_path / "docs.json"
     docs.write_text(json.dumps(["alpha rivers", "beta lakes", "gamma hills"]))
     # tqdm is absent on the minimal install (numpy, scipy, bm25s): importing it must fail here.
-    blocked = "import sys; sys.modules['tqdm'] = None; import brag; sys.exit(brag.main(sys.argv[1:]))"
+    blocked = "import sys; sys.modules['tqdm'] = None; import cli; sys.exit(cli.main(sys.argv[1:]))"
     result = subprocess.run(
         [sys.executable, "-c", blocked, "index", str(docs), str(tmp_path / "out")],
         cwd=ROOT,

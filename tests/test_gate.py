@@ -112,6 +112,58 @@ def test_signals_and_the_gate_on_a_planted_deep_passage():
     assert 0.0 <= with_dense["retriever_divergence"] <= 1.0
 
 
+class Delegating:
+    """A retriever of its own class that serves a Corpus's passages through the protocol alone."""
+
+    def __init__(self, corpus: Corpus) -> None:
+        self.corpus = corpus
+
+    def retrieve(self, query, k=5):
+        found = self.corpus.retrieve(query, k)
+        return brag.Retrieval(found.hits, found.removed, found.considered)  # top hits only
+
+    def __getitem__(self, passage_id):
+        return self.corpus[passage_id]
+
+    def __len__(self):
+        return len(self.corpus)
+
+    def document_share(self, token):
+        return self.corpus.document_share(token)
+
+    def novel(self, candidates, read):
+        return self.corpus.novel(candidates, read)
+
+    def stats(self):
+        return {}
+
+    def fingerprint(self):
+        return "delegating"
+
+
+class DelegatingScorer(Delegating):
+    """The same, and the optional scoring protocol too."""
+
+    def scores(self, query):
+        return self.corpus.scores(query)
+
+    def dense_scores(self, query):
+        return self.corpus.dense_scores(query)
+
+
+def test_a_retriever_that_scores_every_passage_gives_the_gate_what_a_corpus_gives():
+    corpus = Corpus(PASSAGES, embedder=brag.HashingEmbedder())
+    window = [i for i, _ in corpus.search(HARD, 2)]
+    own = brag.window_signals(HARD, corpus, window, 2)
+    scorer, plain = DelegatingScorer(corpus), Delegating(corpus)
+    assert isinstance(scorer, brag.ScoringRetriever) and not isinstance(plain, brag.ScoringRetriever)
+    assert brag.window_signals(HARD, scorer, window, 2) == own  # full scores and the dense signals
+    top_only = brag.window_signals(HARD, plain, window, 2, plain.retrieve(HARD, 2))
+    assert "retriever_divergence" in own and "retriever_divergence" not in top_only
+    # Without every passage's score, height and spread come from the top hits alone.
+    assert top_only["max_score"] == pytest.approx(max(s for _, s in plain.retrieve(HARD, 2).hits))
+
+
 def gated_calibration() -> dict:
     cal = brag.load_calibration(PRIORS).to_dict()
     cal["actions"]["R1"] = {

@@ -434,3 +434,18 @@ def test_a_backend_without_a_name_goes_by_its_class_name_everywhere(tmp_path):
     assert calibrate.progress_key(llm, Corpus(PASSAGES), 5, 5, 2, 0, 0.8) != calibrate.progress_key(
         llms.CachedLLM(llm, tmp_path / "other.sqlite", model="another"), Corpus(PASSAGES), 5, 5, 2, 0, 0.8
     )
+
+
+def test_every_action_in_the_table_can_run_be_prompted_and_be_priced():
+    assert brag.ACTIONS == tuple(a.label for a in brag.ACTION_TABLE)
+    for action in brag.ACTION_TABLE:
+        assert callable(getattr(brag._Run, f"do_{action.label}", None)), action.label
+        assert action.vote in brag.VOTE_KINDS
+        messages = action.messages("Where was she born?", [brag.Passage("Lina Berg", "Born in Oslo.")])
+        assert messages[-1]["role"] == "user" and "Where was she born?" in messages[-1]["content"]
+    # The prior measured no costs: each is estimated from its prompt, relative to one R1 read.
+    costs, source = brag.action_costs(brag.load_calibration(), "tokens", k=5, m=5)
+    assert source.startswith("estimated") and costs["R1"] == 1.0
+    assert costs["R2"] > costs["R1"] > costs["CB"]  # twice the passages; no passages at all
+    wider, _ = brag.action_costs(brag.load_calibration(), "tokens", k=5, m=20)
+    assert wider["CB"] > costs["CB"] and wider["R2"] == costs["R2"]  # samples scale CB alone

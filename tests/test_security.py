@@ -25,6 +25,9 @@ from test_llms import BACKENDS, MESSAGES  # the same backends, made the same way
 
 import brag
 import llms
+import serving.guards
+import serving.policy
+import serving.server
 
 PROBES = probes()
 
@@ -134,34 +137,31 @@ def test_ipv6_transition_addresses_of_public_ipv4_stay_public():
 
 
 def test_the_server_hf_token_pays_only_for_listed_models(monkeypatch):
-    import app
 
     monkeypatch.setenv("HF_TOKEN", "hf_server_secret")
-    models = app.ModelPolicy("http://owner.example/v1#m", frozenset({"org/listed"}))
-    pool = app.LLMPool(app.EndpointPolicy(), models)
+    models = serving.policy.ModelPolicy("http://owner.example/v1#m", frozenset({"org/listed"}))
+    pool = serving.server.LLMPool(serving.policy.EndpointPolicy(), models)
     assert pool.get("org/listed", "", "auto").token == "hf_server_secret"
     assert pool.get("org/other", "hf_caller", "auto").token == "hf_caller"
-    with pytest.raises(app.gr.Error, match="needs your own HF token"):
+    with pytest.raises(serving.policy.RequestRefused, match="needs your own HF token"):
         pool.get("org/other", "", "auto")
     for spec in ("local", "local:smollm2", "local:qwen"):
-        with pytest.raises(app.gr.Error, match="not offered on this server"):
+        with pytest.raises(serving.policy.RequestRefused, match="not offered on this server"):
             pool.get(spec, "", "auto")
 
 
 def test_the_embedded_model_is_offered_when_it_is_the_default_or_listed():
-    import app
 
-    assert app.ModelPolicy("local").listed("local:qwen")
-    assert not app.ModelPolicy("local").listed("local:smollm2")
-    assert app.ModelPolicy("org/m", frozenset({"local:smollm2"})).listed("local:smollm2")
+    assert serving.policy.ModelPolicy("local").listed("local:qwen")
+    assert not serving.policy.ModelPolicy("local").listed("local:smollm2")
+    assert serving.policy.ModelPolicy("org/m", frozenset({"local:smollm2"})).listed("local:smollm2")
 
 
 def test_secrets_are_scrubbed_in_plain_and_base64_form(monkeypatch):
-    import app
 
     monkeypatch.setenv("OPENAI_API_KEY", "sk-abcdef123456")
     monkeypatch.setenv("BRAG_MODEL", "http://alice:pa%24%24word99@h:1/v1#m")
-    secrets = app.Secrets.from_env()
+    secrets = serving.policy.Secrets.from_env()
     basic = base64.b64encode(b"alice:pa$$word99").decode()
     key64 = base64.b64encode(b"sk-abcdef123456").decode()
     text = f"Bearer sk-abcdef123456 / Basic {basic} / pa$$word99 / {key64}"
@@ -220,15 +220,16 @@ def caller(peer: str, forwarded: str = "", session: str = "s") -> object:
 
 
 def test_a_caller_is_its_address_and_only_a_trusted_proxy_may_name_another(monkeypatch):
-    import app
 
     monkeypatch.setenv("BRAG_TRUSTED_PROXIES", "10.0.0.5")
-    limits = app.CallerLimits(per_session=2, per_address=1, trusted=app.trusted_proxies())
+    limits = serving.policy.CallerLimits(
+        per_session=2, per_address=1, trusted=serving.policy.trusted_proxies()
+    )
     assert limits.address(caller("203.0.113.9", "198.51.100.1")) == "203.0.113.9"  # spoofed: ignored
     assert limits.address(caller("10.0.0.5", "198.51.100.1, 10.0.0.5")) == "198.51.100.1"
     assert limits.address(caller("10.0.0.5", "6.6.6.6, 198.51.100.1")) == "198.51.100.1"  # last untrusted
     with limits.slot(caller("10.0.0.5", "198.51.100.1", "tab-1")):
-        with pytest.raises(app.gr.Error, match="BRAG_MAX_PER_ADDRESS"):
+        with pytest.raises(serving.policy.RequestRefused, match="BRAG_MAX_PER_ADDRESS"):
             with limits.slot(caller("10.0.0.5", "198.51.100.1", "tab-2")):
                 pass
         with limits.slot(caller("10.0.0.5", "198.51.100.2", "tab-3")):  # another client
@@ -239,30 +240,30 @@ def test_a_caller_is_its_address_and_only_a_trusted_proxy_may_name_another(monke
 
 
 def test_a_space_trusts_its_proxy_by_default(monkeypatch):
-    import app
 
     monkeypatch.delenv("BRAG_TRUSTED_PROXIES", raising=False)
     monkeypatch.setenv("SPACE_ID", "someone/brag")
-    assert app.CallerLimits(2, 8, app.trusted_proxies()).address(caller("10.1.2.3", "198.51.100.7")) == (
-        "198.51.100.7"
-    )
+    assert serving.policy.CallerLimits(2, 8, serving.policy.trusted_proxies()).address(
+        caller("10.1.2.3", "198.51.100.7")
+    ) == ("198.51.100.7")
     monkeypatch.delenv("SPACE_ID")
     assert (
-        app.CallerLimits(2, 8, app.trusted_proxies()).address(caller("10.1.2.3", "198.51.100.7"))
+        serving.policy.CallerLimits(2, 8, serving.policy.trusted_proxies()).address(
+            caller("10.1.2.3", "198.51.100.7")
+        )
         == "10.1.2.3"
     )
 
 
 def test_the_log_filter_keeps_a_traceback_it_folds_in_and_scrubs_it():
-    import app
 
-    secrets = app.Secrets(["sk-abcdef123456"])
+    secrets = serving.policy.Secrets(["sk-abcdef123456"])
     for text in ("plain failure", "failure with sk-abcdef123456"):
         try:
             raise RuntimeError(text)
         except RuntimeError:
             record = logging.LogRecord("brag", logging.ERROR, __file__, 1, "failed", (), sys.exc_info())
-        assert app.RedactSecrets(secrets).filter(record)
+        assert serving.guards.RedactSecrets(secrets).filter(record)
         message = record.getMessage()
         assert "Traceback" in message and "RuntimeError: " in message  # not dropped
         assert "sk-abcdef123456" not in message and record.exc_info is None

@@ -1,6 +1,6 @@
 """The embedded model's worker process: llama-cpp-python behind a pipe, and nothing else.
 
-``llms.LocalRunner`` starts it as ``python -c "import llm_worker; llm_worker.main(...)"``. It
+``llms.LocalRunner`` runs this file as a script (``python -P llms/worker.py FD FD CONFIG``). It
 imports only the standard library and, once it runs, llama-cpp-python, so a worker starts
 without loading brag, numpy, bm25s or the HTTP stack (``bench/worker_startup.py`` measures it).
 A native crash in it costs the request in flight, not the server.

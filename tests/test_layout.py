@@ -1,0 +1,152 @@
+"""The shape of the tree the README's layout section draws: imports point one way, brag.py needs
+only its three packages, and no function is longer than a reader can hold in their head."""
+
+from __future__ import annotations
+
+import ast
+import sys
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+BRAG_PACKAGES = {"numpy", "scipy", "bm25s"}
+MAX_FUNCTION_LINES = 60
+
+
+def project_modules() -> dict[str, Path]:
+    """Every module of the product (not the tests or the benchmarks), by its dotted name."""
+    found = {p.stem: p for p in ROOT.glob("*.py")}
+    for init in ROOT.glob("*/__init__.py"):
+        package = init.parent
+        if package.name in ("tests", "bench"):
+            continue
+        found[package.name] = init
+        found |= {f"{package.name}.{p.stem}": p for p in package.glob("*.py") if p.stem != "__init__"}
+    return found
+
+
+def _is_main_block(node: ast.AST) -> bool:
+    return isinstance(node, ast.If) and "__main__" in ast.unparse(node.test)
+
+
+def imported_names(path: Path, module: str) -> set[str]:
+    """The dotted names a module imports, anywhere in it but its ``if __name__ == "__main__"``."""
+    tree = ast.parse(path.read_text(encoding="utf-8"))
+    package = module if path.name == "__init__.py" else module.rpartition(".")[0]
+    names: set[str] = set()
+    stack: list[ast.AST] = [tree]
+    while stack:
+        node = stack.pop()
+        if _is_main_block(node):
+            continue
+        if isinstance(node, ast.Import):
+            names |= {alias.name for alias in node.names}
+        elif isinstance(node, ast.ImportFrom):
+            base = node.module or ""
+            if node.level:
+                parts = package.split(".")[: len(package.split(".")) - node.level + 1]
+                base = ".".join([*parts, base] if base else parts)
+            names |= {base} | {f"{base}.{alias.name}" for alias in node.names}
+        stack.extend(ast.iter_child_nodes(node))
+    return names
+
+
+def import_graph() -> dict[str, set[str]]:
+    modules = project_modules()
+    return {
+        name: {n for n in imported_names(path, name) if n in modules and n != name}
+        for name, path in modules.items()
+    }
+
+
+def test_brag_imports_only_the_standard_library_and_its_three_packages():
+    outside = {
+        name.split(".")[0]
+        for name in imported_names(ROOT / "brag.py", "brag")
+        if name.split(".")[0] not in sys.stdlib_module_names
+    }
+    assert outside and outside <= BRAG_PACKAGES, outside
+
+
+def test_no_module_imports_itself_back_through_others():
+    graph = import_graph()
+    assert "cli" in graph and "brag" in graph["cli"]  # the graph sees real imports
+    state: dict[str, str] = {}
+
+    def visit(node: str, path: list[str]) -> None:
+        state[node] = "open"
+        for nxt in sorted(graph[node]):
+            assert state.get(nxt) != "open", " -> ".join([*path, node, nxt])
+            if nxt not in state:
+                visit(nxt, [*path, node])
+        state[node] = "done"
+
+    for module in sorted(graph):
+        if module not in state:
+            visit(module, [])
+
+
+def test_modules_that_brag_imports_never_import_it_back():
+    graph = import_graph()
+    assert not graph["brag"], graph["brag"]
+
+
+def long_functions() -> list[str]:
+    found = []
+    for name, path in project_modules().items():
+        for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
+            if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)):
+                lines = node.end_lineno - node.lineno + 1
+                if lines > MAX_FUNCTION_LINES:
+                    found.append(f"{name}.{node.name}: {lines} lines")
+    return found
+
+
+def test_no_function_is_longer_than_sixty_lines():
+    assert long_functions() == []
+
+
+def test_pip_install_gives_the_modules_the_data_and_a_brag_command(tmp_path):
+    import json
+    import shutil
+    import subprocess
+
+    source = tmp_path / "source"  # a copy: a build writes into the folder it builds
+    shutil.copytree(
+        ROOT, source, ignore=shutil.ignore_patterns(".*", "tests", "bench", "docs", "build", "*.egg-info")
+    )
+    site = tmp_path / "site"
+    install = [sys.executable, "-m", "pip", "install", "-q", "--no-deps", "--no-build-isolation"]
+    subprocess.run([*install, "--target", str(site), str(source)], check=True, capture_output=True)
+    shutil.rmtree(source)  # what runs below comes from the install alone
+    env = {"PATH": "/usr/bin:/bin", "PYTHONPATH": str(site), "HOME": str(tmp_path)}
+    probe = (
+        "import json, brag, llms, serving.policy, calibrate; "
+        "print(json.dumps([brag.__file__, llms.__file__, brag.PRIOR_CALIBRATION_PATH.is_file(), "
+        "sorted(brag.shipped_calibrations()), (brag.Path(llms.__file__).parent / 'worker.py').is_file()]))"
+    )
+    found = subprocess.run(
+        [sys.executable, "-c", probe], cwd=tmp_path, env=env, capture_output=True, text=True, check=True
+    )
+    brag_file, llms_file, has_prior, shipped, has_worker = json.loads(found.stdout)
+    assert Path(brag_file).parent == site and Path(llms_file).parent == site / "llms"
+    assert has_prior and has_worker
+    assert (
+        "prior" in shipped and len(shipped) == len(list((ROOT / "data" / "calibrations").glob("*.json"))) + 1
+    )
+
+    docs = tmp_path / "docs.json"
+    docs.write_text(json.dumps(["alpha rivers", "beta lakes", "gamma hills"]))
+    command = [str(site / "bin" / "brag"), "index", str(docs), str(tmp_path / "out")]
+    result = subprocess.run(command, cwd=tmp_path, env=env, capture_output=True, text=True, timeout=120)
+    assert result.returncode == 0, result.stderr
+    assert (tmp_path / "out" / "brag_corpus.json").is_file()
+
+
+def test_the_readme_draws_every_module_of_the_tree():
+    readme = (ROOT / "README.md").read_text(encoding="utf-8")
+    tree = readme.split("## How the code is laid out", 1)[1].split("```", 2)[1]
+    for name, path in project_modules().items():
+        shown = path.name if path.parent == ROOT else f"{path.parent.name}/"
+        assert shown in tree, name
+        if path.parent != ROOT:
+            assert path.name in tree, name
