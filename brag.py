@@ -20,6 +20,7 @@ calibration, prompts, actions, runner, files (the command line is ``cli.py``). T
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import importlib.util
 import itertools
@@ -2465,6 +2466,21 @@ class ActionCost:
     seconds: float | None  # None when the latencies were not known
 
 
+def _labels(kind: str) -> list[str]:
+    """The labels of the actions whose votes are of ``kind`` (``VOTE_KINDS``), in table order."""
+    return [a.label for a in ACTION_TABLE if a.vote == kind]
+
+
+def _action_label(vote_type: str) -> str:
+    """The action a vote type belongs to: ``R2`` for ``R2``, ``R2_new`` and ``R2_new:hi``."""
+    return vote_type.split(":")[0].split("_")[0]
+
+
+def _listed(names: Sequence[str]) -> str:
+    """``R1, R2 and CB``."""
+    return ", ".join(names[:-1]) + f" and {names[-1]}" if len(names) > 1 else "".join(names)
+
+
 @dataclass(frozen=True)
 class Calibration:
     """Population-level hyperpriors: per-action (q, rho), CB levels (pi_g, kappa_g) and eta.
@@ -2482,10 +2498,10 @@ class Calibration:
     costs: dict[str, ActionCost] | None = None
 
     def branches(self) -> tuple[Branch, Branch]:
-        """R2's (same, new) outcomes; without them, both are R2's own reliability."""
-        r2 = self.actions["R2"]
-        fallback = Branch(0.5, r2.a, r2.b)
-        return r2.same or fallback, r2.new or fallback
+        """The hop's (same, new) outcomes; without them, both are the hop's own reliability."""
+        hop = self.actions[_labels("hop")[0]]
+        fallback = Branch(0.5, hop.a, hop.b)
+        return hop.same or fallback, hop.new or fallback
 
     def source_priors(self, m: int) -> dict[str, tuple[float, float]]:
         """Beta(a, b) per vote type.
@@ -2495,29 +2511,32 @@ class Calibration:
         whose calibration splits its votes by evidence; and CB_g for g = 1..m.
         """
         priors = {}
-        for t in ("R1", "R2"):
+        reads, hops = _labels("read") + _labels("hop"), _labels("hop")
+        for t in reads:
             strong, weak = self.actions[t], self.actions[t].on_weak_window()
             priors[t], priors[f"{t}_weak"] = (strong.a, strong.b), (weak.a, weak.b)
         same, new = self.branches()
-        priors["R2_same"], priors["R2_new"] = (same.a, same.b), (new.a, new.b)
-        for t in ("R1", "R2", "R2_new"):
-            split = self.actions[t[:2]].evidence
+        for t in hops:
+            priors[f"{t}_same"], priors[f"{t}_new"] = (same.a, same.b), (new.a, new.b)
+        for t in [*reads, *(f"{h}_new" for h in hops)]:
+            split = self.actions[_action_label(t)].evidence
             for level in split.levels if split is not None else ():
                 priors[f"{t}:{level.name}"] = (level.a, level.b)
-        for g in range(1, m + 1):
-            level = self.level(g, m)
-            priors[f"CB_{g}"] = (level.a, level.b)
+        for t in _labels("samples"):
+            for g in range(1, m + 1):
+                level = self.level(g, m)
+                priors[f"{t}_{g}"] = (level.a, level.b)
         return priors
 
     def typed(self, vote_type: str, flat: str, evidence: Mapping[str, float | None]) -> str:
         """A read's vote type: ``vote_type:level`` when its votes are split by evidence, else ``flat``."""
-        split = self.actions[vote_type[:2]].evidence
+        split = self.actions[_action_label(vote_type)].evidence
         level = split.level(evidence) if split is not None else None
         return f"{vote_type}:{level.name}" if level is not None else flat
 
     def level(self, g: int, m: int) -> Level:
         """The calibrated level matching g of m samples (rescaled when m differs)."""
-        levels = self.actions["CB"].levels
+        levels = self.actions[_labels("samples")[0]].levels
         g_cal = min(max(round(g * self.m / m), 1), self.m)
         return next(level for level in levels if level.g == g_cal)
 
@@ -2529,18 +2548,18 @@ class Calibration:
         repeat it; ``R2_after_none``: no earlier answer); and CB.
         """
         rates = {a: information_rate(self.actions[a], self.eta, rule) for a in ACTIONS}
-        for t in ("R1", "R2"):
+        for t in _labels("read") + _labels("hop"):
             rates[f"{t}_weak"] = information_rate(self.actions[t].on_weak_window(), self.eta, rule)
         same, new = self.branches()
-        q = self.actions["R2"].q
         d_same = vote_information(same.mean, self.eta, rule)
-        split = self.actions["R2"].evidence
-        if split is None:
-            d_new = vote_information(new.mean, self.eta, rule)
-        else:  # a new answer's vote lands in one of the evidence levels
-            d_new = sum(level.pi * vote_information(level.mean, self.eta, rule) for level in split.levels)
-        rates["R2_after_answer"] = q * (same.pi * d_same + (1 - same.pi) * d_new)
-        rates["R2_after_none"] = q * d_new
+        for t in _labels("hop"):
+            q, split = self.actions[t].q, self.actions[t].evidence
+            if split is None:
+                d_new = vote_information(new.mean, self.eta, rule)
+            else:  # a new answer's vote lands in one of the evidence levels
+                d_new = sum(level.pi * vote_information(level.mean, self.eta, rule) for level in split.levels)
+            rates[f"{t}_after_answer"] = q * (same.pi * d_same + (1 - same.pi) * d_new)
+            rates[f"{t}_after_none"] = q * d_new
         return rates
 
     def to_dict(self) -> dict[str, Any]:
@@ -2616,15 +2635,20 @@ def calibration_from_dict(data: Any) -> Calibration:
     eta = _number(data.get("eta"), "eta", _MIN_ETA, 1.0)
     raw = data.get("actions")
     if not isinstance(raw, Mapping):
-        raise ValueError("calibration: 'actions' must be an object with R1, R2 and CB")
+        raise ValueError(f"calibration: 'actions' must be an object with {_listed(ACTIONS)}")
     for name in ACTIONS:
         if not isinstance(raw.get(name), Mapping):
             raise ValueError(f"calibration: actions.{name} is missing")
-    actions = {name: _read_action(name, raw[name]) for name in ("R1", "R2")}
-    actions["CB"] = _closed_book_from_dict(raw["CB"])
-    m = actions["CB"].levels[-1].g
+    actions = {
+        a.label: _closed_book_from_dict(raw[a.label])
+        if a.vote == "samples"
+        else _read_action(a.label, raw[a.label], hop=a.vote == "hop")
+        for a in ACTION_TABLE
+    }
+    samples = _labels("samples")[0]
+    m = actions[samples].levels[-1].g
     if "m" in data and data["m"] != m:
-        raise ValueError(f"calibration: m = {_shown(data['m'])} but CB has {m} agreement levels")
+        raise ValueError(f"calibration: m = {_shown(data['m'])} but {samples} has {m} agreement levels")
     gate, details = _gate_from_dict(data.get("gate"))
     costs = _costs_from_dict(data.get("costs"))
     meta = {k: v for k, v in data.items() if k not in ("version", "eta", "actions", "m", "gate", "costs")}
@@ -2636,7 +2660,7 @@ def _costs_from_dict(raw: Any) -> dict[str, ActionCost] | None:
     if raw is None:
         return None
     if not isinstance(raw, Mapping) or set(raw) != set(ACTIONS):
-        raise ValueError("calibration: costs must give R1, R2 and CB")
+        raise ValueError(f"calibration: costs must give {_listed(ACTIONS)}")
     costs = {}
     for name in ACTIONS:
         entry = raw[name]
@@ -2653,8 +2677,8 @@ def _costs_from_dict(raw: Any) -> dict[str, ActionCost] | None:
     return costs
 
 
-def _read_action(name: str, entry: Mapping[str, Any]) -> ActionPrior:
-    """R1's or R2's entry: q, ρ, and the weak-window and (R2) repeat/new branches when present."""
+def _read_action(name: str, entry: Mapping[str, Any], *, hop: bool = False) -> ActionPrior:
+    """A read's entry: q, ρ, and the weak-window and (a hop's) repeat/new branches when present."""
     q = _number(entry.get("q"), f"actions.{name}.q", 0.0, 1.0)
     weak = None
     if entry.get("weak") is not None:
@@ -2664,7 +2688,7 @@ def _read_action(name: str, entry: Mapping[str, Any]) -> ActionPrior:
         weak_q = _number(raw_weak.get("q"), f"actions.{name}.weak.q", 0.0, 1.0)
         weak = ActionPrior(weak_q, *_beta(raw_weak.get("rho"), f"actions.{name}.weak.rho"))
     same = new = None
-    if name == "R2" and (entry.get("same") is not None or entry.get("new") is not None):
+    if hop and (entry.get("same") is not None or entry.get("new") is not None):
         same, new = _second_hop_branches(entry.get("same"), entry.get("new"))
     rho = _beta(entry.get("rho"), f"actions.{name}.rho")
     evidence = _evidence_from_dict(entry["evidence"], name) if entry.get("evidence") is not None else None
@@ -3011,6 +3035,11 @@ class Action:
     prior_q: float  # calibration's prior: P(it answers at all)
     prior_rho: float | None = None  # and P(right | answered) for a read (samples: by agreement)
 
+    def __post_init__(self) -> None:
+        # Vote types are built from the label ("R2_new:hi"), so it holds neither "_" nor ":".
+        if not self.label.isalnum() or self.vote not in VOTE_KINDS:
+            raise ValueError(f"action {self.label!r}: a letters-and-digits label and a vote in {VOTE_KINDS}")
+
     def estimated_cost(self, question: str, passage: Passage, k: int, m: int) -> ActionCost:
         """Its cost from its prompt's size (about 4 characters a token), without a calibration."""
         prompt = self.messages(question, [passage] * (self.window * k))
@@ -3194,7 +3223,7 @@ def _policy_tables(
 
     def outcomes(vote_type: str, flat: str) -> tuple[tuple[float, float], ...]:
         """(share, ratio) of each level a read's vote may land in; one when its votes are flat."""
-        split = cal.actions[vote_type[:2]].evidence
+        split = cal.actions[_action_label(vote_type)].evidence
         if split is None:
             return ((1.0, ratio(flat)),)
         return tuple((lv.pi, ratio(f"{vote_type}:{lv.name}")) for lv in split.levels)
@@ -3444,8 +3473,8 @@ class _Run:
     """The state of one question, and the loop that answers it.
 
     ``loop`` alternates two layers until the policy stops: ``_decide`` prices every available
-    action against the posterior and picks one (or stop), ``_act`` runs it through the
-    ``do_R1`` / ``do_R2`` / ``do_CB`` action and counts its cost. Each action asks the LLM
+    action against the posterior and picks one (or stop), ``_act`` runs it by its vote kind
+    (``do_read``, ``do_hop``, ``do_samples``) and counts its cost. Each action asks the LLM
     (``ask``), turns the reply into a vote (``vote``) and records what it saw; ``report``
     assembles the report from all of it at any point.
     """
@@ -3476,7 +3505,7 @@ class _Run:
         self.steps: list[dict[str, Any]] = []
         self.usage = _Usage()
         self.actions: dict[str, Callable[[], dict[str, Any]]] = {
-            a.label: getattr(self, f"do_{a.label}") for a in ACTION_TABLE
+            a.label: functools.partial(getattr(self, f"do_{a.vote}"), a) for a in ACTION_TABLE
         }
         self.policy_us = 0.0
         self.started = time.perf_counter()
@@ -3503,7 +3532,9 @@ class _Run:
         self.current = "retrieval"  # a retriever that raises is named in RunAborted
         self.first_hop = self.corpus.retrieve(self.question, self.brag.k)
         window = [i for i, _ in self.first_hop.hits]
-        self.gate_view["R1"] = self.judge("R1", self.question, window, self.first_hop)
+        for action in ACTION_TABLE:
+            if action.vote == "read":
+                self.gate_view[action.label] = self.judge(action.label, self.question, window, self.first_hop)
         self.current = None
         while True:
             step = self._decide()
@@ -3623,11 +3654,11 @@ class _Run:
         self.votes.append(vote)
         return index
 
-    def read(self, action: str, passage_ids: list[int]) -> dict[str, Any]:
+    def read(self, label: str, passage_ids: list[int]) -> dict[str, Any]:
         """One read of ``passage_ids``: the answer and the follow-up query (no vote yet)."""
         passages = [self.corpus[i] for i in passage_ids]
         reply = self.ask(
-            _ACTION_OF[action].messages(self.question, passages),
+            _ACTION_OF[label].messages(self.question, passages),
             n=1,
             temperature=0.0,
             max_tokens=self.brag.max_tokens,
@@ -3674,39 +3705,46 @@ class _Run:
         fresh = [i for i, _ in found.hits if i not in self.read_ids]
         novel = self.corpus.novel(fresh, self.read_ids)
         self.next_hop = (found, fresh, novel)
-        self.gate_view["R2"] = self.judge("R2", self.follow_up, self.read_ids + novel[: self.brag.k], found)
+        for action in ACTION_TABLE:
+            if action.vote == "hop":
+                window = self.read_ids + novel[: self.brag.k]
+                self.gate_view[action.label] = self.judge(action.label, self.follow_up, window, found)
 
-    def do_R1(self) -> dict[str, Any]:
+    def do_read(self, action: Action) -> dict[str, Any]:
         """Read the question's own top passages."""
-        found = self.first_hop
+        found, label = self.first_hop, action.label
         window = [i for i, _ in found.hits]
-        seen = self.read("R1", window)
-        flat = "R1_weak" if self.weak["R1"] else "R1"
-        seen["vote_type"] = self.brag.calibration.typed("R1", flat, seen["evidence"])
+        seen = self.read(label, window)
+        flat = f"{label}_weak" if self.weak[label] else label
+        seen["vote_type"] = self.brag.calibration.typed(label, flat, seen["evidence"])
         seen["candidate"] = self.vote(seen["vote_type"], seen["answer"])
         seen["scores"] = [round(s, 4) for _, s in found.hits]
         seen["dedup_removed"] = found.removed
-        seen["gate"] = self.gate_view["R1"]
+        seen["gate"] = self.gate_view[label]
         self.note_answer(seen["candidate"])
         self.after_read(seen, window)
         return seen
 
-    def do_R2(self) -> dict[str, Any]:
+    def do_hop(self, action: Action) -> dict[str, Any]:
         """Read the passages read so far plus the new ones the latest follow-up query found."""
-        assert self.next_hop is not None  # R2 is only available after a read found new passages
+        assert self.next_hop is not None  # a hop is only available after a read found new passages
         found, fresh, novel = self.next_hop
-        new = novel[: self.brag.k]
+        new, label = novel[: self.brag.k], action.label
         # Old passages first, in the order read, so each hop's prompt extends the last one.
-        seen = self.read("R2", self.read_ids + new)
+        seen = self.read(label, self.read_ids + new)
         calibration = self.brag.calibration
         if self.brag.second_hop == "conditional":
             repeats = seen["answer"] and self.candidates.find(seen["answer"]) in self.read_answers
-            source = "R2_same" if repeats else calibration.typed("R2_new", "R2_new", seen["evidence"])
+            fresh_type = f"{label}_new"
+            source = (
+                f"{label}_same" if repeats else calibration.typed(fresh_type, fresh_type, seen["evidence"])
+            )
         else:
-            source = calibration.typed("R2", "R2_weak" if self.weak["R2"] else "R2", seen["evidence"])
+            flat = f"{label}_weak" if self.weak[label] else label
+            source = calibration.typed(label, flat, seen["evidence"])
         seen["vote_type"] = source
         seen["candidate"] = self.vote(source, seen["answer"])
-        seen["gate"] = self.gate_view["R2"]
+        seen["gate"] = self.gate_view[label]
         seen["query"] = self.follow_up
         seen["new_passages"] = new
         seen["dedup_removed"] = found.removed + [i for i in fresh if i not in novel]
@@ -3719,11 +3757,11 @@ class _Run:
         if candidate is not None:
             self.read_answers.add(candidate)
 
-    def do_CB(self) -> dict[str, Any]:
+    def do_samples(self, action: Action) -> dict[str, Any]:
         """Sample ``m`` closed-book answers; their mode is one vote, typed by how many agree."""
         m = self.brag.m
         reply = self.ask(
-            _ACTION_OF["CB"].messages(self.question, []),
+            action.messages(self.question, []),
             n=m,
             temperature=self.brag.temperature,
             max_tokens=16,
@@ -3734,7 +3772,7 @@ class _Run:
             "samples": list(reply.texts),
             "answer": mode,
             "agreement": g,
-            "candidate": self.vote(f"CB_{g}", mode) if g else None,
+            "candidate": self.vote(f"{action.label}_{g}", mode) if g else None,
         }
 
     def posterior_view(self) -> dict[str, Any]:

@@ -436,13 +436,17 @@ def fit_counts(outcomes: Sequence[Outcome], m: int, hops: int = 1) -> dict[str, 
     diagnostics: dict[str, Any] = {}
     for action in brag.ACTIONS:
         counts[action], diagnostics[action] = _answer_counts(outcomes, action)
-    for action in ("R1", "R2"):
-        actions[action] = _fit_read(outcomes, action, counts[action])
-    actions["CB"] = _fit_closed_book(outcomes, m, counts["CB"])
+    for action in brag.ACTION_TABLE:
+        label = action.label
+        if action.vote == "samples":
+            actions[label] = _fit_closed_book(outcomes, m, counts[label])
+        else:
+            actions[label] = _fit_read(outcomes, label, counts[label])
     eta, counts["eta"], diagnostics["wrong_answer_repeats"] = _fit_eta(outcomes)
     same, new, second = fit_second_hop(outcomes, hops, eta)
-    actions["R2"].update({"same": same, "new": new})
-    counts["R2"]["hops"] = second
+    for label in (a.label for a in brag.ACTION_TABLE if a.vote == "hop"):
+        actions[label].update({"same": same, "new": new})
+        counts[label]["hops"] = second
     fitted = {"eta": round(eta, 6), "actions": actions, "counts": counts, "diagnostics": diagnostics}
     costs = fit_costs(outcomes)
     return {**fitted, "costs": costs} if costs is not None else fitted

@@ -144,7 +144,9 @@ def _save_whole(corpus: Corpus, out: Path, name: str) -> None:
 
 
 def _parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="python -m brag", description="BRAG's command line.")
+    # The same command as ``python -m brag`` or as the ``brag`` that ``pip install .`` adds.
+    prog = "brag" if Path(sys.argv[0]).name == "brag" else "python -m brag"
+    parser = argparse.ArgumentParser(prog=prog, description="BRAG's command line.")
     commands = parser.add_subparsers(dest="command", required=True)
     index = commands.add_parser("index", help="index documents or a passage collection into a folder")
     index.add_argument(

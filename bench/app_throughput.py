@@ -40,6 +40,31 @@ def cpu_seconds(pid: int) -> float:
     return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
 
 
+def report(args: argparse.Namespace, rows: list[str]) -> str:
+    return "\n".join(
+        [
+            "# App throughput and overhead",
+            "",
+            f"Command: `python bench/app_throughput.py --requests {args.requests} --latency {args.latency} "
+            f"--levels {' '.join(map(str, args.levels))}`",
+            f"Machine: {platform.machine()}, 2 cores shared by all three processes, Python "
+            f"{platform.python_version()}. The app runs with BRAG_CONCURRENCY=16 on the Demo corpus; the",
+            f"loopback LLM (its own process) answers every request after {args.latency * 1000:.0f} ms; the",
+            "clients call the REST API (`POST /gradio_api/call/brag`, then its SSE stream) from threads.",
+            "",
+            "| Gradio session | client concurrency | requests | requests/s | p50 latency s | p95 latency s "
+            "| LLM s / request | overhead p50 ms | overhead p95 ms | overhead / LLM time (p50) "
+            "| app CPU ms / request |",
+            "|---|---|---|---|---|---|---|---|---|---|---|",
+            *rows,
+            "",
+            "Overhead = latency − LLM calls × LLM latency: queueing in Gradio, the HTTP round trips of",
+            "the client and to the LLM, retrieval and the controller. Target: < 5 % of LLM time at",
+            "concurrency 16.",
+        ]
+    )
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--requests", type=int, default=64)
@@ -90,28 +115,7 @@ def main() -> None:
 
     llm.terminate()
     llm.wait()
-    text = "\n".join(
-        [
-            "# App throughput and overhead",
-            "",
-            f"Command: `python bench/app_throughput.py --requests {args.requests} --latency {args.latency} "
-            f"--levels {' '.join(map(str, args.levels))}`",
-            f"Machine: {platform.machine()}, 2 cores shared by all three processes, Python "
-            f"{platform.python_version()}. The app runs with BRAG_CONCURRENCY=16 on the Demo corpus; the",
-            f"loopback LLM (its own process) answers every request after {args.latency * 1000:.0f} ms; the",
-            "clients call the REST API (`POST /gradio_api/call/brag`, then its SSE stream) from threads.",
-            "",
-            "| Gradio session | client concurrency | requests | requests/s | p50 latency s | p95 latency s "
-            "| LLM s / request | overhead p50 ms | overhead p95 ms | overhead / LLM time (p50) "
-            "| app CPU ms / request |",
-            "|---|---|---|---|---|---|---|---|---|---|---|",
-            *rows,
-            "",
-            "Overhead = latency − LLM calls × LLM latency: queueing in Gradio, the HTTP round trips of",
-            "the client and to the LLM, retrieval and the controller. Target: < 5 % of LLM time at",
-            "concurrency 16.",
-        ]
-    )
+    text = report(args, rows)
     args.out.write_text(text + "\n", encoding="utf-8")
     print(text)
 

@@ -250,7 +250,7 @@ def report(results: Path, before: Path, documents: Path | None) -> list[str]:
     return lines
 
 
-def main() -> int:
+def arguments() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--fits", default=",".join(FITS))
     parser.add_argument("--datasets", default=",".join(DATASETS))
@@ -272,6 +272,11 @@ def main() -> int:
         metavar="JSON",
         help="instead: print confidence.md's tables from RESULTS BEFORE [DOCUMENTS] JSON files",
     )
+    return parser
+
+
+def main() -> int:
+    parser = arguments()
     args = parser.parse_args()
     if args.documents_fits:
         pdf, questions = args.documents_fits

@@ -95,6 +95,17 @@ def signal_rows(questions: list, rows: list[dict]) -> list[tuple[dict[str, float
     return out
 
 
+def gate_rule(signals: list[dict]) -> str:
+    """A fitted gate's rule in words, e.g. ``evidence_coverage ≤ 0.5 or max_score ≤ 3.1``."""
+    return (
+        " or ".join(
+            f"{s['name']} {'≤' if s['orientation'] > 0 else '≥'} {s['orientation'] * s['threshold']:.3g}"
+            for s in signals
+        )
+        or "(no signal reached separation 0.65)"
+    )
+
+
 def evaluate(name: str, rows: list[tuple[dict[str, float], bool]]) -> list[str]:
     order = np.random.default_rng(0).permutation(len(rows))  # files are ordered (by hop type, say)
     half = len(rows) // 2
@@ -139,13 +150,7 @@ def evaluate(name: str, rows: list[tuple[dict[str, float], bool]]) -> list[str]:
         note = "yes" if n in kept_names else gate["dropped"].get(n, "")
         cal_auc = gate["auc"].get(n, float("nan"))
         lines.append(f"| {n} | {cal_auc:.3f} | {test_auc[n]:.3f} | {sep(test_auc[n]):.3f} | {note} |")
-    rule = (
-        " or ".join(
-            f"{s['name']} {'≤' if s['orientation'] > 0 else '≥'} {s['orientation'] * s['threshold']:.3g}"
-            for s in gate["signals"]
-        )
-        or "(no signal reached separation 0.65)"
-    )
+    rule = gate_rule(gate["signals"])
     lines += [
         "",
         f"Chosen gate (Youden on calibration): weak when {rule}; held-out TPR {fires[weak].mean():.2f}, "

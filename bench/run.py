@@ -176,6 +176,34 @@ def run_question(
     return out
 
 
+def tally(
+    found: list[dict[str, Any]], best: str
+) -> tuple[dict[str, list[Row]], dict[str, Any], dict[str, dict[str, int]], Counter[str], dict[str, int]]:
+    """The per-question results summed: rows per method, timing, first actions, hops, overrulings."""
+    rows: dict[str, list[Row]] = {}
+    overhead: list[float] = []  # controller time / LLM time, per BRAG run that called the LLM
+    local_s: list[float] = []  # retrieval, gate and controller time per BRAG run (no LLM)
+    unknown = 0  # BRAG runs with a cached call whose latency was never recorded
+    first_actions = {str(lam): dict.fromkeys(("R1", "CB", "stop"), 0) for lam in LAMBDAS}
+    hops: Counter[str] = Counter()
+    overruled = dict.fromkeys(map(str, LAMBDAS), 0)  # BRAG wrong though one of its own reads was right
+    for question in found:  # in question order, whatever order they ran in
+        for method, row in {**question["rows"], BEST_FIXED: question["rows"][best]}.items():
+            rows.setdefault(method, []).append(row)
+        hops.update(question["evidence"])
+        for lam, run in question["brag"].items():
+            rows.setdefault(f"BRAG λ={lam}", []).append(run["row"])
+            first_actions[str(lam)][run["first"]] += 1
+            overruled[str(lam)] += run["overruled"]
+            totals = run["totals"]
+            local_s.append(totals["wall_time_s"] - totals["llm_wait_s"])
+            unknown += not totals["llm_seconds_known"]
+            if totals["llm_seconds_known"] and totals["llm_seconds"] > 0:
+                overhead.append(totals["policy_us"] / 1e6 / totals["llm_seconds"])
+    timing = {"overhead": overhead, "local_s": local_s, "unknown_latency": unknown}
+    return rows, timing, first_actions, hops, overruled
+
+
 def run_dataset(
     ds: Dataset,
     root: Path,
@@ -209,27 +237,7 @@ def run_dataset(
         return run_question(item, corpus, fixed, controllers)
 
     found = in_parallel(one, list(enumerate(items, 1)), workers)
-    rows: dict[str, list[Row]] = {}
-    overhead: list[float] = []  # controller time / LLM time, per BRAG run that called the LLM
-    local_s: list[float] = []  # retrieval, gate and controller time per BRAG run (no LLM)
-    unknown = 0  # BRAG runs with a cached call whose latency was never recorded
-    first_actions = {str(lam): dict.fromkeys(("R1", "CB", "stop"), 0) for lam in LAMBDAS}
-    hops: Counter[str] = Counter()
-    overruled = dict.fromkeys(map(str, LAMBDAS), 0)  # BRAG wrong though one of its own reads was right
-    for question in found:  # in question order, whatever order they ran in
-        for method, row in {**question["rows"], BEST_FIXED: question["rows"][best]}.items():
-            rows.setdefault(method, []).append(row)
-        hops.update(question["evidence"])
-        for lam, run in question["brag"].items():
-            rows.setdefault(f"BRAG λ={lam}", []).append(run["row"])
-            first_actions[str(lam)][run["first"]] += 1
-            overruled[str(lam)] += run["overruled"]
-            totals = run["totals"]
-            local_s.append(totals["wall_time_s"] - totals["llm_wait_s"])
-            unknown += not totals["llm_seconds_known"]
-            if totals["llm_seconds_known"] and totals["llm_seconds"] > 0:
-                overhead.append(totals["policy_us"] / 1e6 / totals["llm_seconds"])
-    timing = {"overhead": overhead, "local_s": local_s, "unknown_latency": unknown}
+    rows, timing, first_actions, hops, overruled = tally(found, best)
     rates = {action: round(rate, 4) for action, rate in cal.rates().items()}
     # A vote's likelihood ratio, right answer against one repeated wrong one, as the controller
     # uses it: floored at 1, so no vote counts against the answer it names.
@@ -477,7 +485,7 @@ def split_sizes(values: list[str]) -> dict[str, int]:
     return sizes
 
 
-def main(argv: list[str] | None = None) -> int:
+def arguments() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--model", default="local", help="any make_llm spec")
     parser.add_argument("--datasets", nargs="+", default=list(DATASETS), choices=list(DATASETS))
@@ -504,6 +512,40 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--out", type=Path, default=ROOT / "bench" / "results")
     parser.add_argument("--data", type=Path, default=None, help="data directory (default BRAG_DATA_DIR)")
     milvus_corpus.add_arguments(parser)
+    return parser
+
+
+def write_results(args: argparse.Namespace, model: str, results: list[dict[str, Any]], milvus: bool) -> None:
+    """The tables, the timing, the plot and the JSON, each where ``--out`` says."""
+    given = f" --n {' '.join(args.n)}" if args.n else ""
+    command = f"python bench/run.py --model {args.model}{given} --datasets {' '.join(args.datasets)}"
+    if milvus:
+        command += f" --milvus {args.milvus} --collection {args.collection}"
+    lines = [
+        "# Benchmark: BRAG against the baselines",
+        "",
+        f"Command: `{command}` (add `--replay` to reproduce every number from the cache with no LLM).",
+        f"Model: `{model}`. Cache: `{Path(args.cache).name}`, k = {args.k}, m = {args.m}.",
+        "",
+    ]
+    for result in results:
+        lines += table(result) + controller(result["controller"]) + hop_lines(result["hops"])
+        lines += [verdict(result), ""]
+    (args.out / "benchmark.md").write_text("\n".join(lines) + "\n", encoding="utf-8")
+    # Controller and retrieval time are measured afresh on every run, so they live apart from
+    # the tables, which a replay reproduces byte for byte.
+    timed = [f"# Time outside the LLM, as measured by `{command}{' --replay' if args.replay else ''}`", ""]
+    for result in results:
+        timed += [f"## {result['name']}", "", *timing(result["timing"])]
+    (args.out / "benchmark_timing.md").write_text("\n".join(timed) + "\n", encoding="utf-8")
+    plot(results, args.out / "benchmark.png")
+    (args.out / "benchmark.json").write_text(
+        json.dumps([{k: v for k, v in r.items() if k != "timing"} for r in results]), encoding="utf-8"
+    )
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = arguments()
     args = parser.parse_args(argv)
     try:
         sizes = split_sizes(args.n)
@@ -531,31 +573,7 @@ def main(argv: list[str] | None = None) -> int:
         text = "\n".join(table(result))
         (args.out / f"benchmark_{key}.md").write_text(text + "\n", encoding="utf-8")
         print(text, flush=True)
-    given = f" --n {' '.join(args.n)}" if args.n else ""
-    command = f"python bench/run.py --model {args.model}{given} --datasets {' '.join(args.datasets)}"
-    if served is not None:
-        command += f" --milvus {args.milvus} --collection {args.collection}"
-    lines = [
-        "# Benchmark: BRAG against the baselines",
-        "",
-        f"Command: `{command}` (add `--replay` to reproduce every number from the cache with no LLM).",
-        f"Model: `{llm.name}`. Cache: `{Path(args.cache).name}`, k = {args.k}, m = {args.m}.",
-        "",
-    ]
-    for result in results:
-        lines += table(result) + controller(result["controller"]) + hop_lines(result["hops"])
-        lines += [verdict(result), ""]
-    (args.out / "benchmark.md").write_text("\n".join(lines) + "\n", encoding="utf-8")
-    # Controller and retrieval time are measured afresh on every run, so they live apart from
-    # the tables, which a replay reproduces byte for byte.
-    timed = [f"# Time outside the LLM, as measured by `{command}{' --replay' if args.replay else ''}`", ""]
-    for result in results:
-        timed += [f"## {result['name']}", "", *timing(result["timing"])]
-    (args.out / "benchmark_timing.md").write_text("\n".join(timed) + "\n", encoding="utf-8")
-    plot(results, args.out / "benchmark.png")
-    (args.out / "benchmark.json").write_text(
-        json.dumps([{k: v for k, v in r.items() if k != "timing"} for r in results]), encoding="utf-8"
-    )
+    write_results(args, llm.name, results, served is not None)
     return 0
 
 

@@ -142,11 +142,29 @@ def test_pip_install_gives_the_modules_the_data_and_a_brag_command(tmp_path):
     assert (tmp_path / "out" / "brag_corpus.json").is_file()
 
 
-def test_the_readme_draws_every_module_of_the_tree():
-    readme = (ROOT / "README.md").read_text(encoding="utf-8")
+def drawn_order(readme: str) -> list[str]:
+    """The modules the README's layout drawing names, top to bottom, as dotted names."""
+    import re
+
     tree = readme.split("## How the code is laid out", 1)[1].split("```", 2)[1]
-    for name, path in project_modules().items():
-        shown = path.name if path.parent == ROOT else f"{path.parent.name}/"
-        assert shown in tree, name
-        if path.parent != ROOT:
-            assert path.name in tree, name
+    order: list[str] = []
+    package = ""
+    for line in tree.splitlines():
+        if top := re.match(r"^(\w+)(\.py|/)\s", line):
+            name, package = top.group(1), top.group(1) if top.group(2) == "/" else ""
+            order.append(name)
+        elif package and (inner := re.match(r"^[├└]── (\w+)\.py\s", line)):
+            if inner.group(1) == "__init__":  # the package counts from its __init__
+                order.remove(package)
+                order.append(package)
+            else:
+                order.append(f"{package}.{inner.group(1)}")
+    return order
+
+
+def test_the_readme_draws_every_module_each_below_what_it_imports():
+    order = drawn_order((ROOT / "README.md").read_text(encoding="utf-8"))
+    assert sorted(order) == sorted(project_modules())
+    for module, imports in import_graph().items():
+        for imported in imports:
+            assert order.index(imported) < order.index(module), f"{module} imports {imported}, drawn below it"

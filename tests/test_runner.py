@@ -439,7 +439,7 @@ def test_a_backend_without_a_name_goes_by_its_class_name_everywhere(tmp_path):
 def test_every_action_in_the_table_can_run_be_prompted_and_be_priced():
     assert brag.ACTIONS == tuple(a.label for a in brag.ACTION_TABLE)
     for action in brag.ACTION_TABLE:
-        assert callable(getattr(brag._Run, f"do_{action.label}", None)), action.label
+        assert callable(getattr(brag._Run, f"do_{action.vote}", None)), action.label
         assert action.vote in brag.VOTE_KINDS
         messages = action.messages("Where was she born?", [brag.Passage("Lina Berg", "Born in Oslo.")])
         assert messages[-1]["role"] == "user" and "Where was she born?" in messages[-1]["content"]
@@ -449,3 +449,42 @@ def test_every_action_in_the_table_can_run_be_prompted_and_be_priced():
     assert costs["R2"] > costs["R1"] > costs["CB"]  # twice the passages; no passages at all
     wider, _ = brag.action_costs(brag.load_calibration(), "tokens", k=5, m=20)
     assert wider["CB"] > costs["CB"] and wider["R2"] == costs["R2"]  # samples scale CB alone
+
+
+def test_an_action_of_a_known_kind_is_one_table_entry_and_its_prompt(monkeypatch):
+    """A read of the top passage alone, added as one entry (and its calibration's row)."""
+    top_only = brag.Action(
+        "R0",
+        "reading the top passage",
+        "read",
+        lambda q, ps: brag.read_messages(q, ps[:1]),
+        1,
+        12.0,
+        0.8,
+        0.6,
+    )
+    table = (*brag.ACTION_TABLE, top_only)
+    monkeypatch.setattr(brag, "ACTION_TABLE", table)
+    monkeypatch.setattr(brag, "ACTIONS", tuple(a.label for a in table))
+    monkeypatch.setattr(brag, "_ACTION_OF", {a.label: a for a in table})
+    calibration = json.loads(PRIORS.read_text(encoding="utf-8"))
+    calibration["actions"]["R0"] = calibration["actions"]["R1"]
+    corpus = Corpus(
+        [
+            {"title": "Lina Berg", "text": "Lina Berg was born in Oslo."},
+            {"title": "Oslo", "text": "Oslo is the capital of Norway."},
+        ]
+    )
+    llm = ScriptedLLM(lambda prompt: "Answer: Oslo\nFollow-up query: Oslo capital")
+    controller = BRAG(llm, calibration=calibration, lam=0.0, k=2)
+    answer, report = controller.run("Where was Lina Berg born?", corpus, actions=["R0", "R1"])
+    r0, r1 = (s for s in report["steps"] if s["action"])
+    assert answer == "Oslo" and (r0["action"], r1["action"]) == ("R0", "R1")
+    assert r0["observation"]["vote_type"] == "R0" and r1["observation"]["vote_type"] == "R1"
+    first, second = (r["messages"][-1]["content"] for r in llm.requests)
+    assert "Lina Berg was born" in first and "capital of Norway" not in first  # its own prompt
+    assert "capital of Norway" in second
+    costs, _ = brag.action_costs(brag.load_calibration(calibration), "tokens", k=2)
+    assert costs["R0"] < costs["R1"]  # priced from its own, shorter prompt
+    _, chosen = controller.run("Where was Lina Berg born?", corpus)
+    assert "R0" in chosen["steps"][0]["scores"]  # the policy weighs it with the others
