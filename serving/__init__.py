@@ -6,6 +6,7 @@
 - ``presentation``: a report as the page shows it.
 - ``server``: ``Settings`` and ``Server``, the ``/brag`` and ``/calibrate`` endpoints.
 
-Imports point one way: ``policy`` <- ``corpora`` <- ``server``; ``presentation`` and ``guards``
-import neither the server nor the page; ``app.py`` imports them all.
+Imports point one way: ``policy`` is at the bottom (no Gradio); ``corpora`` and ``guards``
+import it; ``server`` imports ``policy``, ``corpora`` and ``presentation``; none imports the
+page, ``app.py``, which imports them all.
 """

@@ -23,7 +23,7 @@ import parse_worker
 from .policy import Limits, _too_big, check_documents, documents_from_files, refused
 
 log = logging.getLogger("brag.app")
-HERE = Path(__file__).resolve().parent.parent
+HERE = Path(__file__).resolve().parent.parent  # the checkout (or site-packages): data/ is there
 
 
 DEMO = "Demo"

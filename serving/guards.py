@@ -154,11 +154,11 @@ class Blocks(gr.Blocks):
     - A wrong input count is refused naming only the counts: Gradio's own message lists every
       value received, a token among them, and prints it to the server log with a traceback.
     - A files input is checked (:func:`uploads.check_file_data`) before Gradio moves a file to
-      its cache or downloads a URL: ``check_files`` is set by :func:`build`.
+      its cache or downloads a URL: ``check_files`` is set by ``app.build``.
     """
 
     check_files: Callable[[Any], None] | None = None
-    ledger: uploads.UploadLedger | None = None  # the uploads in the store, set by build
+    ledger: uploads.UploadLedger | None = None  # the uploads in the store, set by app.build
     downloads: tuple[gr.File, ...] = ()  # output components whose files may be served
 
     def serves(self, path: str) -> bool:

@@ -160,7 +160,7 @@ class Settings:
     """Everything the owner sets through the environment, read and checked once at start-up.
 
     ``Settings.from_env()`` reads it (a bad value stops the app with a message naming the
-    variable); a test builds one directly and passes it to :func:`build`.
+    variable); a test builds one directly and passes it to ``app.build``.
     """
 
     limits: Limits = field(default_factory=Limits)
