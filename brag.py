@@ -3159,12 +3159,13 @@ def action_costs(
     else:
         base, source = _estimated_costs(k, m), "estimated from prompt sizes: the calibration measured none"
     raw = {a: _price(base[a], unit, output_ratio, prices) for a in ACTIONS}
-    if not (math.isfinite(raw["R1"]) and raw["R1"] > 0 and all(math.isfinite(v) for v in raw.values())):
+    read = raw[ACTIONS[0]]  # the unit of cost: one run of the table's first action, a read
+    if not (math.isfinite(read) and read > 0 and all(math.isfinite(v) for v in raw.values())):
         raise ValueError(
-            f"cost {unit!r}: a read would cost {raw['R1']:g} with these figures ({source}); every cost is "
+            f"cost {unit!r}: a read would cost {read:g} with these figures ({source}); every cost is "
             "relative to a read, so a read must cost more than 0"
         )
-    return {a: max(raw[a] / raw["R1"], 1e-3) for a in ACTIONS}, source
+    return {a: max(raw[a] / read, 1e-3) for a in ACTIONS}, source
 
 
 def _price(cost: ActionCost, unit: str, output_ratio: float, prices: tuple[float, float] | None) -> float:
