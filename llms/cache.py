@@ -17,7 +17,7 @@ from typing import Any
 import brag
 from brag import LLM, Completion
 
-from .calls import _MAX_CACHED_TOKENS, CallOptions, token_logprobs
+from .calls import MAX_CACHED_TOKENS, CallOptions, token_logprobs
 from .errors import CacheDamaged, CacheMiss
 
 # ------------------------------------------------------------------------------------------
@@ -128,7 +128,7 @@ class CachedLLM:
             estimated=bool(row[3]),
             requests=row[4],
             seconds=row[5],
-            logprobs=token_logprobs(logprobs, len(texts), max_tokens=_MAX_CACHED_TOKENS),
+            logprobs=token_logprobs(logprobs, len(texts), max_tokens=MAX_CACHED_TOKENS),
         )
 
     def _stale(self, hit: Completion, options: CallOptions) -> bool:

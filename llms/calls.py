@@ -13,7 +13,7 @@ def _estimate_tokens(text: str) -> int:
     return max(1, len(text) // 4)
 
 
-def _completion(texts: list[str], usage: Any, messages: list[dict[str, str]]) -> Completion:
+def completion_from(texts: list[str], usage: Any, messages: list[dict[str, str]]) -> Completion:
     """A Completion from texts and a server usage object (estimated when the server gave none)."""
     prompt = getattr(usage, "prompt_tokens", None) if usage is not None else None
     completion = getattr(usage, "completion_tokens", None) if usage is not None else None
@@ -42,7 +42,7 @@ def token_logprobs(raw: Any, n_texts: int, max_tokens: int) -> list[list[tuple[s
             if isinstance(token, (list, tuple)) and len(token) == 2:
                 piece, logprob = token
             else:
-                piece, logprob = _field(token, "token"), _field(token, "logprob")
+                piece, logprob = field_of(token, "token"), field_of(token, "logprob")
             if (
                 not isinstance(piece, str)
                 or isinstance(logprob, bool)
@@ -56,7 +56,7 @@ def token_logprobs(raw: Any, n_texts: int, max_tokens: int) -> list[list[tuple[s
     return out
 
 
-_MAX_CACHED_TOKENS = 4096  # what a cache entry may hold per text (a request asks far fewer)
+MAX_CACHED_TOKENS = 4096  # what a cache entry may hold per text (a request asks far fewer)
 MAX_TOKEN_PIECE_CHARS = 64  # a token is a few characters; a longer "piece" is cut
 MIN_LOGPROB = -100.0  # -inf (a token the server says it could not have chosen) is floored here
 
@@ -87,6 +87,6 @@ class CallOptions:
         return fields
 
 
-def _field(item: Any, name: str) -> Any:
+def field_of(item: Any, name: str) -> Any:
     """A field of a parsed response part, whether the client gave a dict or an object."""
     return item.get(name) if isinstance(item, dict) else getattr(item, name, None)

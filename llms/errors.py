@@ -60,7 +60,7 @@ class CacheDamaged(LLMError, ValueError):
     """
 
 
-class _Retryable(Exception):
+class Retryable(Exception):
     """Internal: a transient failure worth another try, with the final error if it persists."""
 
     def __init__(self, final: LLMError, retry_after: float | None = None) -> None:
@@ -69,8 +69,8 @@ class _Retryable(Exception):
         self.retry_after = retry_after
 
 
-def _http_error(status: int, detail: str, where: str, retry_after: float | None) -> Exception:
-    """Map an HTTP status to the error a user sees (wrapped in _Retryable when transient)."""
+def http_error(status: int, detail: str, where: str, retry_after: float | None) -> Exception:
+    """Map an HTTP status to the error a user sees (wrapped in Retryable when transient)."""
     detail = " ".join(detail.split())[:300]
     suffix = f": {detail}" if detail else ""
     if status in (401, 403):
@@ -82,9 +82,9 @@ def _http_error(status: int, detail: str, where: str, retry_after: float | None)
     if status == 404:
         return ModelNotFound(f"model or endpoint not found at {where} (HTTP 404){suffix}")
     if status == 429:
-        return _Retryable(RateLimited(f"rate limited by {where} (HTTP 429){suffix}"), retry_after)
+        return Retryable(RateLimited(f"rate limited by {where} (HTTP 429){suffix}"), retry_after)
     if status >= 500:
-        return _Retryable(EndpointUnreachable(f"{where} failed with HTTP {status}{suffix}"), retry_after)
+        return Retryable(EndpointUnreachable(f"{where} failed with HTTP {status}{suffix}"), retry_after)
     return RequestRejected(f"{where} rejected the request (HTTP {status}){suffix}")
 
 
@@ -94,7 +94,7 @@ def check_token(token: str | None) -> None:
         raise TokenRejected("the token holds spaces, line breaks or other control characters; paste it again")
 
 
-def _retry_after(headers: Any) -> float | None:
+def retry_after_seconds(headers: Any) -> float | None:
     """Seconds from a Retry-After header (delta-seconds form), if any."""
     try:
         value = headers.get("retry-after") if headers is not None else None

@@ -25,7 +25,7 @@ from typing import Any
 import brag
 from brag import Completion
 
-from .calls import _MAX_CACHED_TOKENS, CallOptions, token_logprobs
+from .calls import MAX_CACHED_TOKENS, CallOptions, token_logprobs
 from .errors import LLMTimeout, LocalModelCrashed, ModelNotFound, RequestRejected
 from .transport import positive_setting, time_left
 
@@ -429,4 +429,4 @@ class LocalModel:
             "format": self.prompt_format,
         }
         reply = self.runner.generate(request, time_left(self.timeout))
-        return token_logprobs(reply.get("logprobs"), len(texts), _MAX_CACHED_TOKENS)
+        return token_logprobs(reply.get("logprobs"), len(texts), MAX_CACHED_TOKENS)

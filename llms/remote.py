@@ -19,7 +19,7 @@ import httpx2
 
 from brag import Completion
 
-from .calls import CallOptions, _completion, _field, token_logprobs
+from .calls import CallOptions, completion_from, field_of, token_logprobs
 from .errors import (
     EndpointRefused,
     EndpointUnreachable,
@@ -28,18 +28,18 @@ from .errors import (
     MalformedResponse,
     ModelNotFound,
     RequestRejected,
-    _http_error,
-    _retry_after,
-    _Retryable,
+    Retryable,
     check_token,
+    http_error,
+    retry_after_seconds,
 )
 from .transport import (
-    _DEADLINE,
+    DEADLINE,
     GuardedTransport,
+    Refused,
     RetryPolicy,
-    _in_chain,
-    _Refused,
     deadline,
+    in_chain,
     max_response_bytes,
     redact_url,
     time_left,
@@ -63,7 +63,7 @@ class _RemoteBackend:
     def _send(self, messages: list[dict[str, str]], options: CallOptions) -> Completion:
         def attempt() -> Completion:
             time_left()  # a call that would start after the deadline fails at once
-            outer = _DEADLINE.get()
+            outer = DEADLINE.get()
             try:
                 with deadline(self.timeout):  # the whole HTTP exchange, not each read
                     return self._request(messages, options)
@@ -133,7 +133,7 @@ class _RemoteBackend:
 
 def _choice_logprobs(choices: list[Any], max_tokens: int) -> list[list[tuple[str, float]]] | None:
     """Each choice's ``logprobs.content`` as (token, log-probability) pairs; None if any lacks them."""
-    raw = [_field(_field(choice, "logprobs") or {}, "content") for choice in choices]
+    raw = [field_of(field_of(choice, "logprobs") or {}, "content") for choice in choices]
     return token_logprobs(raw, len(choices), max_tokens)
 
 
@@ -185,19 +185,19 @@ class OpenAICompatible(_RemoteBackend):
     def _classify(self, err: Exception) -> Exception:
         openai = self._openai
         where = self._where
-        refused = _in_chain(err, _Refused)
+        refused = in_chain(err, Refused)
         if refused is not None:
             return EndpointRefused(f"{where} is not allowed: {refused}")
-        own = _in_chain(err, LLMError)  # raised while reading the body (too large, corrupt)
+        own = in_chain(err, LLMError)  # raised while reading the body (too large, corrupt)
         if own is not None:
             return own
         if isinstance(err, openai.APITimeoutError):
             return LLMTimeout(f"{where} did not answer in time (at most {self.timeout:g} s per call)")
         if isinstance(err, openai.APIConnectionError):
-            return _Retryable(EndpointUnreachable(f"cannot reach {where}: {err.__cause__ or err}"))
+            return Retryable(EndpointUnreachable(f"cannot reach {where}: {err.__cause__ or err}"))
         if isinstance(err, openai.APIStatusError):
             detail = getattr(err, "message", "") or ""
-            return _http_error(err.status_code, detail, where, _retry_after(err.response.headers))
+            return http_error(err.status_code, detail, where, retry_after_seconds(err.response.headers))
         return MalformedResponse(f"{where} sent a malformed response: {err}")
 
     def served_model(self) -> str:
@@ -242,7 +242,7 @@ class OpenAICompatible(_RemoteBackend):
             if not isinstance(content, str):
                 raise MalformedResponse(f"{self._where} returned a choice without message content")
             texts.append(content)
-        completion = _completion(texts, getattr(response, "usage", None), messages)
+        completion = completion_from(texts, getattr(response, "usage", None), messages)
         return self._noting_logprobs(
             replace(completion, logprobs=_choice_logprobs(choices[: options.n], options.max_tokens))
         )
@@ -278,16 +278,18 @@ class HFInference(_RemoteBackend):
         from huggingface_hub.errors import HfHubHTTPError, InferenceTimeoutError
 
         where = self._where
-        own = _in_chain(err, LLMError)  # raised while reading the body (too large, corrupt)
+        own = in_chain(err, LLMError)  # raised while reading the body (too large, corrupt)
         if own is not None:
             return own
         if isinstance(err, InferenceTimeoutError | httpx2.TimeoutException):
             return LLMTimeout(f"{where} did not answer in time (at most {self.timeout:g} s per call)")
         if isinstance(err, HfHubHTTPError) and err.response is not None:
             detail = getattr(err, "server_message", None) or ""
-            return _http_error(err.response.status_code, detail, where, _retry_after(err.response.headers))
+            return http_error(
+                err.response.status_code, detail, where, retry_after_seconds(err.response.headers)
+            )
         if isinstance(err, httpx2.TransportError | ConnectionError):
-            return _Retryable(EndpointUnreachable(f"cannot reach {where}: {err}"))
+            return Retryable(EndpointUnreachable(f"cannot reach {where}: {err}"))
         if isinstance(err, ValueError) and "provider" in str(err).lower():
             return ModelNotFound(f"{where}: {err}")
         return MalformedResponse(f"{where} sent a malformed response: {err}")
@@ -311,7 +313,7 @@ class HFInference(_RemoteBackend):
             raise MalformedResponse(f"{self._where} sent a malformed response: {err}") from None
         if not texts or not all(isinstance(t, str) for t in texts):
             raise MalformedResponse(f"{self._where} returned no message content")
-        completion = _completion(texts, getattr(response, "usage", None), messages)
+        completion = completion_from(texts, getattr(response, "usage", None), messages)
         return self._noting_logprobs(
             replace(completion, logprobs=_choice_logprobs(choices, options.max_tokens))
         )

@@ -25,7 +25,7 @@ from httpcore2._backends.sync import SyncStream  # the stock socket stream, wrap
 
 from brag import Completion
 
-from .errors import LLMTimeout, MalformedResponse, ResponseTooLarge, _Retryable
+from .errors import LLMTimeout, MalformedResponse, ResponseTooLarge, Retryable
 
 
 @dataclass
@@ -58,7 +58,7 @@ class RetryPolicy:
             self._wait_out_pause()
             try:
                 return send()
-            except _Retryable as err:
+            except Retryable as err:
                 wait = self.delay(attempt, err.retry_after)
                 left = time_left()
                 if attempt == self.max_retries or (left is not None and wait >= left):
@@ -88,7 +88,7 @@ class RetryPolicy:
 
 # ------------------------------------------------------------------------------------------
 
-_DEADLINE: ContextVar[float | None] = ContextVar("brag_llm_deadline", default=None)
+DEADLINE: ContextVar[float | None] = ContextVar("brag_llm_deadline", default=None)
 
 
 @contextmanager
@@ -103,12 +103,12 @@ def deadline(seconds: float | None) -> Iterator[None]:
         yield
         return
     end = time.monotonic() + seconds
-    outer = _DEADLINE.get()
-    token = _DEADLINE.set(end if outer is None else min(end, outer))
+    outer = DEADLINE.get()
+    token = DEADLINE.set(end if outer is None else min(end, outer))
     try:
         yield
     finally:
-        _DEADLINE.reset(token)
+        DEADLINE.reset(token)
 
 
 @contextmanager
@@ -120,7 +120,7 @@ def deadline_at(end: float) -> Iterator[None]:
 
 def time_left(limit: float | None = None, error: type[Exception] = LLMTimeout) -> float | None:
     """Seconds until the current deadline (capped at ``limit``); ``error`` once it has passed."""
-    end = _DEADLINE.get()
+    end = DEADLINE.get()
     if end is None:
         return limit
     left = end - time.monotonic()
@@ -129,7 +129,7 @@ def time_left(limit: float | None = None, error: type[Exception] = LLMTimeout) -
     return left if limit is None else min(limit, left)
 
 
-class _Refused(OSError):
+class Refused(OSError):
     """Raised inside the connection pool; surfaces as EndpointRefused."""
 
 
@@ -223,7 +223,7 @@ class _GuardedBackend(httpcore2.NetworkBackend):
         if self.public_only:
             found = [info for info in found if is_public_address(info[4][0])]
             if not found:
-                raise _Refused(f"{host} is a loopback, private, link-local or multicast address")
+                raise Refused(f"{host} is a loopback, private, link-local or multicast address")
         last: Exception | None = None
         for family, kind, proto, _, address in found:
             sock = socket.socket(family, kind, proto)
@@ -368,7 +368,7 @@ class GuardedTransport(httpx2.HTTPTransport):
 _DECODED_HEADERS = frozenset({"content-encoding", "content-length"})
 
 
-def _in_chain(err: BaseException | None, kind: type[BaseException]) -> Any:
+def in_chain(err: BaseException | None, kind: type[BaseException]) -> Any:
     """The first exception of ``kind`` in an exception's chain of causes, if any."""
     seen = 0
     while err is not None and seen < 10:

@@ -20,7 +20,7 @@ from typing import Any
 import brag
 import parse_worker
 
-from .policy import Limits, _too_big, check_documents, documents_from_files, refused
+from .policy import Limits, check_documents, documents_from_files, refused, too_big
 
 log = logging.getLogger("brag.app")
 HERE = Path(__file__).resolve().parent.parent  # the checkout (or site-packages): data/ is there
@@ -185,7 +185,7 @@ class CorpusStore:
         uploaded = documents_from_files(files, self.limits, self.readers, cancelled, caller) if files else []
         if len(pasted) + len(uploaded) > self.limits.passages:
             count = len(pasted) + len(uploaded)
-            raise _too_big("The documents", count, self.limits.passages, "passages", "BRAG_MAX_PASSAGES")
+            raise too_big("The documents", count, self.limits.passages, "passages", "BRAG_MAX_PASSAGES")
         corpus = brag.Corpus([*pasted, *uploaded])
         size = corpus.memory_bytes()
         with self._documents_lock:

@@ -17,7 +17,7 @@ import gradio as gr
 
 import uploads
 
-from .policy import Limits, Secrets, _env_number
+from .policy import Limits, Secrets, env_number
 
 log = logging.getLogger("brag.app")
 
@@ -217,7 +217,7 @@ def configure_logging(secrets: Secrets) -> None:
 def max_request_bytes(limits: Limits) -> int:
     """``BRAG_MAX_REQUEST_BYTES``: by default room for the largest documents and calibration, escaped."""
     default = 3 * (limits.documents_bytes + limits.labelled_bytes) + limits.calibration_bytes + 1_000_000
-    return _env_number("BRAG_MAX_REQUEST_BYTES", default)
+    return env_number("BRAG_MAX_REQUEST_BYTES", default)
 
 
 def ui_helper(fn: Callable[..., Any]) -> Callable[..., Any]:

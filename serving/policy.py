@@ -102,7 +102,7 @@ class Secrets:
         return value
 
 
-def _env_number(name: str, default: float, kind: type = int) -> Any:
+def env_number(name: str, default: float, kind: type = int) -> Any:
     """A positive setting from the environment; a bad one stops the app with a message naming it."""
     try:
         return llms.positive_setting(name, default, kind)
@@ -112,7 +112,7 @@ def _env_number(name: str, default: float, kind: type = int) -> Any:
 
 def concurrency() -> int:
     """``BRAG_CONCURRENCY`` (default 16): how many requests run at once."""
-    return _env_number("BRAG_CONCURRENCY", 16)
+    return env_number("BRAG_CONCURRENCY", 16)
 
 
 @dataclass(frozen=True)
@@ -201,14 +201,15 @@ class Limits:
         }
         defaults = cls()
         values = {
-            f: _env_number(env, getattr(defaults, f), type(getattr(defaults, f))) for f, env in names.items()
+            f: env_number(env, getattr(defaults, f), type(getattr(defaults, f))) for f, env in names.items()
         }
         if "BRAG_MAX_PER_ADDRESS" in os.environ:  # unset means half of BRAG_CONCURRENCY
-            values["per_address"] = _env_number("BRAG_MAX_PER_ADDRESS", 8)
+            values["per_address"] = env_number("BRAG_MAX_PER_ADDRESS", 8)
         return cls(**values)
 
 
-def _too_big(what: str, size: int, limit: int, unit: str, variable: str) -> RequestRefused:
+def too_big(what: str, size: int, limit: int, unit: str, variable: str) -> RequestRefused:
+    """A refusal that names what was too big, by how much, and the setting that bounds it."""
     return refused(f"{what}: {size:,} {unit}, over the limit of {limit:,} ({variable}).")
 
 
@@ -217,7 +218,7 @@ def check_question(question: Any, limits: Limits) -> str:
     if not isinstance(question, str) or not question.strip():
         raise refused("The question is empty.")
     if len(question) > limits.question_chars:
-        raise _too_big(
+        raise too_big(
             "The question", len(question), limits.question_chars, "characters", "BRAG_MAX_QUESTION_CHARS"
         )
     return question
@@ -285,7 +286,7 @@ def read_calibration(
         )
     size = len(text.encode())
     if size > limits.calibration_bytes:
-        raise _too_big(
+        raise too_big(
             "The calibration", size, limits.calibration_bytes, "bytes", "BRAG_MAX_CALIBRATION_BYTES"
         )
     try:
@@ -303,7 +304,7 @@ def read_labelled(text: Any, limits: Limits) -> list[calibrate.Labelled]:
         )
     size = len(text.encode())
     if size > limits.labelled_bytes:
-        raise _too_big(
+        raise too_big(
             "The labelled questions", size, limits.labelled_bytes, "bytes", "BRAG_MAX_LABELLED_BYTES"
         )
     if not text.strip().startswith(("[", "{")):
@@ -377,7 +378,7 @@ def read_uploads(
         return []
     files = files if isinstance(files, list) else [files]
     if len(files) > limits.files:
-        raise _too_big("The upload", len(files), limits.files, "files", "BRAG_MAX_FILES")
+        raise too_big("The upload", len(files), limits.files, "files", "BRAG_MAX_FILES")
     folder = folder.resolve()
     found: list[Path | tuple[str, bytes]] = []
     for item in files:
@@ -402,10 +403,10 @@ def read_uploads(
                 (entry.name, entry.stat().st_size) if isinstance(entry, Path) else (entry[0], len(entry[1]))
             )
             if size > limits.file_bytes:
-                raise _too_big(name, size, limits.file_bytes, "bytes", "BRAG_MAX_FILE_BYTES")
+                raise too_big(name, size, limits.file_bytes, "bytes", "BRAG_MAX_FILE_BYTES")
             total += size
             if total > limits.files_bytes:
-                raise _too_big("The files", total, limits.files_bytes, "bytes", "BRAG_MAX_FILES_BYTES")
+                raise too_big("The files", total, limits.files_bytes, "bytes", "BRAG_MAX_FILES_BYTES")
             data = entry.read_bytes() if isinstance(entry, Path) else entry[1]
             if isinstance(entry, Path) and kept is not None:
                 kept.remember(session, str(entry), name, data)
@@ -441,7 +442,7 @@ def documents_from_files(
         raise refused(f"{err}.") from None
     passages = doc_files.as_passages(rows)
     if len(passages) > limits.passages:
-        raise _too_big("The documents", len(passages), limits.passages, "passages", "BRAG_MAX_PASSAGES")
+        raise too_big("The documents", len(passages), limits.passages, "passages", "BRAG_MAX_PASSAGES")
     return passages
 
 
@@ -449,7 +450,7 @@ def check_documents(documents: str, limits: Limits) -> list[Any]:
     """Pasted documents as passages: a JSON list, or one passage per line; within the limits."""
     size = len(documents.encode())
     if size > limits.documents_bytes:
-        raise _too_big("The documents", size, limits.documents_bytes, "bytes", "BRAG_MAX_DOCUMENTS_BYTES")
+        raise too_big("The documents", size, limits.documents_bytes, "bytes", "BRAG_MAX_DOCUMENTS_BYTES")
     stripped = documents.strip()
     if stripped.startswith(("[", "{")):
         passages = brag.parse_json(stripped, "documents")
@@ -458,11 +459,12 @@ def check_documents(documents: str, limits: Limits) -> list[Any]:
     else:
         passages = [line for line in stripped.splitlines() if line.strip()]
     if len(passages) > limits.passages:
-        raise _too_big("The documents", len(passages), limits.passages, "passages", "BRAG_MAX_PASSAGES")
+        raise too_big("The documents", len(passages), limits.passages, "passages", "BRAG_MAX_PASSAGES")
     return passages
 
 
-_PROVIDER = re.compile(r"^[a-z0-9][a-z0-9-]{0,39}$")
+# An Inference Providers name, as a caller may give it ("auto", "together", ...).
+PROVIDER_NAME = re.compile(r"^[a-z0-9][a-z0-9-]{0,39}$")
 
 
 @dataclass(frozen=True)
@@ -503,7 +505,7 @@ class EndpointPolicy:
         return False
 
 
-def _has_dot_segments(url: str) -> bool:
+def has_dot_segments(url: str) -> bool:
     """A path with ``.``/``..`` segments, backslashes or encoded slashes (in any encoding depth).
 
     Servers resolve these, so ``/tenantA/v1/../../tenantB`` would match the prefix ``/tenantA``

@@ -30,7 +30,7 @@ import uploads
 
 from .corpora import YOUR_DOCUMENTS, CorpusStore, MilvusSettings, own_index
 from .policy import (
-    _PROVIDER,
+    PROVIDER_NAME,
     CallerLimits,
     EndpointPolicy,
     KeptCalibrations,
@@ -39,11 +39,11 @@ from .policy import (
     RequestRefused,
     Secrets,
     SessionUploads,
-    _has_dot_segments,
     check_cost,
     check_lam,
     check_question,
     concurrency,
+    has_dot_segments,
     read_calibration,
     read_labelled,
     read_uploads,
@@ -76,7 +76,7 @@ class LLMPool:
         provider = (provider.strip() if isinstance(provider, str) else "") or "auto"
         if len(spec) > 2_000:
             raise refused("The model name or URL is too long.")
-        if not _PROVIDER.match(provider):
+        if not PROVIDER_NAME.match(provider):
             raise refused("provider must be an Inference Providers name such as 'auto' or 'together'.")
         key = (spec, hashlib.sha256((token or "").encode()).hexdigest(), provider)
         with self._lock:
@@ -104,7 +104,7 @@ class LLMPool:
         if any(ch.isspace() for ch in spec) or not urllib.parse.urlsplit(spec).hostname:
             raise ValueError("model: that is not a valid http(s) URL")
         url = spec.partition("#")[0]
-        if _has_dot_segments(url):
+        if has_dot_segments(url):
             raise ValueError("model: the URL's path may not hold '.' or '..' segments or encoded slashes")
         if not self.policy.allow_all and self.policy.prefixes and not self.policy.listed(url):
             raise llms.EndpointRefused(
