@@ -168,3 +168,24 @@ def test_the_readme_draws_every_module_each_below_what_it_imports():
     for module, imports in import_graph().items():
         for imported in imports:
             assert order.index(imported) < order.index(module), f"{module} imports {imported}, drawn below it"
+
+
+# Every public name of llms.py before it became a package (issue 35): users import them.
+LLMS_NAMES = """
+CACHE_MODES CacheDamaged CacheMiss CachedLLM CallOptions DEFAULT_HF_MODEL DEFAULT_MAX_RESPONSE_BYTES
+EndpointRefused EndpointUnreachable GuardedTransport HFInference LLMError LLMTimeout LOCAL_MODELS
+LocalModel LocalModelCrashed LocalRunner LocalWeights MAX_TOKEN_PIECE_CHARS MIN_LOGPROB
+MalformedResponse ModelNotFound OpenAICompatible PROMPT_FORMATS QWEN_CODER RateLimited
+RequestRejected ResponseTooLarge RetryPolicy SMOLLM2 TokenRejected WeightPart bound_hub_calls
+check_token deadline deadline_at default_model is_model_id is_public_address local_idle_timeout
+local_runner make_llm max_response_bytes positive_setting redact_url request_key time_left
+token_logprobs weights_file
+""".split()
+
+
+def test_import_llms_still_gives_every_name_it_gave_as_one_file():
+    import llms
+
+    assert [name for name in LLMS_NAMES if not hasattr(llms, name)] == []
+    assert set(LLMS_NAMES) <= set(llms.__all__)
+    assert all(not name.startswith("_") for name in llms.__all__)
