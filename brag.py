@@ -2305,7 +2305,8 @@ def window_signals(
     terms = _salient_terms(question, corpus)
     signals["salient_terms"] = float(len(terms))  # more named things, more passages needed
     if terms:
-        read = [set(tokenize(corpus[i].render(), _analyzer_of(corpus))) for i in window]
+        analyzer = _analyzer_of(corpus)
+        read = [set(tokenize(corpus[i].render(), analyzer)) for i in window]
         signals["evidence_coverage"] = len(terms & set().union(*read)) / len(terms)
         top1 = read[0] if read else set()
         signals["top1_coverage"] = len(terms & top1) / len(terms)
@@ -2471,6 +2472,11 @@ def _labels(kind: str) -> list[str]:
     return [a.label for a in ACTION_TABLE if a.vote == kind]
 
 
+def _window_labels() -> list[str]:
+    """The labels of the actions that read a window (reads and hops): the gate judges each."""
+    return [a.label for a in ACTION_TABLE if a.vote != "samples"]
+
+
 def _action_label(vote_type: str) -> str:
     """The action a vote type belongs to: ``R2`` for ``R2``, ``R2_new`` and ``R2_new:hi``."""
     return vote_type.split(":")[0].split("_")[0]
@@ -2511,7 +2517,7 @@ class Calibration:
         whose calibration splits its votes by evidence; and CB_g for g = 1..m.
         """
         priors = {}
-        reads, hops = _labels("read") + _labels("hop"), _labels("hop")
+        reads, hops = _window_labels(), _labels("hop")
         for t in reads:
             strong, weak = self.actions[t], self.actions[t].on_weak_window()
             priors[t], priors[f"{t}_weak"] = (strong.a, strong.b), (weak.a, weak.b)
@@ -2548,7 +2554,7 @@ class Calibration:
         repeat it; ``R2_after_none``: no earlier answer); and CB.
         """
         rates = {a: information_rate(self.actions[a], self.eta, rule) for a in ACTIONS}
-        for t in _labels("read") + _labels("hop"):
+        for t in _window_labels():
             rates[f"{t}_weak"] = information_rate(self.actions[t].on_weak_window(), self.eta, rule)
         same, new = self.branches()
         d_same = vote_information(same.mean, self.eta, rule)
@@ -3021,7 +3027,7 @@ VOTE_KINDS = ("read", "hop", "samples")
 class Action:
     """One kind of LLM call: what every part of BRAG knows of it, read from :data:`ACTION_TABLE`.
 
-    The runner runs it with ``_Run.do_<label>`` and builds its prompt with ``messages``; the
+    The runner runs it by its vote kind (``_Run.do_<vote>``) with its prompt, ``messages``; the
     policy tables, the cost estimates, calibration (its schedule and prior) and the app (the
     steps table, the progress line) read the rest. README, "where to add things", has the steps.
     """
@@ -3054,7 +3060,6 @@ ACTION_TABLE: tuple[Action, ...] = (
     Action("CB", "closed-book samples", "samples", lambda q, _: closed_book_messages(q), 0, 4.0, 0.95),
 )
 ACTIONS = tuple(a.label for a in ACTION_TABLE)
-_ACTION_OF = {a.label: a for a in ACTION_TABLE}
 
 
 # ------------------------------------------------------------------------------------------
@@ -3244,10 +3249,10 @@ def _policy_tables(
         prior = prior.on_weak_window() if weak else prior
         return rates[flat], VoteOutlook(prior.q, outcomes(label, flat))
 
-    gated = [a for a in ACTION_TABLE if a.vote != "samples"]  # the gate judges their windows
+    gated = _window_labels()
     tables = {}
     for state_key in itertools.product((False, True), repeat=len(gated) + 1):
-        weak, answered = dict(zip((a.label for a in gated), state_key, strict=False)), state_key[-1]
+        weak, answered = dict(zip(gated, state_key, strict=False)), state_key[-1]
         views = {a.label: view(a, weak.get(a.label, False), answered) for a in ACTION_TABLE}
         state = {a: rate for a, (rate, _) in views.items()}
         per_cost = {a: rate / costs[a] for a, rate in state.items()}
@@ -3314,7 +3319,7 @@ class BRAG:
         else:
             priced, source = dict(self.costs), "given"
         if set(priced) != set(ACTIONS) or min(priced.values()) <= 0:
-            raise ValueError("costs must give a positive cost for each of R1, R2 and CB")
+            raise ValueError(f"costs must give a positive cost for each of {_listed(ACTIONS)}")
         object.__setattr__(self, "priced_costs", priced)  # ``costs`` stays what the caller gave
         object.__setattr__(self, "_cost_source", source)
         if (
@@ -3499,7 +3504,7 @@ class _Run:
         self.read_answers: set[int] = set()  # candidates that some read (R1 or R2) voted for
         self.follow_up = ""
         # The gate's verdict on each read's window, in table order (a key of the policy tables).
-        self.weak = {a.label: False for a in ACTION_TABLE if a.vote != "samples"}
+        self.weak = dict.fromkeys(_window_labels(), False)
         self.next_hop: tuple[Retrieval, list[int], list[int]] | None = None
         self.first_hop = Retrieval([], [], 0)  # set by loop, where a retriever's failure is caught
         self.gate_view: dict[str, dict[str, Any] | None] = {}
@@ -3655,11 +3660,11 @@ class _Run:
         self.votes.append(vote)
         return index
 
-    def read(self, label: str, passage_ids: list[int]) -> dict[str, Any]:
+    def read(self, action: Action, passage_ids: list[int]) -> dict[str, Any]:
         """One read of ``passage_ids``: the answer and the follow-up query (no vote yet)."""
         passages = [self.corpus[i] for i in passage_ids]
         reply = self.ask(
-            _ACTION_OF[label].messages(self.question, passages),
+            action.messages(self.question, passages),
             n=1,
             temperature=0.0,
             max_tokens=self.brag.max_tokens,
@@ -3715,7 +3720,7 @@ class _Run:
         """Read the question's own top passages."""
         found, label = self.first_hop, action.label
         window = [i for i, _ in found.hits]
-        seen = self.read(label, window)
+        seen = self.read(action, window)
         flat = f"{label}_weak" if self.weak[label] else label
         seen["vote_type"] = self.brag.calibration.typed(label, flat, seen["evidence"])
         seen["candidate"] = self.vote(seen["vote_type"], seen["answer"])
@@ -3732,7 +3737,7 @@ class _Run:
         found, fresh, novel = self.next_hop
         new, label = novel[: self.brag.k], action.label
         # Old passages first, in the order read, so each hop's prompt extends the last one.
-        seen = self.read(label, self.read_ids + new)
+        seen = self.read(action, self.read_ids + new)
         calibration = self.brag.calibration
         if self.brag.second_hop == "conditional":
             repeats = seen["answer"] and self.candidates.find(seen["answer"]) in self.read_answers

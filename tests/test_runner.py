@@ -466,7 +466,6 @@ def test_an_action_of_a_known_kind_is_one_table_entry_and_its_prompt(monkeypatch
     table = (*brag.ACTION_TABLE, top_only)
     monkeypatch.setattr(brag, "ACTION_TABLE", table)
     monkeypatch.setattr(brag, "ACTIONS", tuple(a.label for a in table))
-    monkeypatch.setattr(brag, "_ACTION_OF", {a.label: a for a in table})
     calibration = json.loads(PRIORS.read_text(encoding="utf-8"))
     calibration["actions"]["R0"] = calibration["actions"]["R1"]
     corpus = Corpus(
