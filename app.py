@@ -18,6 +18,7 @@ import os
 os.environ.setdefault("GRADIO_ANALYTICS_ENABLED", "False")
 os.environ.setdefault("HF_HUB_DISABLE_TELEMETRY", "1")
 
+import json
 import logging
 from typing import Any
 
@@ -32,6 +33,7 @@ import uploads
 from serving.corpora import DEMO, YOUR_DOCUMENTS
 from serving.guards import (
     Blocks,
+    EventShare,
     PublicRoutes,
     RequestSizeLimit,
     configure_logging,
@@ -69,6 +71,22 @@ def use_documents(documents: Any, corpus: str) -> Any:
     return gr.update(value=DEMO if corpus == YOUR_DOCUMENTS else corpus)
 
 
+# use_documents for pasted text, run in the browser: the text can be megabytes, and a page helper
+# takes at most BRAG_MAX_HELPER_BYTES, so it is never sent to the server just to pick the corpus.
+USE_PASTED_DOCUMENTS = (
+    f"(documents, corpus) => (documents && documents.trim()) ? {json.dumps(YOUR_DOCUMENTS)} : "
+    f"(corpus === {json.dumps(YOUR_DOCUMENTS)} ? {json.dumps(DEMO)} : corpus)"
+)
+
+
+def follow_documents(given: gr.components.Component, corpus: gr.Dropdown) -> None:
+    """Selecting "Your documents" when files are given or text is pasted (see :func:`use_documents`)."""
+    if isinstance(given, gr.File):
+        given.change(ui_helper(use_documents), [given, corpus], corpus, api_visibility="private")
+    else:
+        given.change(None, [given, corpus], corpus, js=USE_PASTED_DOCUMENTS, api_visibility="private")
+
+
 INTRO = (
     "# BRAG · cost-aware question answering\n"
     "A Bayesian controller decides which LLM calls are worth making: read the top passages "
@@ -89,6 +107,10 @@ def build(settings: Settings | None = None) -> Blocks:
         with gr.Tab("Calibrate"):
             download = _calibrate_tab(server, choices)
     demo.check_files, demo.ledger, demo.downloads = server.check_files, server.ledger, (download,)
+    demo.cancels = server.cancels
+    runs = (server.run_brag, server.run_calibrate)
+    demo.document_events = frozenset(i for i, fn in demo.fns.items() if fn.fn in runs)
+    server.ledger.forget = demo.upload_file_set.discard  # Gradio's record of a deleted upload goes too
     demo.queue(default_concurrency_limit=server.settings.concurrency, max_size=server.limits.queue_size)
     llms.bound_hub_calls()  # deadlines and response caps hold for Inference Providers calls too
     return demo
@@ -158,7 +180,7 @@ def _ask_tab(server: Server, choices: list[str]) -> None:
         report = gr.JSON(label="report")
     answer = gr.Textbox(label="answer", visible=False)
     for given in (documents, files):
-        given.change(ui_helper(use_documents), [given, corpus], corpus, api_visibility="private")
+        follow_documents(given, corpus)
     inputs = [question, corpus, documents, lam, *model_row, calibration, *cost, files]
     for trigger, name in ((ask.click, "brag"), (question.submit, None)):
         started = trigger(starting, None, shown, api_visibility="private", show_progress="hidden")
@@ -257,7 +279,7 @@ def _calibrate_tab(server: Server, choices: list[str]) -> gr.File:
     with gr.Accordion("Calibration JSON", open=False):
         cal_out = gr.Code(label="calibration", language="json")
     for given in (cal_documents, cal_files):
-        given.change(ui_helper(use_documents), [given, cal_corpus], cal_corpus, api_visibility="private")
+        follow_documents(given, cal_corpus)
     fit.click(
         server.run_calibrate,
         [labelled, cal_corpus, cal_documents, *model_row, cal_files],
@@ -272,6 +294,7 @@ def _calibrate_tab(server: Server, choices: list[str]) -> gr.File:
 
 def launch_options(settings: Settings, demo: Blocks) -> dict[str, Any]:
     """What ``launch`` needs beyond the page: error policy, file serving, the ASGI guards."""
+    limits = settings.limits
     return {
         "server_name": os.environ.get("GRADIO_SERVER_NAME", "127.0.0.1"),
         "theme": gr.themes.Soft(),
@@ -281,22 +304,31 @@ def launch_options(settings: Settings, demo: Blocks) -> dict[str, Any]:
         "show_error": False,
         # Gradio serves the kept fit the calibration tab offers for download from there.
         "allowed_paths": [str(settings.cache_dir / "calibrations")],
-        "max_file_size": settings.limits.file_bytes,
+        "max_file_size": limits.file_bytes,
+        # /monitoring would tell anyone every endpoint's traffic, and show session hashes.
+        "enable_monitoring": False,
+        # Sessions Gradio keeps (each small: Blocks.process_api clears its values).
+        "state_session_capacity": limits.sessions,
         "app_kwargs": {
             "middleware": [
                 Middleware(
                     RequestSizeLimit,
-                    max_bytes=max_request_bytes(settings.limits),
+                    max_bytes=max_request_bytes(limits),
                     # a request's files, and room for the multipart framing
-                    upload_bytes=settings.limits.files_bytes + 1_000_000,
-                    max_files=settings.limits.files,
+                    upload_bytes=limits.files_bytes + 1_000_000,
+                    max_files=limits.files,
+                    helper_bytes=limits.helper_bytes,
+                    large=demo.takes_documents,
                 ),
-                Middleware(PublicRoutes, queue_size=settings.limits.queue_size),
                 Middleware(
-                    uploads.UploadRoutes,
-                    ledger=demo.ledger,
-                    served=demo.serves,
-                    trusted=settings.trusted_proxies,
+                    EventShare,
+                    blocks=demo,
+                    proxies=settings.proxies,
+                    limit=limits.queued_share(settings.concurrency),
+                ),
+                Middleware(PublicRoutes, queue_size=limits.queue_size, cancelled=demo.cancels.add),
+                Middleware(
+                    uploads.UploadRoutes, ledger=demo.ledger, served=demo.serves, proxies=settings.proxies
                 ),
             ]
         },
@@ -307,6 +339,9 @@ def main() -> None:
     """Read the settings, then serve the app until stopped."""
     settings = Settings.from_env()
     configure_logging(settings.secrets)
+    # The client's address is BRAG's to find (BRAG_TRUSTED_PROXIES): uvicorn, which Gradio starts
+    # without this setting, would otherwise take it from X-Forwarded-For for any loopback peer.
+    os.environ["FORWARDED_ALLOW_IPS"] = ""
     demo = build(settings)
     demo.launch(**launch_options(settings, demo))
 

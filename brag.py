@@ -392,7 +392,11 @@ _NON_LATIN_LETTER = re.compile(r"[^\W\d_\u0000-\u024f]")
 
 
 def _mainly_non_latin(text: str) -> bool:
-    return not text.isascii() and 2 * len(_NON_LATIN_LETTER.findall(text)) >= len(_LETTER.findall(text)) > 0
+    if text.isascii():
+        return False
+    # Counted by what a substitution removes: no list of one-character strings per letter.
+    letters, non_latin = (len(text) - len(pattern.sub("", text)) for pattern in (_LETTER, _NON_LATIN_LETTER))
+    return 2 * non_latin >= letters > 0
 
 
 @dataclass(frozen=True)
@@ -411,7 +415,7 @@ class Analyzer:
 
     def tokens(self, text: str) -> list[str]:
         """``text``'s BM25 tokens."""
-        return _without_stop_words(words(text, self.by_script), self.language)
+        return self.tokens_of(words(text, self.by_script))
 
     @property
     def name(self) -> str:
@@ -430,11 +434,23 @@ class Analyzer:
     @classmethod
     def of(cls, texts: Sequence[str], sample: int = 1000) -> Analyzer:
         """The analyzer for a corpus of ``texts``."""
+        return cls.chosen(texts, sample)[0]
+
+    @classmethod
+    def chosen(cls, texts: Sequence[str], sample: int = 1000) -> tuple[Analyzer, dict[int, list[str]]]:
+        """The analyzer for ``texts``, and the :func:`words` of the texts it sampled, by position.
+
+        An index reuses those words, so no text is analysed twice.
+        """
         by_script = any(_mainly_non_latin(text) for text in texts)
         step = max(1, len(texts) // sample)
-        return cls(
-            stopword_language([u for text in texts[::step] for u in words(text, by_script)]), by_script
-        )
+        sampled = {i: words(texts[i], by_script) for i in range(0, len(texts), step)}
+        language = stopword_language([u for units in sampled.values() for u in units])
+        return cls(language, by_script), sampled
+
+    def tokens_of(self, units: list[str]) -> list[str]:
+        """The BM25 tokens of a text whose :func:`words` (as this analyzer reads) are ``units``."""
+        return _without_stop_words(units, self.language)
 
 
 def tokenize(text: str, analyzer: Analyzer | None = None) -> list[str]:
@@ -499,7 +515,12 @@ def language_of(text: str) -> str:
 _ARTICLES = re.compile(r"\b(a|an|the)\b")
 
 
-_PUNCT = set(string.punctuation) | {"‘", "’", "“", "”", "–", "—", "…"}
+# What normalize_answer drops: ASCII punctuation and symbols, and the punctuation of every script
+# (Unicode's planes 0 and 1 hold all of it), as a str.translate table: one pass in C.
+_NO_PUNCTUATION = dict.fromkeys(
+    [ord(c) for c in string.punctuation + "‘’“”–—…"]
+    + [c for c in range(0x20000) if unicodedata.category(chr(c))[0] == "P"]
+)
 
 
 _NO_ANSWER = frozenset(
@@ -545,8 +566,7 @@ def normalize_answer(text: str) -> str:
     character of a script written without spaces stands alone, so the token F1 of Japanese or
     Chinese answers is their character F1, as CMRC scores Chinese.
     """
-    text = unicodedata.normalize("NFKC", text).lower()
-    text = "".join(ch for ch in text if ch not in _PUNCT and unicodedata.category(ch)[0] != "P")
+    text = unicodedata.normalize("NFKC", text).lower().translate(_NO_PUNCTUATION)
     text = _ARTICLES.sub(" ", text)
     text = _UNSPACED.sub(_spaced_out, text)
     return " ".join(text.split())
@@ -713,13 +733,15 @@ def _answer_pattern(answer: str) -> re.Pattern[str] | None:
     return re.compile(before + r"\s+".join(map(re.escape, said)) + after, re.IGNORECASE)
 
 
-def _find_answer(answer: str, text: str) -> tuple[str, re.Match[str]] | None:
+def _find_answer(answer: str, text: str, folded: str | None = None) -> tuple[str, re.Match[str]] | None:
     """Where ``text`` holds ``answer`` word for word, and the text the match is in.
 
-    As written, else after NFKC on both sides (full-width ＡＢＣ１２３, half-width kana).
+    As written, else after NFKC on both sides (full-width ＡＢＣ１２３, half-width kana);
+    ``folded``: the text's NFKC form, when the caller keeps it.
     """
-    folded = (unicodedata.normalize("NFKC", answer), unicodedata.normalize("NFKC", text))
-    for said, within in dict.fromkeys([(answer, text), folded]):  # the folded pair only if it differs
+    folded = unicodedata.normalize("NFKC", text) if folded is None else folded
+    pairs = [(answer, text), (unicodedata.normalize("NFKC", answer), folded)]
+    for said, within in dict.fromkeys(pairs):  # the folded pair only if it differs
         pattern = _answer_pattern(said)
         found = pattern.search(within) if pattern is not None else None
         if found is not None:
@@ -769,7 +791,7 @@ def read_evidence(
     }
     if normalize_answer(answer) in ("yes", "no"):
         return evidence
-    rank = next((i for i, p in enumerate(passages, 1) if _find_answer(answer, p.render())), None)
+    rank = next((i for i, p in enumerate(passages, 1) if _find_answer(answer, p.shown())), None)
     evidence["span"] = 1.0 / rank if rank else 0.0
     evidence["in_question"] = float(_find_answer(answer, question) is not None)
     return evidence
@@ -1160,6 +1182,11 @@ BM25_VARIANTS: dict[str, tuple[str, str]] = {
 }
 
 
+# A passage longer than this is cut in a prompt (retrieval still reads all of it), so a read of
+# k passages stays the size a read of k passages should be, whatever a caller pasted.
+MAX_PROMPT_PASSAGE_CHARS = 10_000
+
+
 @dataclass(frozen=True)
 class Passage:
     r"""A passage as the LLM sees it: ``title\ntext`` (just ``text`` when untitled)."""
@@ -1170,8 +1197,21 @@ class Passage:
     salience: float = 1.0
 
     def render(self) -> str:
-        """The passage as shown to the LLM."""
+        """The passage whole: its title, then its text."""
         return f"{self.title}\n{self.text}" if self.title else self.text
+
+    def shown(self) -> str:
+        """The passage as a read's prompt holds it: :meth:`render`, cut at ``MAX_PROMPT_PASSAGE_CHARS``.
+
+        Everything a read's answer is checked against (its span, support, quote, the gate's
+        coverage) is this text: what the model saw, and a bound on the work a passage costs.
+        """
+        text = self.render()
+        return text if len(text) <= MAX_PROMPT_PASSAGE_CHARS else text[:MAX_PROMPT_PASSAGE_CHARS] + " …"
+
+    def shown_body(self) -> str:
+        """:meth:`shown` without the title: the text a quote is taken from."""
+        return self.shown()[len(self.title) + 1 :] if self.title else self.shown()
 
     def label(self, words: int = 6) -> str:
         """How a person can tell it apart: its title, else its first few words."""
@@ -1584,8 +1624,8 @@ def _build_index(
     embeddings = None if vectors is None else vectors[kept]
     if embeddings is not None:
         embeddings.setflags(write=False)  # embeddings are never modified after ingestion
-    analyzer = Analyzer.of([p.render() for p in store._list or []])
-    bm25, vocab = _bm25_of(store, analyzer, variant, k1, b, show_progress)
+    analyzer, sampled = Analyzer.chosen([p.render() for p in store._list or []])
+    bm25, vocab = _bm25_of(store, analyzer, variant, k1, b, show_progress, sampled)
     return _Index(
         ids=np.array([present[j] for j in kept], dtype=np.int64),  # ascending: input order
         salience=salience,
@@ -1610,13 +1650,24 @@ class _Vocabulary(dict[str, int]):
 
 
 def _bm25_of(
-    store: _Passages, analyzer: Analyzer, variant: str, k1: float, b: float, show_progress: bool
+    store: _Passages,
+    analyzer: Analyzer,
+    variant: str,
+    k1: float,
+    b: float,
+    show_progress: bool,
+    sampled: dict[int, list[str]] | None = None,
 ) -> tuple[bm25s.BM25, dict[str, int]]:
-    """The BM25 index of the kept passages, and its vocabulary."""
+    """The BM25 index of the kept passages, and its vocabulary.
+
+    ``sampled``: the words of the passages the analyzer was chosen from, by row (used once).
+    """
     vocab = _Vocabulary()
     ids, lengths = array("i"), array("q")
-    for passage in _progress(store._list or [], show_progress, "tokenizing"):
-        tokens = analyzer.tokens(passage.render())
+    sampled = sampled if sampled is not None else {}
+    for row, passage in enumerate(_progress(store._list or [], show_progress, "tokenizing")):
+        units = sampled.pop(row, None)
+        tokens = analyzer.tokens(passage.render()) if units is None else analyzer.tokens_of(units)
         lengths.append(len(tokens))
         ids.extend(map(vocab.__getitem__, tokens))
     if not vocab:
@@ -2306,7 +2357,7 @@ def window_signals(
     signals["salient_terms"] = float(len(terms))  # more named things, more passages needed
     if terms:
         analyzer = _analyzer_of(corpus)
-        read = [set(tokenize(corpus[i].render(), analyzer)) for i in window]
+        read = [set(tokenize(corpus[i].shown(), analyzer)) for i in window]
         signals["evidence_coverage"] = len(terms & set().union(*read)) / len(terms)
         top1 = read[0] if read else set()
         signals["top1_coverage"] = len(terms & top1) / len(terms)
@@ -2620,11 +2671,16 @@ def _number(value: Any, where: str, low: float, high: float, *, open_low: bool =
     return float(value)
 
 
+# A Beta parameter is a count of pseudo-observations: below a thousandth or above a million it
+# is no fit (a fit's are 0.01 to 100 or so), and near 0 its arithmetic fails (5e-324 gave NaN).
+_BETA_RANGE = (1e-3, 1e6)
+
+
 def _beta(entry: Any, where: str) -> tuple[float, float]:
     if not isinstance(entry, Mapping) or "a" not in entry or "b" not in entry:
         raise ValueError(f"calibration: {where} must be an object with Beta parameters 'a' and 'b'")
-    a = _number(entry["a"], f"{where}.a", 0.0, 1e6, open_low=True)
-    b = _number(entry["b"], f"{where}.b", 0.0, 1e6, open_low=True)
+    a = _number(entry["a"], f"{where}.a", *_BETA_RANGE)
+    b = _number(entry["b"], f"{where}.b", *_BETA_RANGE)
     return a, b
 
 
@@ -2850,15 +2906,39 @@ POOLED = "pooled"  # the corpus name of a model's fit over every labelled set
 
 def calibration_status(calibration: Calibration, model: str) -> str:
     """In words: whether ``calibration`` was fitted for ``model``."""
-    fitted_for = calibration.meta.get("model")
-    if not calibration.meta.get("fitted"):
+    meta = {key: _meta_value(value) for key, value in calibration.meta.items()}
+    fitted_for = meta.get("model")
+    if not meta.get("fitted"):
         return "uncalibrated: a hand-set prior for a capable reader (run /calibrate for this model)"
-    if fitted_for != model:
+    if calibration.meta.get("model") != model:
         return f"fitted for another model ({fitted_for}), not for this one (run /calibrate for this model)"
-    if calibration.meta.get("corpus") == POOLED:
-        sets = ", ".join(map(str, calibration.meta.get("pooled_from") or ())) or "several sets"
+    if meta.get("corpus") == POOLED:
+        pooled = meta.get("pooled_from")
+        sets = ", ".join(map(str, pooled if isinstance(pooled, list) else ())) or "several sets"
         return f"fitted for this model, pooled over {sets}"
-    return f"fitted for this model on {calibration.meta.get('corpus') or 'its corpus'}"
+    return f"fitted for this model on {meta.get('corpus') or 'its corpus'}"
+
+
+MAX_META_CHARS = 200  # a calibration's own words (name, corpus, model) as a report repeats them
+
+
+def _meta_value(value: Any) -> Any:
+    """A calibration's description as a report repeats it: short text, plain numbers, short lists.
+
+    A caller may send any calibration: its name could be megabytes, or an integer no JSON
+    encoder takes, and every report would carry it.
+    """
+    if value is None or isinstance(value, bool):
+        return value
+    if isinstance(value, int):  # compared as an int: a huge one does not convert to float
+        return value if abs(value) <= 10**15 else None
+    if isinstance(value, float):
+        return value if math.isfinite(value) and abs(value) <= 1e15 else None
+    if isinstance(value, str):
+        return value if len(value) <= MAX_META_CHARS else value[: MAX_META_CHARS - 1] + "…"
+    if isinstance(value, list | tuple):
+        return [_meta_value(v) for v in value[:20] if isinstance(v, str | int | float | bool) or v is None]
+    return f"({type(value).__name__})"
 
 
 # ------------------------------------------------------------------------------------------
@@ -2921,16 +3001,6 @@ def _chat(instructions: str, examples: Iterable[tuple[str, str]], final: str) ->
     return [*messages, {"role": "user", "content": final}]
 
 
-# A passage longer than this is cut in a prompt (retrieval still reads all of it), so a read of
-# k passages stays the size a read of k passages should be, whatever a caller pasted.
-MAX_PROMPT_PASSAGE_CHARS = 10_000
-
-
-def _prompt_passage(passage: Passage) -> str:
-    text = passage.render()
-    return text if len(text) <= MAX_PROMPT_PASSAGE_CHARS else text[:MAX_PROMPT_PASSAGE_CHARS] + " …"
-
-
 def answer_language(question: str, what: str = "the answer", passages: Sequence[Passage] = ()) -> str:
     """The prompt's line on the answer's language: none for English, else the question's.
 
@@ -2942,7 +3012,7 @@ def answer_language(question: str, what: str = "the answer", passages: Sequence[
     labels stay English, as the parser reads them.
     """
     language = language_of(question)
-    if language == "en" and Analyzer.of([p.render() for p in passages]) == Analyzer("en", by_script=False):
+    if language == "en" and Analyzer.of([p.shown() for p in passages]) == Analyzer("en", by_script=False):
         return ""  # English over English passages (or none): the prompt English always had
     named = language in _SCRIPT_NAMED
     said = (
@@ -2955,9 +3025,7 @@ def answer_language(question: str, what: str = "the answer", passages: Sequence[
 
 def read_messages(question: str, passages: Sequence[Passage]) -> list[dict[str, str]]:
     """The R1/R2 prompt: worked examples, then the passages (each cut short) and the question."""
-    body = (
-        "\n".join(f"[{i}] {_prompt_passage(p)}" for i, p in enumerate(passages, 1)) or "(no passages found)"
-    )
+    body = "\n".join(f"[{i}] {p.shown()}" for i, p in enumerate(passages, 1)) or "(no passages found)"
     examples = [(_read_turn(b, q), reply) for b, q, reply in _READ_EXAMPLES]
     return _chat(
         _READ_INSTRUCTIONS + answer_language(question, "the answer and the query", passages),
@@ -3007,7 +3075,7 @@ def expand_query(
         if p.title:
             add(p.title)
     for p in passages[:2]:
-        for span in _CAPITALISED.findall(p.text):
+        for span in _CAPITALISED.findall(p.shown_body()):
             add(span.rstrip(".'’"))
     return " ".join([question, *extra[:max_terms]])
 
@@ -3434,22 +3502,38 @@ class _Usage:
 GUESS_BELOW = 0.5
 
 
-def _appears_in(answer: str, texts: Iterable[str]) -> bool:
-    """Whether ``answer`` (normalised) stands in any of ``texts`` as whole words."""
+class _ShownPassage(NamedTuple):
+    """A passage a read showed, in the forms the answer checks compare (made once per run)."""
+
+    label: str
+    body: str  # its shown text without the title, which quotes come from
+    folded: str  # the body's NFKC form
+    words: str  # normalize_answer of all it showed, between spaces
+
+    @classmethod
+    def of(cls, passage: Passage) -> _ShownPassage:
+        """``passage`` as its read's prompt showed it (:meth:`Passage.shown`)."""
+        body = passage.shown_body()
+        words = f" {normalize_answer(passage.shown())} "
+        return cls(passage.label(), body, unicodedata.normalize("NFKC", body), words)
+
+
+def _appears_in(answer: str, shown: Iterable[_ShownPassage]) -> bool:
+    """Whether ``answer`` (normalised) stands as whole words in any passage shown."""
     wanted = normalize_answer(answer)
     if not wanted or wanted in ("yes", "no"):
         return wanted in ("yes", "no")  # a yes/no answer is never quoted; it cannot be checked
-    return any(f" {wanted} " in f" {normalize_answer(text)} " for text in texts)
+    return any(f" {wanted} " in passage.words for passage in shown)
 
 
 QUOTE_WORDS = 12  # words shown on each side of an answer quoted from its passage
 QUOTE_CHARS = 200  # at most this many characters on each side
 
 
-def _source_of(answer: str, passages: Sequence[Passage]) -> dict[str, str] | None:
-    """The first passage read that holds ``answer`` word for word, and its words around it."""
-    for passage in passages:
-        located = _find_answer(answer, passage.text)
+def _source_of(answer: str, shown: Sequence[_ShownPassage]) -> dict[str, str] | None:
+    """The first passage shown that holds ``answer`` word for word, and its words around it."""
+    for passage in shown:
+        located = _find_answer(answer, passage.body, passage.folded)
         if located is None:
             continue
         text, found = located
@@ -3461,7 +3545,7 @@ def _source_of(answer: str, passages: Sequence[Passage]) -> dict[str, str] | Non
         tail = " …" if len(after) > QUOTE_WORDS or end > found.end() + QUOTE_CHARS else ""
         # Words can be as long as a text without spaces: the quote is cut in characters too.
         start, end = max(start, found.start() - QUOTE_CHARS), min(end, found.end() + QUOTE_CHARS)
-        return {"passage": passage.label(), "quote": lead + " ".join(text[start:end].split()) + tail}
+        return {"passage": passage.label, "quote": lead + " ".join(text[start:end].split()) + tail}
     return None
 
 
@@ -3501,6 +3585,7 @@ class _Run:
         self.candidates = _Candidates()
         self.uses: Counter[str] = Counter()
         self.read_ids: list[int] = []
+        self.shown: dict[int, _ShownPassage] = {}  # each passage read, as shown (confidence)
         self.read_answers: set[int] = set()  # candidates that some read (R1 or R2) voted for
         self.follow_up = ""
         # The gate's verdict on each read's window, in table order (a key of the policy tables).
@@ -3816,21 +3901,27 @@ class _Run:
         if len(ranked) > 1:
             second = ranked[1]
             runner_up = {"answer": self.candidates.texts[second], "p": round(self.probs[second], 6)}
-        read = self._passages_read()
-        supported = _appears_in(answer, (p.render() for p in read))
+        shown = self._passages_shown()
+        supported = _appears_in(answer, shown)
         return {
             "p_correct": round(p_correct, 6),
             "guess": p_correct < GUESS_BELOW,
             "runner_up": runner_up,
             "supported": supported,
-            "source": _source_of(answer, read),
+            "source": _source_of(answer, shown),
             "summary": _confidence_summary(p_correct, runner_up, supported),
         }
 
-    def _passages_read(self) -> list[Passage]:
-        """The passages the run's reads showed the LLM, in the order they were first read."""
+    def _passages_shown(self) -> list[_ShownPassage]:
+        """The passages the run's reads showed the LLM, in the order first read, each made once.
+
+        A report is made after every step, so each passage's forms are kept for the run.
+        """
         ids = [p["id"] for step in self.steps for p in (step.get("observation") or {}).get("passages", [])]
-        return [self.corpus[i] for i in dict.fromkeys(ids)]
+        for i in ids:
+            if i not in self.shown:
+                self.shown[i] = _ShownPassage.of(self.corpus[i])
+        return [self.shown[i] for i in dict.fromkeys(ids)]
 
     def answer(self) -> str:
         """The most probable candidate so far (ties: the earliest), or "" before any."""
@@ -3880,7 +3971,7 @@ class _Run:
                 },
                 "calibration": {
                     **{
-                        key: brag.calibration.meta.get(key)
+                        key: _meta_value(brag.calibration.meta.get(key))
                         for key in (
                             "name",
                             "source",

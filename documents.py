@@ -77,6 +77,7 @@ class FileLimits:
     total_bytes: int = 25_000_000
     pdf_pages: int = 500
     text_chars: int = 5_000_000  # extracted text and titles, all files together
+    passages: int = 100_000  # passages, all files together (a passage file's are counted unparsed)
     title_chars: int = 300  # a passage's title (file name and heading path) is cut here
     zip_entries: int = 10_000
     unzipped_bytes: int = 50_000_000  # the declared size of the parts of a .docx that are read
@@ -143,18 +144,47 @@ def check_request(files: Sequence[tuple[str, bytes]], limits: FileLimits) -> Non
         raise TooLarge(f"{total:,} bytes of files: at most {limits.total_bytes:,} at once")
 
 
+_NORMALIZED_CHUNK = 1 << 16  # characters normalised at a time when counting
+
+
+def normalized_length(text: str, limit: int) -> int:
+    """The length of ``text``'s NFKC form, counted no further than just past ``limit``.
+
+    BRAG analyses, matches and checks text in that form, where one character can become
+    eighteen (U+FDFA), so a limit holds for the work only when it counts that form. Text
+    already in it (nearly all) costs one scan; other text is normalised a chunk at a time, and
+    the count stops once it is over ``limit``.
+    """
+    if unicodedata.is_normalized("NFKC", text):
+        return len(text)
+    total = 0
+    for start in range(0, len(text), _NORMALIZED_CHUNK):
+        total += len(unicodedata.normalize("NFKC", text[start : start + _NORMALIZED_CHUNK]))
+        if total > limit:
+            break
+    return total
+
+
 class TextBudget:
-    """The characters of text and titles a request's files may hold, spent file by file."""
+    """The characters of text and titles a request's files may hold, spent file by file.
+
+    Counted in NFKC form (:func:`normalized_length`), the form every later step reads.
+    """
 
     def __init__(self, chars: int) -> None:
-        self.limit, self.left = chars, chars
+        self.limit, self.left, self.written = chars, chars, 0
 
     def spend(self, name: str, rows: Iterable[Row]) -> Iterator[Row]:
         """The rows, each counted; TooLarge once they hold more than the budget."""
         for row in rows:
-            self.left -= len(row[0]) + len(row[1])
+            for text in row[:2]:
+                self.left -= normalized_length(text, max(self.left, 0))
+                self.written += len(text)
             if self.left < 0:
-                raise TooLarge(f"{name}: the files hold more than {self.limit:,} characters of text")
+                # Say why when the text as written is within the limit and only its form is not.
+                written = self.written <= self.limit
+                form = " once normalised (Unicode NFKC, as BRAG reads text)" if written else ""
+                raise TooLarge(f"{name}: the files hold more than {self.limit:,} characters of text{form}")
             yield row
 
 
@@ -192,7 +222,13 @@ def file_rows(name: str, data: bytes, limits: FileLimits = FileLimits(), cut: Cu
     if not rows:
         hint = " (a scanned PDF holds images, not text)" if suffix == ".pdf" else ""
         raise DocumentError(f"{name}: no text found{hint}")
+    if len(rows) > limits.passages:
+        raise _too_many_passages(name, len(rows), limits)
     return rows
+
+
+def _too_many_passages(name: str, count: int, limits: FileLimits) -> TooLarge:
+    return TooLarge(f"{name}: {count:,} passages, and the files may hold at most {limits.passages:,} more")
 
 
 def rows_of(
@@ -893,9 +929,13 @@ def _passage_file(name: str, data: bytes, limits: FileLimits) -> list[Row]:
         text = "[" + ",".join(line for line in text.splitlines() if line.strip()) + "]"
     try:
         items = json.loads(text)
+        if isinstance(items, list) and len(items) > limits.passages:
+            raise _too_many_passages(name, len(items), limits)
         passages = [p for p in brag.parse_passages(items) if p is not None]
     except RecursionError:
         raise DocumentError(f"{name}: not a passage list (the JSON is nested too deeply)") from None
+    except TooLarge:
+        raise
     except (json.JSONDecodeError, ValueError) as err:
         raise DocumentError(f"{name}: not a passage list ({str(err)[:200]})") from None
     return [(_shorten(p.title, limits.title_chars), p.text, p.doc_id, p.salience) for p in passages]

@@ -35,7 +35,7 @@ import threading
 import time
 from collections import Counter
 from collections.abc import Callable, Sequence
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, replace
 from multiprocessing.connection import Connection
 from pathlib import Path
 from typing import Any
@@ -255,13 +255,19 @@ def main(argv: list[str]) -> None:
     config = json.loads(argv[2])
     _confine(config)
     limits, cut = FileLimits(**config["limits"]), Cut(**config["cut"])
+    passages = 0  # the request's so far: the cap holds for all its files, not each
     while True:
         try:
             header, data = json.loads(requests.recv_bytes()), requests.recv_bytes()
         except (EOFError, OSError):
             return  # the parent is done, or gone
         _allow_cpu(config["cpu_seconds"])
-        reply = _read_one(header["name"], data, limits, cut, config)
+        left = replace(limits, passages=limits.passages - passages)
+        reply = _read_one(header["name"], data, left, cut, config)
+        passages += len(reply.get("rows", ()))
+        if passages > limits.passages:
+            message = f"{header['name']}: the files hold more than {limits.passages:,} passages"
+            reply = {"error": message, "too_large": True}
         replies.send_bytes(json.dumps(reply, ensure_ascii=False).encode())
 
 

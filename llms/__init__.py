@@ -23,6 +23,7 @@ one ``LLMError`` with a message a user can act on::
     ├── EndpointUnreachable    connection refused, DNS failure, 5xx after every retry
     ├── EndpointRefused        the server's policy forbids the address (SSRF, allow-list)
     ├── LLMTimeout             no answer within the call's or the request's time
+    ├── Cancelled              the caller cancelled or went away (transport.cancellable)
     ├── MalformedResponse      the server answered, but not with a chat completion
     │   └── ResponseTooLarge   over BRAG_MAX_RESPONSE_BYTES once decompressed
     ├── RequestRejected        400/422: a parameter the server does not support
@@ -57,6 +58,7 @@ from .calls import (
 from .errors import (
     CacheDamaged,
     CacheMiss,
+    Cancelled,
     EndpointRefused,
     EndpointUnreachable,
     LLMError,
@@ -92,6 +94,8 @@ from .transport import (
     DEFAULT_MAX_RESPONSE_BYTES,
     GuardedTransport,
     RetryPolicy,
+    cancellable,
+    check_cancelled,
     deadline,
     deadline_at,
     is_public_address,
@@ -112,6 +116,7 @@ __all__ = [  # noqa: RUF022
     "RateLimited",
     "EndpointUnreachable",
     "LLMTimeout",
+    "Cancelled",
     "MalformedResponse",
     "RequestRejected",
     "ResponseTooLarge",
@@ -125,6 +130,8 @@ __all__ = [  # noqa: RUF022
     "deadline",
     "deadline_at",
     "time_left",
+    "cancellable",
+    "check_cancelled",
     "is_public_address",
     "redact_url",
     "DEFAULT_MAX_RESPONSE_BYTES",

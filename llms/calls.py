@@ -13,11 +13,26 @@ def _estimate_tokens(text: str) -> int:
     return max(1, len(text) // 4)
 
 
+# More tokens than any request could use: a usage past it is an endpoint's error or its joke.
+MAX_USAGE_TOKENS = 100_000_000
+
+
+def _token_count(value: Any) -> int | None:
+    """A usage field as a count of tokens: a whole number from 0 to MAX_USAGE_TOKENS, else None."""
+    if isinstance(value, bool) or not isinstance(value, int) or not 0 <= value <= MAX_USAGE_TOKENS:
+        return None
+    return value
+
+
 def completion_from(texts: list[str], usage: Any, messages: list[dict[str, str]]) -> Completion:
-    """A Completion from texts and a server usage object (estimated when the server gave none)."""
-    prompt = getattr(usage, "prompt_tokens", None) if usage is not None else None
-    completion = getattr(usage, "completion_tokens", None) if usage is not None else None
-    if isinstance(prompt, int) and isinstance(completion, int):
+    """A Completion from texts and a server usage object.
+
+    Estimated when the server gave none, or gave counts no request could have (negative,
+    fractional, or past ``MAX_USAGE_TOKENS``): a report's totals are never a server's fiction.
+    """
+    prompt = _token_count(getattr(usage, "prompt_tokens", None)) if usage is not None else None
+    completion = _token_count(getattr(usage, "completion_tokens", None)) if usage is not None else None
+    if prompt is not None and completion is not None:
         return Completion(texts, prompt, completion)
     estimate_prompt = sum(_estimate_tokens(m.get("content", "")) for m in messages)
     estimate_completion = sum(_estimate_tokens(t) for t in texts)

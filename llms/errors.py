@@ -29,6 +29,10 @@ class LLMTimeout(LLMError):
     """No answer within the configured time."""
 
 
+class Cancelled(LLMError):
+    """The caller cancelled the request or went away, so the call was stopped (``transport.cancellable``)."""
+
+
 class MalformedResponse(LLMError):
     """The server answered, but not with a chat completion."""
 

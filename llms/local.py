@@ -26,8 +26,8 @@ import brag
 from brag import Completion
 
 from .calls import MAX_CACHED_TOKENS, CallOptions, token_logprobs
-from .errors import LLMTimeout, LocalModelCrashed, ModelNotFound, RequestRejected
-from .transport import positive_setting, time_left
+from .errors import Cancelled, LLMTimeout, LocalModelCrashed, ModelNotFound, RequestRejected
+from .transport import check_cancelled, poll_seconds, positive_setting, time_left
 
 HERE = Path(__file__).resolve().parent
 
@@ -221,8 +221,7 @@ class LocalRunner:
     def generate(self, request: dict[str, Any], timeout: float) -> dict[str, Any]:
         """Run one request in the worker within ``timeout`` seconds (waiting for the lock included)."""
         deadline = time.monotonic() + timeout
-        if not self._lock.acquire(timeout=max(timeout, 0.0)):
-            raise LLMTimeout(f"the local model was busy with other requests for {timeout:g} s")
+        self._acquire_by(deadline, timeout)
         try:
             self._start(deadline)
             assert self._requests is not None and self._replies is not None
@@ -239,11 +238,35 @@ class LocalRunner:
             raise RequestRejected(f"local model rejected the request: {reply['error']}")
         return reply
 
+    def _acquire_by(self, deadline: float, timeout: float) -> None:
+        """The runner's lock, waited for until ``deadline`` or until the caller has gone."""
+        while True:
+            left = max(deadline - time.monotonic(), 0.0)
+            wait = poll_seconds(left)
+            if self._lock.acquire(timeout=wait):
+                return
+            check_cancelled()
+            if wait == left:
+                raise LLMTimeout(f"the local model was busy with other requests for {timeout:g} s")
+
     def _reply_by(self, deadline: float, timeout: float) -> dict[str, Any]:
-        """The worker's reply to the request just sent; the notice that it is generating, logged."""
+        """The worker's reply to the request just sent; the notice that it is generating, logged.
+
+        A caller who goes stops the worker (it cannot be interrupted mid-prompt; the next
+        request starts a fresh one, about half a second), so the lock is free at once.
+        """
         assert self._replies is not None
         while True:
-            if not self._replies.poll(max(deadline - time.monotonic(), 0.0)):
+            left = max(deadline - time.monotonic(), 0.0)
+            wait = poll_seconds(left)
+            if not self._replies.poll(wait):
+                try:
+                    check_cancelled()
+                except Cancelled:
+                    self.stop()
+                    raise
+                if wait != left:
+                    continue
                 self.stop()
                 raise LLMTimeout(
                     f"the local model took longer than {timeout:g} s; it was stopped and restarts "

@@ -6,6 +6,7 @@ Hugging Face Inference Providers (``huggingface_hub``).
 
 from __future__ import annotations
 
+import json
 import os
 import threading
 import time
@@ -131,6 +132,15 @@ class _RemoteBackend:
         return completion
 
 
+def _fault(err: Exception) -> str:
+    """What was wrong with a response, in words: a parser's own message can quote any of it."""
+    if isinstance(err, json.JSONDecodeError):
+        return "its body is not JSON"
+    if isinstance(err, ValueError):
+        return "its JSON is not a chat completion, or holds a number past what a JSON reader takes"
+    return type(err).__name__
+
+
 def _choice_logprobs(choices: list[Any], max_tokens: int) -> list[list[tuple[str, float]]] | None:
     """Each choice's ``logprobs.content`` as (token, log-probability) pairs; None if any lacks them."""
     raw = [field_of(field_of(choice, "logprobs") or {}, "content") for choice in choices]
@@ -198,7 +208,7 @@ class OpenAICompatible(_RemoteBackend):
         if isinstance(err, openai.APIStatusError):
             detail = getattr(err, "message", "") or ""
             return http_error(err.status_code, detail, where, retry_after_seconds(err.response.headers))
-        return MalformedResponse(f"{where} sent a malformed response: {err}")
+        return MalformedResponse(f"{where} sent a malformed response ({_fault(err)})")
 
     def served_model(self) -> str:
         """The model name to request: given, or the first one ``GET /models`` lists."""
@@ -292,7 +302,7 @@ class HFInference(_RemoteBackend):
             return Retryable(EndpointUnreachable(f"cannot reach {where}: {err}"))
         if isinstance(err, ValueError) and "provider" in str(err).lower():
             return ModelNotFound(f"{where}: {err}")
-        return MalformedResponse(f"{where} sent a malformed response: {err}")
+        return MalformedResponse(f"{where} sent a malformed response ({_fault(err)})")
 
     def _request(self, messages: list[dict[str, str]], options: CallOptions) -> Completion:
         kwargs = options.request_fields()
@@ -310,7 +320,7 @@ class HFInference(_RemoteBackend):
             choices = list(response.choices[: options.n])
             texts = [choice.message.content for choice in choices]
         except (AttributeError, TypeError) as err:
-            raise MalformedResponse(f"{self._where} sent a malformed response: {err}") from None
+            raise MalformedResponse(f"{self._where} sent a malformed response ({_fault(err)})") from None
         if not texts or not all(isinstance(t, str) for t in texts):
             raise MalformedResponse(f"{self._where} returned no message content")
         completion = completion_from(texts, getattr(response, "usage", None), messages)

@@ -25,7 +25,7 @@ from httpcore2._backends.sync import SyncStream  # the stock socket stream, wrap
 
 from brag import Completion
 
-from .errors import LLMTimeout, MalformedResponse, ResponseTooLarge, Retryable
+from .errors import Cancelled, LLMTimeout, MalformedResponse, ResponseTooLarge, Retryable
 
 
 @dataclass
@@ -64,7 +64,7 @@ class RetryPolicy:
                 if attempt == self.max_retries or (left is not None and wait >= left):
                     raise err.final from None  # no retry left, or none that could end in time
                 if err.retry_after is None:
-                    self.sleep(wait)
+                    self._pause(wait)
                     continue
                 with self._lock:  # the wait itself happens, for every caller, at the loop's top
                     pause = self.clock() + min(err.retry_after, self.max_delay)
@@ -83,7 +83,16 @@ class RetryPolicy:
             budget = time_left()
             if budget is not None and wait >= budget:
                 raise LLMTimeout("the endpoint asked to wait (Retry-After) past this request's time limit")
-            self.sleep(wait)
+            self._pause(wait)
+
+    def _pause(self, seconds: float) -> None:
+        """Sleep ``seconds``, in slices while the caller may cancel (then :class:`Cancelled` ends it)."""
+        remaining = seconds
+        while remaining > 0:
+            step = poll_seconds(remaining) or remaining
+            self.sleep(step)
+            remaining -= step
+            check_cancelled()
 
 
 # ------------------------------------------------------------------------------------------
@@ -119,7 +128,11 @@ def deadline_at(end: float) -> Iterator[None]:
 
 
 def time_left(limit: float | None = None, error: type[Exception] = LLMTimeout) -> float | None:
-    """Seconds until the current deadline (capped at ``limit``); ``error`` once it has passed."""
+    """Seconds until the current deadline (capped at ``limit``); ``error`` once it has passed.
+
+    :class:`Cancelled` once the request's caller has gone (:func:`cancellable`).
+    """
+    check_cancelled()
     end = DEADLINE.get()
     if end is None:
         return limit
@@ -127,6 +140,41 @@ def time_left(limit: float | None = None, error: type[Exception] = LLMTimeout) -
     if left <= 0:
         raise error("the time limit for this request ran out")
     return left if limit is None else min(limit, left)
+
+
+CANCELLED: ContextVar[Callable[[], bool] | None] = ContextVar("brag_llm_cancelled", default=None)
+
+# How often a call waiting on its backend asks whether its caller has gone: so a cancel (or a
+# caller hanging up) ends the call within this, not when the backend answers.
+CANCEL_POLL_SECONDS = 0.5
+
+
+@contextmanager
+def cancellable(gone: Callable[[], bool]) -> Iterator[None]:
+    """Every LLM call inside the block stops with :class:`Cancelled` once ``gone()`` is true.
+
+    Asked before each call, at every socket operation, and every ``CANCEL_POLL_SECONDS``
+    while a call waits on its backend (a remote answer or the local model's worker).
+    """
+    token = CANCELLED.set(gone)
+    try:
+        yield
+    finally:
+        CANCELLED.reset(token)
+
+
+def check_cancelled() -> None:
+    """:class:`Cancelled` when the current request's caller has gone; nothing otherwise."""
+    gone = CANCELLED.get()
+    if gone is not None and gone():
+        raise Cancelled("the request was cancelled, or its caller went away: the call was stopped")
+
+
+def poll_seconds(left: float | None) -> float | None:
+    """How long one wait may block: ``left``, or less while a caller may cancel."""
+    if CANCELLED.get() is None:
+        return left
+    return CANCEL_POLL_SECONDS if left is None else min(left, CANCEL_POLL_SECONDS)
 
 
 class Refused(OSError):
@@ -190,7 +238,16 @@ class _DeadlineStream(httpcore2.NetworkStream):
         self.inner = inner
 
     def read(self, max_bytes: int, timeout: float | None = None) -> bytes:
-        return self.inner.read(max_bytes, time_left(timeout, httpcore2.ReadTimeout))
+        # Waits in slices while the caller may cancel, so a silent backend cannot hold the call.
+        end = None if timeout is None else time.monotonic() + timeout
+        while True:
+            left = time_left(None if end is None else max(end - time.monotonic(), 0.0), httpcore2.ReadTimeout)
+            wait = poll_seconds(left)
+            try:
+                return self.inner.read(max_bytes, wait)
+            except httpcore2.ReadTimeout:
+                if wait == left:
+                    raise
 
     def write(self, buffer: bytes, timeout: float | None = None) -> None:
         self.inner.write(buffer, time_left(timeout, httpcore2.WriteTimeout))

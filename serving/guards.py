@@ -1,14 +1,18 @@
 """The guards in front of the endpoints, below Gradio and inside it.
 
-Request size and rate (ASGI), the routes a public server serves, the inputs an event accepts
-(``Blocks``), private page helpers (``ui_helper``), and secrets kept out of the log.
+Request size (ASGI: every body, and a smaller bound for the page's helpers), queued events per
+address (ASGI, before Gradio's queue), the routes a public server serves (a cancel recorded as
+it arrives), the inputs an event accepts and what a session keeps (``Blocks``), private page
+helpers (``ui_helper``), and secrets and forged lines kept out of the log.
 """
 
 from __future__ import annotations
 
 import functools
+import json
 import logging
 import re
+from collections import Counter
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -33,13 +37,24 @@ class RequestSizeLimit:
     server read at all (JSON escaping can triple a field's size, hence the allowance). A JSON
     body that names more than ``max_files`` files is refused too, before it is parsed: a list
     of 100,000 FileData would cost the parser and the files check far more than its bytes.
+
+    An event (``queue/join`` by its fn_index, ``/call/<name>`` by its name) may send more than
+    ``helper_bytes`` only when ``large(fn_index, name)`` says it takes documents (/brag and
+    /calibrate): a page helper that any caller can name takes small inputs.
     """
 
     def __init__(
-        self, app: Any, max_bytes: int, upload_bytes: int | None = None, max_files: int | None = None
+        self,
+        app: Any,
+        max_bytes: int,
+        upload_bytes: int | None = None,
+        max_files: int | None = None,
+        helper_bytes: int | None = None,
+        large: Callable[[int | None, str | None], bool] = lambda fn_index, name: True,
     ) -> None:
         self.app, self.max_bytes, self.max_files = app, max_bytes, max_files
         self.upload_bytes = max_bytes if upload_bytes is None else upload_bytes
+        self.helper_bytes, self.large = helper_bytes, large
 
     async def __call__(self, scope: dict[str, Any], receive: Any, send: Any) -> None:
         """Pass the request on, counting its body; refuse it with 413 once it is too large."""
@@ -47,12 +62,20 @@ class RequestSizeLimit:
             await self.app(scope, receive, send)
             return
         # An upload's body holds files; every other body is JSON, bounded by its own fields.
-        upload = scope.get("path", "").rstrip("/").endswith("/upload")
-        limit = self.upload_bytes if upload else self.max_bytes
+        path = scope.get("path", "").rstrip("/")
+        upload = path.endswith("/upload")
+        limit, variable = (self.upload_bytes if upload else self.max_bytes), "BRAG_MAX_REQUEST_BYTES"
+        api = called_api(path) if scope.get("method") == "POST" else None
+        if api is not None and self.helper_bytes is not None and not self.large(None, api):
+            limit, variable = min(limit, self.helper_bytes), "BRAG_MAX_HELPER_BYTES"
         declared = dict(scope.get("headers", [])).get(b"content-length", b"0")
         if not declared.isdigit() or int(declared) > limit:
-            await self._refuse(send, self._too_large())
+            await self._refuse(send, self._too_large(limit, variable))
             return
+        if self.helper_bytes is not None and path.endswith("/queue/join"):
+            receive = await self._event_body(receive, send)
+            if receive is None:
+                return
         received = paths = 0
         tail = b""
         started = more = False
@@ -64,7 +87,7 @@ class RequestSizeLimit:
             chunk, more = message.get("body", b""), bool(message.get("more_body"))
             received += len(chunk)
             if received > limit:
-                refusal = _TooLarge(self._too_large())
+                refusal = _TooLarge(self._too_large(limit, variable))
                 raise refusal
             if not upload and self.max_files is not None:
                 seen = tail + chunk  # a key may straddle two chunks: the last few bytes go again
@@ -93,11 +116,64 @@ class RequestSizeLimit:
             more = bool((await receive()).get("more_body"))
         await self._refuse(send, str(refusal))
 
-    def _too_large(self) -> str:
-        return f"request body over {self.max_bytes:,} bytes (BRAG_MAX_REQUEST_BYTES)"
+    def _too_large(self, limit: int | None = None, variable: str = "BRAG_MAX_REQUEST_BYTES") -> str:
+        return f"request body over {limit or self.max_bytes:,} bytes ({variable})"
+
+    async def _event_body(self, receive: Any, send: Any) -> Any:
+        """An event's body read whole (within ``max_bytes``), then handed on; None once refused.
+
+        Only a body past ``helper_bytes`` is parsed here, to learn which event it names (with
+        the parser Gradio uses, so a repeated or escaped key means the same to both).
+        """
+        chunks, size, more = [], 0, True
+        while more:
+            message = await receive()
+            chunk, more = message.get("body", b""), bool(message.get("more_body"))
+            size += len(chunk)
+            if size > self.max_bytes:
+                while more:
+                    more = bool((await receive()).get("more_body"))
+                await self._refuse(send, self._too_large())
+                return None
+            chunks.append(chunk)
+        body = b"".join(chunks)
+        if self.max_files is not None and len(_PATH_KEY.findall(body)) > self.max_files:
+            await self._refuse(send, f"a request names at most {self.max_files:,} files (BRAG_MAX_FILES)")
+            return None
+        if size > (self.helper_bytes or 0) and not self.large(_fn_index(body), None):
+            await self._refuse(send, self._too_large(self.helper_bytes, "BRAG_MAX_HELPER_BYTES"))
+            return None
+        sent = False
+
+        async def replay() -> dict[str, Any]:
+            nonlocal sent
+            if sent:
+                return await receive()  # after the body: the client's disconnect, when it comes
+            sent = True
+            return {"type": "http.request", "body": body, "more_body": False}
+
+        return replay
 
     async def _refuse(self, send: Any, why: str) -> None:
         await uploads.json_response(send, 413, {"error": why})
+
+
+_CALL = re.compile(r"/call/(?:v2/)?([^/]+)$")
+
+
+def called_api(path: str) -> str | None:
+    """The endpoint a ``POST /call/<name>`` (or ``/call/v2/<name>``) starts; None for another path."""
+    found = _CALL.search(path)
+    return found.group(1) if found else None
+
+
+def _fn_index(body: bytes) -> int | None:
+    """The event a ``queue/join`` body names, as Gradio will read it; None when it names none."""
+    try:
+        index = json.loads(body).get("fn_index")
+    except (ValueError, AttributeError, RecursionError):
+        return None
+    return index if isinstance(index, int) and not isinstance(index, bool) else None
 
 
 class _TooLarge(Exception):
@@ -109,17 +185,34 @@ class _TooMany(_TooLarge):
 
 
 class PublicRoutes:
-    """ASGI middleware that rewords a full queue's answer (Gradio's 503) as "busy, retry".
+    """ASGI middleware for the routes a public server serves as Gradio would not.
+
+    - A full queue's answer (Gradio's 503) is reworded as "busy, retry".
+    - A ``/cancel`` is recorded (``cancelled(event_id)``) before Gradio handles it: Gradio's
+      cancel waits for the running call to return, and the record lets that call end at its
+      next check instead (``serving.server.caller_gone``).
+    - ``/deep_link`` is refused: it would write a session's inputs, a caller's token among
+      them, to a file under the upload folder for anyone holding the session's hash.
 
     Uploads and served files are bounded by :class:`uploads.UploadRoutes`.
     """
 
-    def __init__(self, app: Any, queue_size: int) -> None:
-        self.app, self.queue_size = app, queue_size
+    def __init__(
+        self, app: Any, queue_size: int, cancelled: Callable[[str], None] = lambda event: None
+    ) -> None:
+        self.app, self.queue_size, self.cancelled = app, queue_size, cancelled
 
     async def __call__(self, scope: dict[str, Any], receive: Any, send: Any) -> None:
-        """Reword a full queue's answer."""
-        path = scope.get("path", "") if scope["type"] == "http" else ""
+        """Reword a full queue's answer, record a cancel, refuse a deep link."""
+        path = scope.get("path", "").rstrip("/") if scope["type"] == "http" else ""
+        if path.endswith("/deep_link"):
+            await uploads.json_response(send, 404, {"detail": "Not Found"})
+            return
+        if path.endswith("/cancel") and scope.get("method") == "POST":
+            receive = await self._recorded_cancel(receive, send)
+            if receive is not None:
+                await self.app(scope, receive, send)
+            return
         if not path.endswith("/queue/join") and "/call/" not in path:
             await self.app(scope, receive, send)
             return
@@ -142,6 +235,105 @@ class PublicRoutes:
 
         await self.app(scope, receive, reworded)
 
+    async def _recorded_cancel(self, receive: Any, send: Any) -> Any:
+        """A cancel's body (a few names), read and recorded, then handed on; None once refused."""
+        chunks, size, more = [], 0, True
+        while more:
+            message = await receive()
+            chunk, more = message.get("body", b""), bool(message.get("more_body"))
+            size += len(chunk)
+            if size > CANCEL_BYTES:
+                await uploads.json_response(
+                    send, 413, {"error": f"a cancel holds at most {CANCEL_BYTES:,} bytes"}
+                )
+                return None
+            chunks.append(chunk)
+        body = b"".join(chunks)
+        try:
+            event = json.loads(body).get("event_id")
+        except (ValueError, AttributeError, RecursionError):
+            event = None
+        if isinstance(event, str):
+            self.cancelled(event)
+        sent = False
+
+        async def replay() -> dict[str, Any]:
+            nonlocal sent
+            if sent:
+                return await receive()
+            sent = True
+            return {"type": "http.request", "body": body, "more_body": False}
+
+        return replay
+
+
+CANCEL_BYTES = 10_000  # a cancel names a session, an event and an fn_index
+
+
+class EventShare:
+    """ASGI middleware: one address holds at most ``limit`` events, queued or running.
+
+    Gradio's queue is shared by everyone and bounded as a whole (``BRAG_MAX_QUEUE``), and the
+    per-address check of :class:`~serving.policy.CallerLimits` runs only once an event reaches
+    a worker; so one address posting events without waiting for them could fill the queue for
+    everyone. Counted here before an event is queued: the events of the address in the queue
+    and among the running jobs, and those of its requests still on their way in.
+    """
+
+    def __init__(self, app: Any, blocks: gr.Blocks, proxies: uploads.Proxies, limit: int) -> None:
+        self.app, self.blocks, self.proxies, self.limit = app, blocks, proxies, limit
+        self._joining: Counter[str] = Counter()
+
+    async def __call__(self, scope: dict[str, Any], receive: Any, send: Any) -> None:
+        """Refuse a new event past the address's share; pass everything else on."""
+        path = scope.get("path", "").rstrip("/") if scope["type"] == "http" else ""
+        starts_event = path.endswith("/queue/join") or called_api(path) is not None
+        if scope.get("method") != "POST" or not starts_event:
+            await self.app(scope, receive, send)
+            return
+        headers = {k.decode("latin-1").lower(): v.decode("latin-1") for k, v in scope.get("headers", [])}
+        address = self.proxies.client((scope.get("client") or ("", 0))[0], headers.get("x-forwarded-for", ""))
+        if self._joining[address] + self._queued(address) >= self.limit:
+            while (await receive()).get("more_body"):  # read the body, so the caller sees the answer
+                pass
+            detail = (
+                f"Busy: your address already has {self.limit} requests waiting or running "
+                "(BRAG_MAX_QUEUED_PER_ADDRESS); retry when one has finished."
+            )
+            await uploads.json_response(send, 429, {"detail": detail}, {"retry-after": "10"})
+            return
+        self._joining[address] += 1
+        try:
+            await self.app(scope, receive, send)
+        finally:
+            self._joining[address] -= 1
+            if self._joining[address] <= 0:
+                del self._joining[address]
+
+    def _queued(self, address: str) -> int:
+        """Events of ``address`` in Gradio's queue and among its running jobs."""
+        queue = getattr(self.blocks, "_queue", None)
+        if queue is None:
+            return 0
+        waiting = queue.event_queue_per_concurrency_id.values()
+        events = [event for line in waiting for event in line.queue]
+        events += [event for job in queue.active_jobs if job for event in job]
+        return sum(1 for event in events if self._address_of(event) == address)
+
+    def _address_of(self, event: Any) -> str:
+        """An event's address, worked out once: a flood asks for every queued event's, each time."""
+        known = getattr(event, "_brag_address", None)
+        if known is not None:
+            return known
+        request = getattr(event, "request", None)
+        peer = getattr(getattr(request, "client", None), "host", "") or ""
+        address = self.proxies.client(peer, request.headers.get("x-forwarded-for", "")) if request else ""
+        try:
+            event._brag_address = address
+        except AttributeError:  # an event that takes no attributes: worked out each time
+            pass
+        return address
+
 
 # Inputs an event may be called without, at the end of its list (filled with None, which
 # means the default): /brag's cost unit and prices came after its first eight inputs.
@@ -155,17 +347,43 @@ class Blocks(gr.Blocks):
       value received, a token among them, and prints it to the server log with a traceback.
     - A files input is checked (:func:`uploads.check_file_data`) before Gradio moves a file to
       its cache or downloads a URL: ``check_files`` is set by ``app.build``.
+    - A session keeps none of an event's values (:meth:`process_api`).
     """
 
     check_files: Callable[[Any], None] | None = None
     ledger: uploads.UploadLedger | None = None  # the uploads in the store, set by app.build
     downloads: tuple[gr.File, ...] = ()  # output components whose files may be served
+    document_events: frozenset[int] = frozenset()  # /brag and /calibrate's fn indices, by app.build
+    cancels: Any = None  # serving.server.Cancels, set by app.build
+
+    def takes_documents(self, fn_index: int | None, name: str | None) -> bool:
+        """True for an event that may be sent documents, named by its fn_index or its API name."""
+        if name is not None:
+            return any(fn.api_name == name for i, fn in self.fns.items() if i in self.document_events)
+        return fn_index in self.document_events
 
     def serves(self, path: str) -> bool:
         """True for a file Gradio made for one of ``downloads``, and never for an upload."""
         if self.ledger is not None and self.ledger.holds(path):
             return False
         return any(path in {str(Path(p).resolve()) for p in block.temp_files} for block in self.downloads)
+
+    async def process_api(
+        self, block_fn: Any, inputs: list[Any], state: Any = None, *args: Any, **kwargs: Any
+    ):
+        """Gradio's run of one event (or one step of a generator), after which its session forgets the values.
+
+        Gradio copies each input and output of an event into the session's state, for deep
+        links (refused here, :class:`PublicRoutes`), and keeps thousands of sessions; a REST
+        caller makes a new session with every call. So each session would keep a request's
+        documents, its token and its report. Cleared, a session holds only the components an
+        event updated, which the page's next event may need.
+        """
+        try:
+            return await super().process_api(block_fn, inputs, state, *args, **kwargs)
+        finally:
+            if state is not None:
+                state.config_values.clear()
 
     def validate_inputs(self, block_fn: Any, inputs: list[Any]) -> None:
         """Refuse a call with too few inputs or files Gradio should not touch; pad the optional ones."""
@@ -184,18 +402,34 @@ class Blocks(gr.Blocks):
                 self.check_files(value)
 
 
+# What str.splitlines() breaks a line at: in a logged value (a file name, a model's words) any
+# of them would start a line the log's reader takes for the server's own.
+_LINE_BREAKS = re.compile("[\n\r\x0b\x0c\x1c\x1d\x1e\x85\u2028\u2029]")
+
+
+def one_line(text: str) -> str:
+    r"""``text`` with each line break written as its escape (``\n``, ``\u2028``): one log line."""
+    return _LINE_BREAKS.sub(lambda found: found.group().encode("unicode_escape").decode(), text)
+
+
 class RedactSecrets(logging.Filter):
-    """Scrub every log record: URL credentials, bearer tokens, HF tokens, the server's own secrets."""
+    """Scrub every log record: URL credentials, bearer tokens, HF tokens, the server's own secrets.
+
+    A record is one line (line breaks inside it are escaped); a traceback folded in keeps its
+    own lines, each escaped the same way.
+    """
 
     def __init__(self, secrets: Secrets) -> None:
         super().__init__()
         self.secrets = secrets
 
     def filter(self, record: logging.LogRecord) -> bool:
-        """Rewrite the record's message without secrets; never drop it."""
-        original = message = record.getMessage()
+        """Rewrite the record's message without secrets and forged lines; never drop it."""
+        original = record.getMessage()
+        message = one_line(original)
         if record.exc_info and record.exc_info[1] is not None:  # a traceback names values too
-            message += "\n" + logging.Formatter().formatException(record.exc_info)
+            trace = logging.Formatter().formatException(record.exc_info)
+            message += "\n" + "\n".join(one_line(line) for line in trace.split("\n"))
             record.exc_info, record.exc_text = None, None
         cleaned = self.secrets.scrub(message)
         cleaned = re.sub(r"(\w+://)[^/\s@]+@", r"\1***@", cleaned)

@@ -13,6 +13,7 @@ import base64
 import hashlib
 import json
 import logging
+import math
 import os
 import re
 import threading
@@ -102,6 +103,38 @@ class Secrets:
         return value
 
 
+# JSON any encoder takes (Gradio's orjson among them): whole numbers within 53 bits (a float's),
+# finite floats, string keys, at most this deep.
+MAX_JSON_DEPTH = 32
+_MAX_SAFE_INT = 2**53
+
+
+def json_safe(value: Any, depth: int = 0) -> Any:
+    """``value`` as any JSON encoder takes it; a part it would refuse becomes a short description.
+
+    A report carries numbers from backends and calibrations a caller chose: one integer past
+    64 bits, a NaN or a list nested 300 deep makes Gradio's encoder fail the whole response.
+    """
+    if value is None or isinstance(value, bool | str):
+        return value
+    if isinstance(value, int):
+        within = -_MAX_SAFE_INT <= value <= _MAX_SAFE_INT
+        return value if within else f"(an integer of {value.bit_length()} bits)"
+    if isinstance(value, float):
+        return value if math.isfinite(value) else None
+    if depth >= MAX_JSON_DEPTH:
+        return "(nested too deeply)"
+    if isinstance(value, dict):
+        return {_json_key(k): json_safe(v, depth + 1) for k, v in value.items()}
+    if isinstance(value, list | tuple):
+        return [json_safe(v, depth + 1) for v in value]
+    return f"({type(value).__name__})"
+
+
+def _json_key(key: Any) -> str:
+    return key if isinstance(key, str) else str(json_safe(key, MAX_JSON_DEPTH))
+
+
 def env_number(name: str, default: float, kind: type = int) -> Any:
     """A positive setting from the environment; a bad one stops the app with a message naming it."""
     try:
@@ -134,6 +167,11 @@ class Limits:
     # BRAG_CONCURRENCY; never all of it (Limits.address_share)
     per_address: int | None = None
     queue_size: int = 64  # BRAG_MAX_QUEUE: requests waiting for a worker; more get "busy, retry"
+    # BRAG_MAX_QUEUED_PER_ADDRESS: events one address has waiting or running; unset, its share
+    # of the workers and a quarter of the queue (Limits.queued_share)
+    queued_per_address: int | None = None
+    helper_bytes: int = 1_000_000  # BRAG_MAX_HELPER_BYTES: a request to one of the page's helpers
+    sessions: int = 1_000  # BRAG_MAX_SESSIONS: browser and API sessions whose state Gradio keeps
     calibrate_concurrency: int = 1  # BRAG_CALIBRATE_CONCURRENCY: /calibrate runs at once (own slots)
     files: int = 10  # BRAG_MAX_FILES: uploaded files per request
     file_bytes: int = 5_000_000  # BRAG_MAX_FILE_BYTES: bytes per uploaded file
@@ -142,6 +180,8 @@ class Limits:
     text_chars: int = 3_000_000  # BRAG_MAX_TEXT_CHARS: text extracted from a request's files
     upload_store_bytes: int = 200_000_000  # BRAG_MAX_UPLOAD_STORE_BYTES: uploads waiting on disk
     upload_caller_bytes: int = 20_000_000  # BRAG_MAX_UPLOAD_BYTES_PER_CALLER: one address's share of them
+    upload_caller_files: int = 50  # BRAG_MAX_UPLOAD_FILES_PER_CALLER: one address's files waiting
+    upload_store_files: int = 5_000  # BRAG_MAX_UPLOAD_STORE_FILES: files waiting in all
     upload_ttl: float = 600.0  # BRAG_UPLOAD_TTL_SECONDS: an upload no request read is deleted then
     parse_memory_mb: int = 512  # BRAG_PARSE_MEMORY_MB: a file reader's address space
     parse_cpu_seconds: int = 30  # BRAG_PARSE_CPU_SECONDS: CPU time to read one file (wall: twice it)
@@ -150,7 +190,7 @@ class Limits:
     def file_limits(self) -> doc_files.FileLimits:
         """What one request's files may hold, for :func:`documents.read_files`."""
         return doc_files.FileLimits(
-            self.files, self.file_bytes, self.files_bytes, self.pdf_pages, self.text_chars
+            self.files, self.file_bytes, self.files_bytes, self.pdf_pages, self.text_chars, self.passages
         )
 
     def parse_caps(self) -> parse_worker.Caps:
@@ -170,6 +210,16 @@ class Limits:
         share = self.per_address if self.per_address is not None else max(1, concurrency // 2)
         return min(share, concurrency - 1) if concurrency > 1 else 1
 
+    def queued_share(self, concurrency: int) -> int:
+        """Events one address may have waiting or running at once (checked before the queue).
+
+        Unset, its share of the workers and a quarter of the queue: however fast one address
+        posts, three quarters of the queue stay for the others.
+        """
+        if self.queued_per_address is not None:
+            return self.queued_per_address
+        return self.address_share(concurrency) + max(1, self.queue_size // 4)
+
     @classmethod
     def from_env(cls) -> Limits:
         """The defaults above, overridden by the environment."""
@@ -186,6 +236,8 @@ class Limits:
             "documents_cache_bytes": "BRAG_DOCUMENTS_CACHE_BYTES",
             "per_session": "BRAG_MAX_PER_SESSION",
             "queue_size": "BRAG_MAX_QUEUE",
+            "helper_bytes": "BRAG_MAX_HELPER_BYTES",
+            "sessions": "BRAG_MAX_SESSIONS",
             "calibrate_concurrency": "BRAG_CALIBRATE_CONCURRENCY",
             "files": "BRAG_MAX_FILES",
             "file_bytes": "BRAG_MAX_FILE_BYTES",
@@ -194,6 +246,8 @@ class Limits:
             "text_chars": "BRAG_MAX_TEXT_CHARS",
             "upload_store_bytes": "BRAG_MAX_UPLOAD_STORE_BYTES",
             "upload_caller_bytes": "BRAG_MAX_UPLOAD_BYTES_PER_CALLER",
+            "upload_caller_files": "BRAG_MAX_UPLOAD_FILES_PER_CALLER",
+            "upload_store_files": "BRAG_MAX_UPLOAD_STORE_FILES",
             "upload_ttl": "BRAG_UPLOAD_TTL_SECONDS",
             "parse_memory_mb": "BRAG_PARSE_MEMORY_MB",
             "parse_cpu_seconds": "BRAG_PARSE_CPU_SECONDS",
@@ -205,6 +259,8 @@ class Limits:
         }
         if "BRAG_MAX_PER_ADDRESS" in os.environ:  # unset means half of BRAG_CONCURRENCY
             values["per_address"] = env_number("BRAG_MAX_PER_ADDRESS", 8)
+        if "BRAG_MAX_QUEUED_PER_ADDRESS" in os.environ:  # unset means twice the address's share
+            values["queued_per_address"] = env_number("BRAG_MAX_QUEUED_PER_ADDRESS", 16)
         return cls(**values)
 
 
@@ -213,14 +269,13 @@ def too_big(what: str, size: int, limit: int, unit: str, variable: str) -> Reque
     return refused(f"{what}: {size:,} {unit}, over the limit of {limit:,} ({variable}).")
 
 
-def check_question(question: Any, limits: Limits) -> str:
-    """A non-empty question within the length limit."""
+def check_question(question: Any, limits: Limits, what: str = "The question") -> str:
+    """A non-empty question within the length limit, as written and in the form BRAG reads (NFKC)."""
     if not isinstance(question, str) or not question.strip():
-        raise refused("The question is empty.")
-    if len(question) > limits.question_chars:
-        raise too_big(
-            "The question", len(question), limits.question_chars, "characters", "BRAG_MAX_QUESTION_CHARS"
-        )
+        raise refused(f"{what} is empty.")
+    size = max(len(question), doc_files.normalized_length(question, limits.question_chars))
+    if size > limits.question_chars:
+        raise too_big(what, size, limits.question_chars, "characters", "BRAG_MAX_QUESTION_CHARS")
     return question
 
 
@@ -321,7 +376,20 @@ def read_labelled(text: Any, limits: Limits) -> list[calibrate.Labelled]:
             f"calibration needs at least {limits.labelled_min} and at most {limits.labelled_max} labelled "
             f"questions (BRAG_MIN_LABELLED / BRAG_MAX_LABELLED), got {len(items)}."
         )
+    for number, item in enumerate(items, 1):
+        check_question(item.question, limits, f"Question {number}")
+        for gold in item.gold:
+            size = max(len(gold), doc_files.normalized_length(gold, MAX_GOLD_CHARS))
+            if size > MAX_GOLD_CHARS:
+                raise refused(
+                    f"Question {number}: a gold answer of {size:,} characters; answers are short "
+                    f"(at most {MAX_GOLD_CHARS:,} characters)."
+                )
     return items
+
+
+# A reader's answer is cut at brag.MAX_ANSWER_CHARS; a gold answer far longer can never match it.
+MAX_GOLD_CHARS = 1_000
 
 
 class SessionUploads:
@@ -460,7 +528,28 @@ def check_documents(documents: str, limits: Limits) -> list[Any]:
         passages = [line for line in stripped.splitlines() if line.strip()]
     if len(passages) > limits.passages:
         raise too_big("The documents", len(passages), limits.passages, "passages", "BRAG_MAX_PASSAGES")
+    check_normalized(passages, limits.documents_bytes)
     return passages
+
+
+def check_normalized(passages: list[Any], limit: int) -> None:
+    """Pasted passages hold at most ``limit`` characters in the form BRAG reads (NFKC).
+
+    Each character of the pasted text is at least a byte, so text within the byte limit holds
+    at most that many characters as written; NFKC can make one character eighteen, and every
+    later step (the index, the reads' checks) works on that form.
+    """
+    left = limit
+    for item in passages:
+        fields = [item] if isinstance(item, str) else list(item.values()) if isinstance(item, dict) else []
+        for text in fields:
+            if isinstance(text, str):
+                left -= doc_files.normalized_length(text, max(left, 0))
+        if left < 0:
+            raise refused(
+                f"The documents hold more than {limit:,} characters once normalised (Unicode NFKC, "
+                "the form BRAG reads text in): some characters stand for many (BRAG_MAX_DOCUMENTS_BYTES)."
+            )
 
 
 # An Inference Providers name, as a caller may give it ("auto", "together", ...).
@@ -616,14 +705,19 @@ class KeptCalibrations:
         return name
 
 
-def trusted_proxies() -> frozenset[str]:
-    """``BRAG_TRUSTED_PROXIES``: proxy addresses whose X-Forwarded-For names the client (``*``: any)."""
-    # On a Space every request comes through Hugging Face's proxy, which sets X-Forwarded-For.
+def trusted_proxies() -> uploads.Proxies:
+    """``BRAG_TRUSTED_PROXIES`` (addresses, or ``*`` for any peer) and ``BRAG_PROXY_HOPS`` (default 1).
+
+    On a Space every request comes through Hugging Face's proxy, which appends the address it
+    was reached from to ``X-Forwarded-For``: ``*`` is the default there, and the client is the
+    last hop (``BRAG_PROXY_HOPS`` more proxies in front each append one more).
+    """
     default = "*" if os.environ.get("SPACE_ID") else ""
     try:
-        return uploads.trusted_addresses(os.environ.get("BRAG_TRUSTED_PROXIES", default))
+        trusted = uploads.trusted_addresses(os.environ.get("BRAG_TRUSTED_PROXIES", default))
     except ValueError as err:
         raise SystemExit(f"BRAG_TRUSTED_PROXIES: {err}") from None
+    return uploads.Proxies(trusted, env_number("BRAG_PROXY_HOPS", 1))
 
 
 class CallerLimits:
@@ -631,41 +725,49 @@ class CallerLimits:
 
     A caller is its Gradio session (``session_hash``, one per tab or client) and its address.
     A REST caller can open a new session per call, so the address is the bound that holds; it is
-    the peer's, or behind a proxy listed in ``BRAG_TRUSTED_PROXIES`` (``*``: any, as on a
-    Space), the last address of ``X-Forwarded-For`` that no trusted proxy wrote. A request over
-    either limit is refused at once with "busy, retry"; one that waited in the queue is refused
-    when it reaches a worker, which costs that worker microseconds, so queued requests of one
-    caller cannot hold the others up.
+    the peer's, or behind the proxies of ``BRAG_TRUSTED_PROXIES`` the one they name
+    (:class:`uploads.Proxies`). An endpoint with slots of its own (``shares``: /calibrate) also
+    gives each address only its share of them. A request over any limit is refused at once
+    with "busy, retry"; one that waited in the queue is refused when it reaches a worker, which
+    costs that worker microseconds, so queued requests of one caller cannot hold the others up.
     """
 
-    def __init__(self, per_session: int, per_address: int, trusted: frozenset[str] = frozenset()) -> None:
-        self.per_session, self.per_address, self.trusted = per_session, per_address, trusted
+    def __init__(
+        self,
+        per_session: int,
+        per_address: int,
+        proxies: uploads.Proxies = uploads.Proxies(),  # noqa: B008 (frozen)
+        shares: Mapping[str, int] | None = None,
+    ) -> None:
+        self.per_session, self.per_address, self.proxies = per_session, per_address, proxies
+        self.shares = dict(shares or {})
         self._running: Counter[tuple[str, str]] = Counter()
         self._lock = threading.Lock()
 
     def address(self, request: CallerRequest) -> str:
         """The client's address, through trusted proxies."""
         peer = request.client.host if request.client is not None else ""
-        return uploads.client_address(peer, request.headers.get("x-forwarded-for", ""), self.trusted)
+        return self.proxies.client(peer, request.headers.get("x-forwarded-for", ""))
 
     @contextmanager
-    def slot(self, request: CallerRequest | None) -> Iterator[None]:
-        """Hold one of the caller's slots for the block; refuse when the caller has none left."""
+    def slot(self, request: CallerRequest | None, endpoint: str = "") -> Iterator[None]:
+        """Hold one of the caller's slots for the block; refuse when the caller has none left.
+
+        ``endpoint``: one of ``shares``, whose slots the caller's address shares with others.
+        """
         if request is None:  # called from Python, not over HTTP
             yield
             return
-        keys = [("session", request.session_hash or ""), ("address", self.address(request))]
+        address = self.address(request)
+        keys = [("session", request.session_hash or ""), ("address", address)]
+        limits = [self.per_session, self.per_address]
+        if endpoint in self.shares:
+            keys.append((endpoint, address))
+            limits.append(self.shares[endpoint])
         with self._lock:
-            if self._running[keys[0]] >= self.per_session:
-                raise refused(
-                    f"Busy: this session already runs {self.per_session} request(s) "
-                    "(BRAG_MAX_PER_SESSION); retry when one has finished."
-                )
-            if self._running[keys[1]] >= self.per_address:
-                raise refused(
-                    f"Busy: your address already runs {self.per_address} request(s) "
-                    "(BRAG_MAX_PER_ADDRESS); retry when one has finished."
-                )
+            for key, limit in zip(keys, limits, strict=True):
+                if self._running[key] >= limit:
+                    raise _busy(key[0], limit)
             self._running.update(keys)
         try:
             yield
@@ -675,3 +777,20 @@ class CallerLimits:
                 for key in keys:
                     if self._running[key] <= 0:
                         del self._running[key]
+
+
+def _busy(kind: str, limit: int) -> RequestRefused:
+    if kind == "session":
+        return refused(
+            f"Busy: this session already runs {limit} request(s) (BRAG_MAX_PER_SESSION); retry when "
+            "one has finished."
+        )
+    if kind == "address":
+        return refused(
+            f"Busy: your address already runs {limit} request(s) (BRAG_MAX_PER_ADDRESS); retry when "
+            "one has finished."
+        )
+    return refused(
+        f"Busy: your address already runs {limit} /{kind} request(s), its share of them; retry when "
+        "one has finished."
+    )

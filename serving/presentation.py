@@ -205,13 +205,21 @@ def progress_markdown(report: dict[str, Any]) -> str:
 _MARKUP = re.compile(r"([!-/:-@\[-`{-~])")
 
 
-def as_text(value: Any) -> str:
+# The most of any one text the page shows: a report it renders can come from any caller.
+MAX_SHOWN_CHARS = 1_000
+
+
+def as_text(value: Any, limit: int = MAX_SHOWN_CHARS) -> str:
     """Text from a document, a file name or a model, for a Markdown component: shown as written.
 
     Every ASCII punctuation character is backslash-escaped and line breaks become spaces, so no
-    tag, link, image, heading, emphasis or autolink can form from it.
+    tag, link, image, heading, emphasis or autolink can form from it; past ``limit``
+    characters it is cut.
     """
-    return _MARKUP.sub(r"\\\1", " ".join(str(value).split()))
+    text = str(value)[: 4 * limit]  # the cut comes after the spaces fold, so first a rough one
+    text = " ".join(text.split())
+    text = text if len(text) <= limit else text[: limit - 1] + "…"
+    return _MARKUP.sub(r"\\\1", text)
 
 
 def trust_line(report: dict[str, Any]) -> str:
@@ -232,11 +240,12 @@ def render(answer: str, report: dict[str, Any] | None) -> tuple[Any, ...]:
         dict.fromkeys(x for s in report["steps"] for x in read_labels(s.get("observation") or {}, False))
     )
     status = (report.get("calibration") or {}).get("status", "")
+    shown = as_text(answer, brag.MAX_ANSWER_CHARS) if isinstance(answer, str) else ""
     if not finished:
-        headline = f"### Best so far: {as_text(answer)}" if answer else "### Working…"
-    elif answer:
+        headline = f"### Best so far: {shown}" if shown else "### Working…"
+    elif shown:
         corpus = as_text(report.get("corpus", ""))
-        headline = f"## {as_text(answer)}\n\n{trust_line(report)} · corpus: {corpus}"
+        headline = f"## {shown}\n\n{trust_line(report)} · corpus: {corpus}"
         source = (report.get("confidence") or {}).get("source")
         if source:
             headline += f"\n\n> {as_text(source['quote'])}\n>\n> — *{as_text(source['passage'])}*"

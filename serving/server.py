@@ -44,6 +44,7 @@ from .policy import (
     check_question,
     concurrency,
     has_dot_segments,
+    json_safe,
     read_calibration,
     read_labelled,
     read_uploads,
@@ -167,7 +168,7 @@ class Settings:
     endpoints: EndpointPolicy = field(default_factory=EndpointPolicy)
     models: ModelPolicy = field(default_factory=lambda: ModelPolicy("local"))
     secrets: Secrets = field(default_factory=lambda: Secrets(()))
-    trusted_proxies: frozenset[str] = frozenset()
+    proxies: uploads.Proxies = field(default_factory=uploads.Proxies)  # BRAG_TRUSTED_PROXIES
     own_index: tuple[str, Path] | None = None  # BRAG_CORPUS_DIR: its name and folder
     milvus: MilvusSettings | None = None  # BRAG_MILVUS_URI: the owner's collections
     concurrency: int = 16
@@ -186,7 +187,7 @@ class Settings:
             endpoints=EndpointPolicy.from_env(),
             models=ModelPolicy.from_env(),
             secrets=Secrets.from_env(),
-            trusted_proxies=trusted_proxies(),
+            proxies=trusted_proxies(),
             own_index=own_index(),
             milvus=MilvusSettings.from_env(),
             concurrency=concurrency(),
@@ -235,14 +236,21 @@ class Server:
         self.kept = KeptCalibrations(settings.cache_dir / "calibrations")
         self.store = CorpusStore(settings.limits, settings.own_index, settings.milvus)
         self.llms = LLMPool(settings.endpoints, settings.models)
-        per_address = settings.limits.address_share(settings.concurrency)
-        self.callers = CallerLimits(settings.limits.per_session, per_address, settings.trusted_proxies)
-        self.secrets = settings.secrets
-        self.session_files = SessionUploads(settings.limits.files_bytes * 4)
         limits = settings.limits
+        per_address = limits.address_share(settings.concurrency)
+        calibrate_share = {"calibrate": limits.address_share(limits.calibrate_concurrency)}
+        self.callers = CallerLimits(limits.per_session, per_address, settings.proxies, calibrate_share)
+        self.secrets = settings.secrets
+        self.session_files = SessionUploads(limits.files_bytes * 4)
         self.ledger = uploads.UploadLedger(
-            limits.upload_store_bytes, limits.caller_upload_share(), limits.upload_ttl
+            limits.upload_store_bytes,
+            limits.caller_upload_share(),
+            limits.upload_ttl,
+            per_caller_files=limits.upload_caller_files,
+            store_files=limits.upload_store_files,
+            root=upload_folder(),
         )
+        self.cancels = Cancels()  # events the caller cancelled (/cancel), so their calls stop
 
     def check_files(self, value: Any) -> None:
         """A files input, before Gradio touches the disk (:func:`uploads.check_file_data`)."""
@@ -320,7 +328,7 @@ class Server:
             price_out=price_out,
             files=files,
             session=getattr(request, "session_hash", None) or "",
-            gone=caller_gone(),
+            gone=caller_gone(self.cancels),
             caller=self.callers.address(request) if request is not None else "",
         )
         with self._scrubbed_errors(), self.callers.slot(request):
@@ -335,13 +343,13 @@ class Server:
         started = time.monotonic()
         end = started + self.limits.request_timeout
         try:
-            with llms.deadline_at(end):
+            with llms.deadline_at(end), llms.cancellable(ask.gone):
                 chosen, label, controller = self._controller(ask, lam, pricing)
             steps = controller.stream(question, chosen)
             while True:
-                # Gradio may run each step of a generator in another thread, so the deadline is
-                # set around every step rather than once around the loop.
-                with llms.deadline_at(end):
+                # Gradio may run each step of a generator in another thread, so the deadline and
+                # the cancel check are set around every step rather than once around the loop.
+                with llms.deadline_at(end), llms.cancellable(ask.gone):
                     item = next(steps, None)
                 if item is None:
                     break
@@ -353,7 +361,7 @@ class Server:
                     model=model_label(ask.model),
                     elapsed_s=round(time.monotonic() - started, 3),  # the whole request
                 )
-                yield answer, report
+                yield answer, json_safe(report)
         except RequestRefused:
             raise
         except Exception as err:
@@ -387,13 +395,16 @@ class Server:
         request: gr.Request = None,  # type: ignore[assignment]  # Gradio passes it; not an API input
     ) -> str:
         """Fit a calibration for a model and corpus from labelled questions (JSON out; kept by name)."""
-        with self._scrubbed_errors(), self.callers.slot(request):
+        gone = caller_gone(self.cancels)
+        with self._scrubbed_errors(), self.callers.slot(request, "calibrate"):
             items = read_labelled(labelled_json, self.limits)
             try:
-                with llms.deadline(self.limits.calibrate_timeout):  # one call: no yields inside
+                # One call, no yields inside: the deadline and the cancel check hold for all of it,
+                # for every LLM call and between questions.
+                with llms.deadline(self.limits.calibrate_timeout), llms.cancellable(gone):
                     session = getattr(request, "session_hash", None) or ""
                     caller = self.callers.address(request) if request is not None else ""
-                    chosen, label = self.pick_corpus(corpus, documents, files, session, caller_gone(), caller)
+                    chosen, label = self.pick_corpus(corpus, documents, files, session, gone, caller)
                     backend = self.llms.get(model, hf_token, provider)
                     result = _fit(items, chosen, label, backend, model, progress)
             except RequestRefused:
@@ -438,12 +449,37 @@ def upload_folder() -> Path:
     return Path(gr.utils.get_upload_folder()).resolve()
 
 
-def caller_gone() -> Callable[[], bool]:
+class Cancels:
+    """Events whose caller asked ``/cancel``, recorded as the request arrives (``guards.PublicRoutes``).
+
+    Gradio's own cancel waits for the running call to return; with the event recorded here,
+    the call's next check (``caller_gone``) ends it first. The newest ``size`` are kept.
+    """
+
+    def __init__(self, size: int = 10_000) -> None:
+        self._ids: OrderedDict[str, None] = OrderedDict()
+        self._lock = threading.Lock()
+        self.size = size
+
+    def add(self, event_id: str) -> None:
+        """Record that ``event_id`` was cancelled."""
+        with self._lock:
+            self._ids[event_id] = None
+            while len(self._ids) > self.size:
+                self._ids.popitem(last=False)
+
+    def __contains__(self, event_id: object) -> bool:
+        with self._lock:
+            return event_id in self._ids
+
+
+def caller_gone(cancels: Cancels | None = None) -> Callable[[], bool]:
     """Whether the caller of the request this thread runs has gone: a check to ask later.
 
     Gradio marks a running event not alive when its client disconnects, closed when its
-    browser tab goes, and drops it from the running jobs when the client cancels it. Outside an
-    event Gradio runs (a direct Python call) the caller never goes.
+    browser tab goes, and drops it from the running jobs when the client cancels it; a cancel
+    is in ``cancels`` as soon as it arrives. Outside an event Gradio runs (a direct Python
+    call) the caller never goes.
     """
     from gradio.context import LocalContext
 
@@ -453,6 +489,8 @@ def caller_gone() -> Callable[[], bool]:
         return lambda: False
 
     def gone() -> bool:
+        if cancels is not None and event_id in cancels:
+            return True
         try:
             for job in list(queue.active_jobs):
                 for event in job or ():
@@ -476,11 +514,16 @@ def _fit(
     *first, last = brag.ACTIONS
     progress(0.0, desc=f"Running {', '.join(first)} and {last} on {len(items)} questions")
     labelled = sum(bool(item.gold) for item in items)
+
+    def on_progress(done: int, total: int) -> None:
+        llms.time_left()  # raises once the caller has gone or the deadline passed: no question more
+        progress(done / total, desc=f"Question {done} of {total}")
+
     return calibrate.calibrate(
         items,
         corpus,
         backend,
-        on_progress=lambda done, total: progress(done / total, desc=f"Question {done} of {total}"),
+        on_progress=on_progress,
         meta={
             "model_spec": model_label(model),
             "corpus": label,

@@ -16,6 +16,7 @@ import json
 import os
 import random
 import re
+import statistics
 import subprocess
 import sys
 import tempfile
@@ -25,6 +26,7 @@ import urllib.error
 import urllib.request
 import uuid
 from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
 from contextlib import ExitStack
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -68,12 +70,20 @@ def owner_reply(request: dict[str, Any]) -> Reply:
     return Reply(texts=["Oslo", "Rome", "Lima", "Bergen", "Paris"][: request.get("n", 1)])
 
 
-def rss_mb(pid: int) -> float:
-    """Resident memory of a process, from /proc."""
+def rss_mb(pid: int, field: str = "VmRSS") -> float:
+    """Resident memory of a process, from /proc (``VmHWM``: its peak since :func:`reset_peak`)."""
     for line in Path(f"/proc/{pid}/status").read_text().splitlines():
-        if line.startswith("VmRSS:"):
+        if line.startswith(f"{field}:"):
             return int(line.split()[1]) / 1024
     return float("nan")
+
+
+def reset_peak(pid: int) -> None:
+    """Start counting a process's peak resident memory afresh (Linux: clear_refs 5), if allowed."""
+    try:
+        Path(f"/proc/{pid}/clear_refs").write_text("5")
+    except OSError:
+        pass  # then the peak is the process's since it started
 
 
 def hostile_reply(request: dict[str, Any]) -> Reply:
@@ -89,6 +99,13 @@ def hostile_reply(request: dict[str, Any]) -> Reply:
         return Reply(body=json.dumps({"choices": [choice] * 200_000}).encode())
     if "LONGANSWER" in content:  # within the byte cap, but far longer than any answer
         return Reply(texts=["Answer: " + "Atlantis " * 50_000 + "\nFollow-up query: " + "q" * 100_000])
+    for word, tokens in (("BIGUSAGE", 2**70), ("NEGUSAGE", -1_000_000_000)):
+        if word in content:  # usage no request could have
+            texts = ["Answer: Atlantis\nFollow-up query: x"] * request.get("n", 1)
+            return Reply(texts=texts, usage={"prompt_tokens": tokens, "completion_tokens": tokens})
+    if "HUGEUSAGE" in content:  # a number past what a JSON reader takes
+        choice = '{"index": 0, "message": {"role": "assistant", "content": "Answer: Atlantis"}}'
+        return Reply(body=f'{{"choices": [{choice}], "usage": {{"prompt_tokens": {"9" * 5_000}}}}}'.encode())
     return Reply(texts=["Answer: Atlantis\nFollow-up query: x"])
 
 
@@ -107,6 +124,8 @@ class Lab:
     crowd: AppProcess
     milvus: AppProcess
     slow: FakeOpenAI  # the crowd app's endpoint that answers once released
+    paced: FakeOpenAI  # answers as the owner does, a third of a second later (crowd)
+    hold: FakeOpenAI  # holds every request a minute (crowd, fair)
     folders: dict[str, Path]  # each app's own folders: {"<app>-cache": ..., "<app>-tmp": ...}
     marker: str  # in every file name a hostile request asks for
     release: threading.Event  # lets the blocker endpoint answer
@@ -163,9 +182,10 @@ def start_lab(stack: ExitStack) -> Lab:
     # The listed app's own model URL has no credentials in it, so its Bearer token is visible.
     listed = start("listed", BRAG_ALLOWED_ENDPOINTS=f"{attacker.url},{trickle.url},{hostile.url}")
     # Behind a proxy (loopback, trusted), with two workers, one request per caller, a short queue.
+    hold = stack.enter_context(FakeOpenAI(handler=lambda r: Reply(delay=60)))
     fair = start(
         "fair",
-        BRAG_ALLOWED_ENDPOINTS=blocker.url,
+        BRAG_ALLOWED_ENDPOINTS=f"{blocker.url},{hold.url}",
         BRAG_TRUSTED_PROXIES="127.0.0.1",
         BRAG_CONCURRENCY="2",
         BRAG_MAX_PER_SESSION="1",
@@ -177,10 +197,12 @@ def start_lab(stack: ExitStack) -> Lab:
     release_slow = threading.Event()
     stack.callback(release_slow.set)
     slow = stack.enter_context(FakeOpenAI(handler=lambda r: (release_slow.wait(), owner_reply(r))[1]))
+    paced = stack.enter_context(FakeOpenAI(handler=lambda r: (time.sleep(0.3), owner_reply(r))[1]))
+    # Behind a proxy that appends the address it was reached from, as a Space's does ("*").
     crowd = start(
         "crowd",
-        BRAG_ALLOWED_ENDPOINTS=slow.url,
-        BRAG_TRUSTED_PROXIES="127.0.0.1",
+        BRAG_ALLOWED_ENDPOINTS=f"{slow.url},{paced.url},{hold.url}",
+        BRAG_TRUSTED_PROXIES="*",
         BRAG_CONCURRENCY="4",
         BRAG_REQUEST_TIMEOUT="120",
     )
@@ -198,6 +220,8 @@ def start_lab(stack: ExitStack) -> Lab:
         crowd,
         milvus,
         slow,
+        paced,
+        hold,
         folders,
         marker,
         release,
@@ -271,6 +295,8 @@ class Outcome:
     rss_after: float
     failure: str | None
     cpu: float = 0.0  # CPU seconds the app and its child processes spent on the probe
+    honest: float = 0.0  # seconds the honest question after the probe took, on the same app
+    rss_peak: float = 0.0  # the app process's peak resident set during the probe (MB)
 
 
 SECRETS = (SERVER_OPENAI_KEY, SERVER_HF_TOKEN, ENV_SECRET, URL_PASSWORD, BASIC)
@@ -399,8 +425,8 @@ def every_event_with_hostile_data(lab: Lab) -> str:
 
 
 def render_a_huge_report(lab: Lab) -> str:
-    """The page's private render event, sent a 2 MB report with 64,000 candidates."""
-    candidates = [{"answer": f"c{i}", "p": 0.0, "votes": 0} for i in range(64_000)]
+    """The page's private render event, sent a report of 20,000 candidates (within its 1 MB bound)."""
+    candidates = [{"answer": f"c{i}", "p": 0.0, "votes": 0} for i in range(20_000)]
     report = {
         "steps": [
             {
@@ -847,9 +873,9 @@ def stopped_reading(lab: Lab, response: str) -> str | None:
 
 
 def read_past_the_deadline(lab: Lab) -> str:
-    """Slow PDFs that take longer to read than the public app's whole request may."""
+    """Slow PDFs that take several times longer to read than the public app's whole request may."""
     pid = lab.public.proc.pid
-    reply = ask_files(lab.public.url, [(f"slow{i}.pdf", slow_pdf(10 + i)) for i in range(4)])
+    reply = ask_files(lab.public.url, [(f"slow{i}.pdf", slow_pdf(10 + i)) for i in range(10)])
     before = tree_cpu(pid)
     time.sleep(3)
     after = tree_cpu(pid) - before
@@ -986,9 +1012,9 @@ def owner_request_sizes(lab: Lab) -> str:
     seen = len(lab.owner.requests)
     title = json.dumps([{"title": "T" * 4_800_000, "text": DOCS.splitlines()[0]}]).encode()
     passage = json.dumps([{"title": "Lina Berg", "text": DOCS.splitlines()[1] + " x" * 1_450_000}]).encode()
-    paths = [upload(lab.public.url, n, d)[1] for n, d in (("title.json", title), ("long.json", passage))]
+    paths = [upload(lab.crowd.url, n, d)[1] for n, d in (("title.json", title), ("long.json", passage))]
     data = [*brag_args(documents=""), "tokens", None, None, file_data(paths)]
-    reply, events = ask_over_rest(lab.public.url, data)
+    reply, events = ask_over_rest(lab.crowd.url, data)
     sizes = [len(json.dumps(r)) for r in lab.owner.requests[seen:]]
     stream = sum(len(d) for _, d in events)
     largest = max(sizes, default=0)
@@ -1062,6 +1088,361 @@ def odd_files_refused(lab: Lab, response: str) -> str | None:
     wanted = ("pipe.txt: not a regular file", "zero.txt: not a regular file", "huge.txt: 2,000,000,000 bytes")
     missing = [w for w in wanted if w not in response]
     return f"not reported: {missing}" if missing else None
+
+
+# ----------------------------------------------------------------- fourth round (issue 41)
+
+EXPANDS = "\ufdfa"  # NFKC makes it 18 characters
+
+
+def pasted(lab: Lab, which: str, documents: str, headers: dict[str, str] | None = None) -> str:
+    """A question over pasted documents, as a REST caller asks it."""
+    return ask_over_rest(getattr(lab, which).url, brag_args(documents=documents), headers)[0]
+
+
+def expanding_upload(lab: Lab) -> str:
+    """A 3 MB .txt of the character NFKC expands most (3 bytes each: a million characters)."""
+    return ask_files(lab.crowd.url, [("arabic.txt", (EXPANDS * 1_000_000).encode())])
+
+
+def calibrate_abandoned(lab: Lab) -> str:
+    """/calibrate of 30 questions over a paced endpoint; the caller hangs up after a few calls."""
+    labelled = json.dumps([{"question": QUESTION, "gold": ["Bergen"]}] * 30)
+    data = [labelled, "", DOCS, lab.paced.url + "#m", "", "auto"]
+    seen = lambda: len(lab.paced.chat_requests)  # noqa: E731
+    start = seen()
+    event = rest_post(lab.crowd.url, "calibrate", data, via("203.0.113.90"))
+    if not event.startswith("event: "):
+        return event
+    feed = urllib.request.urlopen(f"{lab.crowd.url}gradio_api/call/calibrate/{event[7:]}", timeout=60)
+    wait_for(lambda: seen() - start >= 4, "the calibration's first calls")
+    feed.close()  # the caller hangs up
+    time.sleep(2)  # a call under way may finish
+    settled = seen()
+    time.sleep(5)
+    made = seen() - start
+    return f"calls after the caller left: {seen() - settled} in 5 s ({made} in all, of about 90)"
+
+
+def calls_stopped(lab: Lab, response: str) -> str | None:
+    after = int(response.split(": ", 1)[1].split()[0])
+    return None if after == 0 else f"the calibration went on without its caller ({response})"
+
+
+def long_calibration_questions(lab: Lab) -> str:
+    labelled = json.dumps([{"question": "Where? " + "x" * 29_940, "gold": ["Bergen"]}] * 30)
+    return call(lab, "public", [labelled, "", DOCS, "", "", "auto"], "/calibrate")
+
+
+def render_echoes_an_answer(lab: Lab) -> str:
+    """The page's private render event with a 15 MB answer and a real report: what comes back."""
+    _, report = lab.client("public").predict(*brag_args(), api_name="/brag")
+    index = fn_index_of(lab, "public", "render")
+    reply = queue_join(lab.public.url, index, ["A" * 15 * MB, report], limit=10**9)
+    return f"{reply[:160]} · {len(reply):,} characters back"
+
+
+def sessions_of_big_requests(lab: Lab, sessions: int | None = None) -> str:
+    """REST calls, each its own session, of 5 MB of documents and a 99 kB calibration name.
+
+    The documents are one line repeated, which ingestion dedups to a small corpus the app keeps,
+    so each call costs little but its request: what the sessions keep is what grows.
+    """
+    sessions = sessions or int(os.environ.get("BRAG_PROBE_SESSIONS", "40"))
+    documents = "\n".join([*DOCS.splitlines(), *["Oslo is a city in Norway. " * 40] * 4_700])[
+        : 5 * MB - 1_000
+    ]
+    calibration = calibration_json(name="n" * 95_000)
+    pid = lab.crowd.proc.pid
+    ask = lambda: ask_over_rest(lab.crowd.url, brag_args(documents=documents, cal=calibration))  # noqa: E731
+    replies = [ask()[0] for _ in range(10)]  # the app's allocator settles into its size first
+    first = replies[0]
+    before, sizes = rss_mb(pid), []
+    for _ in range(sessions):
+        _, events = ask()
+        sizes.append(sum(len(d) for _, d in events))
+    grown = rss_mb(pid) - before
+    return (
+        f"{first[:40]} · after {sessions} sessions: RSS {grown:+.0f} MB ({grown / sessions:.2f} MB each); "
+        f"largest stream {max(sizes):,} bytes"
+    )
+
+
+def sessions_kept_small(lab: Lab, response: str) -> str | None:
+    each = float(re.search(r"\(([-\d.]+) MB each\)", response).group(1))
+    largest = int(re.search(r"largest stream ([\d,]+)", response).group(1).replace(",", ""))
+    if not response.startswith("answer:"):
+        return response
+    if each > 0.5 or largest > 200_000:
+        return f"each session kept what its request sent ({response})"
+    return None
+
+
+def released(hold: FakeOpenAI) -> None:
+    """Let every request the held endpoint keeps answer now (later ones are held again)."""
+    hold.release.set()
+    time.sleep(0.5)
+    hold.release.clear()
+
+
+def results(url: str, events: list[str], timeout: float) -> list[str]:
+    """Each REST call's result, waited for together (a refusal comes at once, a held one never)."""
+    with ThreadPoolExecutor(max_workers=len(events) or 1) as pool:
+        return list(pool.map(lambda e: rest_result(url, "brag", e, timeout=timeout), events))
+
+
+def rotating_first_hops(lab: Lab) -> str:
+    """Behind a proxy that appends the caller (``*``): one caller writes a new first hop each time."""
+    url = lab.crowd.url
+    held = brag_args(model=lab.hold.url + "#m")
+    try:
+        events = [rest_post(url, "brag", held, via(f"6.6.{i}.6, 203.0.113.77")) for i in range(12)]
+        wait_for(lambda: len(lab.hold.chat_requests) >= 2, "A's requests to take workers")
+        time.sleep(2)  # the rest of A's requests take what workers they can
+        started = time.monotonic()
+        b = ask_over_rest(url, brag_args(), via("198.51.100.78"), timeout=90)[0]
+        waited = time.monotonic() - started
+    finally:
+        released(lab.hold)
+    busy = sum("Busy" in r for r in results(url, events, 90))
+    return f"A: {busy} of 12 refused busy · B: {b[:40]} after {waited:.1f} s"
+
+
+def one_address_despite_the_header(lab: Lab) -> str:
+    """No trusted proxy, a loopback peer that writes X-Forwarded-For anew on each request."""
+    url = lab.listed.url
+    slow = brag_args(model=lab.trickle.url + "#m")
+    events = [rest_post(url, "brag", slow, via(f"203.0.113.{i}")) for i in range(12)]
+    outcomes = results(url, events, 60)
+    return f"A: {sum('Busy' in o for o in outcomes)} of 12 refused busy (an address may run 8 here)"
+
+
+def at_least_busy(count: int) -> Callable[[Lab, str], str | None]:
+    def check(lab: Lab, response: str) -> str | None:
+        found = re.search(r"(\d+) of \d+ refused busy", response)
+        return None if found and int(found.group(1)) >= count else f"fewer than {count} refused ({response})"
+
+    return check
+
+
+def queue_flood(lab: Lab, seconds: float = 10.0) -> str:
+    """50 connections of one address post events for ``seconds``, reading none; another asks meanwhile."""
+    url, stop = lab.crowd.url, threading.Event()
+    held = brag_args(model=lab.hold.url + "#m")
+    posted: list[str] = []
+
+    def flood() -> None:
+        while not stop.is_set():
+            posted.append(rest_post(url, "brag", held, via("203.0.113.88"))[:20])
+
+    floods = [threading.Thread(target=flood) for _ in range(50)]
+    answers, waits = [], []
+    try:
+        for thread in floods:
+            thread.start()
+        time.sleep(2)  # the flood is under way
+        end = time.monotonic() + seconds
+        while time.monotonic() < end and len(answers) < 11:
+            started = time.monotonic()
+            answers.append(ask_over_rest(url, brag_args(), via("198.51.100.89"), timeout=90)[0])
+            waits.append(time.monotonic() - started)
+            time.sleep(0.5)
+    finally:
+        stop.set()
+        for thread in floods:
+            thread.join(60)
+        released(lab.hold)
+    full = sum("HTTP 503" in a for a in answers)
+    answered = sum(a.startswith("answer: Bergen") for a in answers)
+    return (
+        f"A: {len(posted)} posts, {sum('HTTP 429' in p for p in posted)} refused at the door · B: "
+        f"{answered} of {len(answers)} answered, {full} told the queue is full, median "
+        f"{statistics.median(waits):.2f} s"
+    )
+
+
+def all_answered(lab: Lab, response: str) -> str | None:
+    found = re.search(r"B: (\d+) of (\d+) answered", response)
+    return (
+        None if found and found.group(1) == found.group(2) else f"the other caller was refused ({response})"
+    )
+
+
+def b_answered(lab: Lab, response: str) -> str | None:
+    return None if "B: answer: Bergen" in response else f"the other caller was not answered ({response})"
+
+
+def tiny_uploads(lab: Lab) -> str:
+    """One address uploads 1,000 files of 6 bytes and never asks; then another uploads one."""
+    statuses = [upload(lab.crowd.url, f"t{i}.txt", b"tiny!\n", via("203.0.113.91"))[0] for i in range(1_000)]
+    other, _ = upload(lab.crowd.url, "mine.txt", b"mine\n", via("198.51.100.92"))
+    return f"A: {statuses.count(200)} of 1,000 stored · B: HTTP {other}"
+
+
+def tiny_uploads_bounded(lab: Lab, response: str) -> str | None:
+    stored = int(response.split(": ", 1)[1].split()[0])
+    if stored > 50:
+        return f"one caller stored {stored} files ({response})"
+    return None if "B: HTTP 200" in response else f"another caller could not upload ({response})"
+
+
+def folders_after_a_read(lab: Lab) -> str:
+    """Three uploads a question reads: what is left of their folders afterwards."""
+    paths = [upload(lab.crowd.url, f"note{i}.md", f"# Note {i}\n\n{DOCS}\n".encode())[1] for i in range(3)]
+    reply = ask_over_rest(lab.crowd.url, [*brag_args(documents=""), "tokens", None, None, file_data(paths)])[
+        0
+    ]
+    left = [p for p in paths if Path(p).parent.exists()]
+    return f"{reply[:40]} · {len(left)} of 3 upload folders left"
+
+
+def json_unsafe_calibration(lab: Lab) -> str:
+    nested: list[Any] = []
+    for _ in range(300):
+        nested = [nested]
+    replies = [
+        call(lab, "public", brag_args(cal=calibration_json(name=2**64))),
+        call(lab, "public", brag_args(cal=calibration_json(date=nested))),
+    ]
+    return " | ".join(replies)
+
+
+def both_answered(lab: Lab, response: str) -> str | None:
+    return None if response.count("answer: Bergen") == 2 else response
+
+
+def usage_from_the_endpoint(lab: Lab, word: str) -> str:
+    try:
+        answer, report = lab.client("listed").predict(
+            *brag_args(f"{word}?", model=lab.hostile.url + "#m"), api_name="/brag"
+        )
+    except Exception as err:
+        return f"error: {err}"
+    totals = report["totals"]
+    return (
+        f"answer: {answer} · prompt tokens {totals['prompt_tokens']}, estimated {totals['tokens_estimated']}"
+    )
+
+
+def plausible_usage(lab: Lab, response: str) -> str | None:
+    if not response.startswith("answer:"):
+        return response
+    tokens = int(response.rsplit("prompt tokens ", 1)[1].split(",")[0])
+    return None if 0 < tokens < 1_000_000 else response
+
+
+def forged_log_line(lab: Lab) -> str:
+    """A file name holding line breaks other readers split at; the request fails and is logged."""
+    marker = f"FORGED-{uuid.uuid4().hex[:6]}"
+    name = f"a\u2028{marker} brag.app answered\u0085{marker}.pdf"
+    reply = ask_files(lab.public.url, [(name, b"not a PDF at all")])
+    forged = [line for line in lab.public.log().splitlines() if line.startswith(marker)]
+    return f"{reply[:120]} · log lines starting with the caller's words: {len(forged)}"
+
+
+def no_forged_line(lab: Lab, response: str) -> str | None:
+    return None if response.endswith(": 0") else response
+
+
+def many_tiny_passages(lab: Lab) -> str:
+    body = json.dumps(["p"] * 450_000).encode()
+    return ask_files(lab.public.url, [("tiny.json", body)])
+
+
+def monitoring(lab: Lab) -> str:
+    found = []
+    for route in (
+        "gradio_api/monitoring/summary",
+        "monitoring/summary",
+        "gradio_api/monitoring",
+        "monitoring",
+    ):
+        try:
+            with urllib.request.urlopen(lab.public.url + route, timeout=30) as reply:
+                found.append(f"{route}: HTTP {reply.status} {reply.read()[:60]!r}")
+        except urllib.error.HTTPError as err:
+            found.append(f"{route}: HTTP {err.code}")
+    return " · ".join(found)
+
+
+def nothing_monitored(lab: Lab, response: str) -> str | None:
+    return None if "HTTP 200" not in response else f"monitoring answered ({response})"
+
+
+def deep_link(lab: Lab) -> str:
+    """A page event with a caller's token, then the session's deep link: is it saved where anyone reads?"""
+    token = f"hf_caller{uuid.uuid4().hex[:10]}"
+    session = uuid.uuid4().hex
+    body = {
+        "data": brag_args(token=token),
+        "fn_index": fn_index_of(lab, "public", "brag"),
+        "session_hash": session,
+    }
+    request = urllib.request.Request(
+        lab.public.url + "gradio_api/queue/join",
+        data=json.dumps(body).encode(),
+        headers={"Content-Type": "application/json"},
+    )
+    urllib.request.urlopen(request, timeout=30).read()
+    feed = urllib.request.urlopen(f"{lab.public.url}gradio_api/queue/data?session_hash={session}", timeout=60)
+    for raw in feed:
+        if b"process_completed" in raw:
+            break
+    feed.close()
+    try:
+        with urllib.request.urlopen(
+            f"{lab.public.url}gradio_api/deep_link?session_hash={session}", timeout=30
+        ) as reply:
+            answer = f"HTTP {reply.status}"
+    except urllib.error.HTTPError as err:
+        answer = f"HTTP {err.code}"
+    holding = [
+        path
+        for root in lab.folders.values()
+        for path in Path(root).rglob("state.json")
+        if token in path.read_text(errors="replace")
+    ]
+    return f"deep link: {answer} · files holding the caller's token: {len(holding)}"
+
+
+def no_deep_link(lab: Lab, response: str) -> str | None:
+    return None if response.endswith(": 0") and "HTTP 200" not in response else response
+
+
+def prompt_cancel(lab: Lab) -> str:
+    """A run whose model holds every call a minute, then /cancel: how long the cancel takes."""
+    url, session = lab.fair.url, uuid.uuid4().hex
+    index = fn_index_of(lab, "fair", "brag")
+    seen = len(lab.hold.chat_requests)
+    body = {"data": brag_args(model=lab.hold.url + "#m"), "fn_index": index, "session_hash": session}
+    request = urllib.request.Request(
+        url + "gradio_api/queue/join",
+        data=json.dumps(body).encode(),
+        headers={"Content-Type": "application/json"},
+    )
+    event = json.loads(urllib.request.urlopen(request, timeout=30).read())["event_id"]
+    feed = urllib.request.urlopen(f"{url}gradio_api/queue/data?session_hash={session}", timeout=120)
+    wait_for(lambda: len(lab.hold.chat_requests) > seen, "the run's call to reach its endpoint")
+    cancel = json.dumps({"session_hash": session, "fn_index": index, "event_id": event}).encode()
+    started = time.monotonic()
+    try:
+        urllib.request.urlopen(
+            urllib.request.Request(
+                url + "gradio_api/cancel", data=cancel, headers={"Content-Type": "application/json"}
+            ),
+            timeout=30,  # a hang guard: the held call would take a minute
+        ).read()
+        took = f"/cancel returned in {time.monotonic() - started:.1f} s"
+    except (TimeoutError, urllib.error.URLError):
+        took = "/cancel did not return within 30 s"
+    finally:
+        feed.close()
+        released(lab.hold)
+    return took
+
+
+def cancel_returned(lab: Lab, response: str) -> str | None:
+    return None if response.startswith("/cancel returned") else response
 
 
 def probes() -> list[Probe]:
@@ -1314,8 +1695,8 @@ def probes() -> list[Probe]:
             watch="",
         ),
         Probe(
-            "CPU: the render event with a 64,000-candidate report",
-            "queue/join render with a 2 MB report",
+            "CPU: the render event with a 20,000-candidate report",
+            "queue/join render with a 0.86 MB report",
             "public",
             render_a_huge_report,
             cpu_below(5.0),
@@ -1466,11 +1847,12 @@ def probes() -> list[Probe]:
         ),
         Probe(
             "3 pdf: the reading ends at the request's deadline (6 s here)",
-            "4 slow PDFs (900,000 operations each)",
+            "10 slow PDFs (900,000 operations each)",
             "public",
             read_past_the_deadline,
             deadline_held,
-            max_cpu=12,  # four files read whole take about 10 s; the deadline comes at 6
+            # Read whole, the files take about 25 s of one worker's CPU; the reading stops at 6 s.
+            max_cpu=12,
         ),
         Probe(
             "3 pdf: four callers' hostile PDFs at once, and the health check meanwhile",
@@ -1514,18 +1896,18 @@ def probes() -> list[Probe]:
         ),
         Probe(
             "6 markdown: 4.8 MB of '# h' lines",
-            "upload heads.md (1,200,000 headings), /brag over it",
-            "public",
-            lambda lab: ask_files(lab.public.url, [("heads.md", b"# h\n" * 1_200_000)]),
+            "upload heads.md (1,200,000 headings), /brag over it (an app with a 120 s deadline)",
+            "crowd",
+            lambda lab: ask_files(lab.crowd.url, [("heads.md", b"# h\n" * 1_200_000)]),
             error_matching(r"heads\.md: no text found"),
             max_rss_growth=100,
             max_cpu=20,
         ),
         Probe(
             "6 markdown: 4.8 MB of '![' repeated",
-            "upload images.md (2,400,000 '!['), /brag over it",
-            "public",
-            lambda lab: ask_files(lab.public.url, [("images.md", b"![" * 2_400_000)]),
+            "upload images.md (2,400,000 '!['), /brag over it (an app with a 120 s deadline)",
+            "crowd",
+            lambda lab: ask_files(lab.crowd.url, [("images.md", b"![" * 2_400_000)]),
             reply_starting("answer:", "error:"),
             watch="",
             max_rss_growth=100,
@@ -1533,8 +1915,8 @@ def probes() -> list[Probe]:
         ),
         Probe(
             "7 size: a passage file with a 4.8 MB title and one with a 2.9 MB passage",
-            "upload title.json and long.json, /brag over them",
-            "public",
+            "upload title.json and long.json, /brag over them (an app with a 120 s deadline)",
+            "crowd",
             owner_request_sizes,
             bounded_requests,
             watch="",
@@ -1641,6 +2023,191 @@ def probes() -> list[Probe]:
             )[0],
             error_matching("never read", absent=("root:",)),
         ),
+        # ------------------------------------------------------------- fourth round (issue 41)
+        Probe(
+            "41.1 nfkc: 5 MB of pasted documents of the one character NFKC makes 18",
+            "documents = U+FDFA × 1.67 million (5 MB), /brag (an app with a 120 s deadline)",
+            "crowd",
+            lambda lab: pasted(lab, "crowd", EXPANDS * 1_666_000),
+            error_matching("once normalised"),
+            watch="",
+            max_rss_growth=200,
+        ),
+        Probe(
+            "41.1 nfkc: a 3 MB .txt upload of that character",
+            "upload arabic.txt (U+FDFA × 1 million), /brag over it",
+            "crowd",
+            expanding_upload,
+            error_matching("once normalised"),
+            watch="",
+            max_rss_growth=200,
+        ),
+        Probe(
+            "41.1 nfkc: 0.2 MB of it, within the limits once normalised",
+            "documents = the Demo lines and U+FDFA × 66,000, /brag",
+            "crowd",
+            lambda lab: pasted(lab, "crowd", DOCS + "\n" + EXPANDS * 66_000),
+            reply_starting("answer: Bergen"),
+            watch="",
+            max_rss_growth=150,
+        ),
+        Probe(
+            "41.2 calibrate: the caller hangs up after a few calls",
+            "/calibrate of 30 questions on an endpoint answering in 0.3 s; stream closed after 4 calls",
+            "crowd",
+            calibrate_abandoned,
+            calls_stopped,
+            watch="",
+        ),
+        Probe(
+            "41.2 calibrate: 30 questions of 29,949 characters each",
+            "/calibrate labelled_json with questions over BRAG_MAX_QUESTION_CHARS",
+            "public",
+            long_calibration_questions,
+            error_matching(r"Question 1: 29,947 characters.*BRAG_MAX_QUESTION_CHARS"),
+        ),
+        Probe(
+            "41.3 session: the page's render event sent a 15 MB answer",
+            "a /brag, then queue/join render with its report and an answer of 15 MB",
+            "public",
+            render_echoes_an_answer,
+            error_matching(r"HTTP 413 .*BRAG_MAX_HELPER_BYTES"),
+            watch="",
+            max_rss_growth=120,  # the first request on an app warms it by about 50 MB; the echo kept 200
+        ),
+        Probe(
+            "41.3 session: many sessions of the largest request (5 MB of documents, a 99 kB calibration)",
+            "REST calls, each a new session (40 in the suite; the count is in the response)",
+            "crowd",
+            sessions_of_big_requests,
+            sessions_kept_small,
+            watch="",
+        ),
+        Probe(
+            "41.4 proxy: behind '*', one caller writes a new first X-Forwarded-For hop each time",
+            "A: 12 requests held a minute, first hops 6.6.i.6, then B asks (4 workers)",
+            "crowd",
+            rotating_first_hops,
+            all_of(at_least_busy(10), b_answered),
+            watch="",
+        ),
+        Probe(
+            "41.4 proxy: no trusted proxy, a loopback peer writing X-Forwarded-For",
+            "12 requests to a trickling endpoint, each with its own X-Forwarded-For",
+            "listed",
+            one_address_despite_the_header,
+            at_least_busy(4),
+            watch="",
+        ),
+        Probe(
+            "41.5 queue: one address floods the queue with events it never reads",
+            "A: 50 connections post held REST calls for 10 s; B asks meanwhile (4 workers, queue 64)",
+            "crowd",
+            queue_flood,
+            all_answered,
+            watch="",
+        ),
+        Probe(
+            "41.6 uploads: one address uploads 1,000 files of 6 bytes",
+            "A: 1,000 uploads, then B: one",
+            "crowd",
+            tiny_uploads,
+            tiny_uploads_bounded,
+        ),
+        Probe(
+            "41.6 uploads: a read upload's folder goes with it",
+            "3 uploads, /brag over them",
+            "crowd",
+            folders_after_a_read,
+            all_of(
+                reply_starting("answer: Bergen"),
+                lambda lab, r: None if r.endswith("0 of 3 upload folders left") else r,
+            ),
+            watch="",
+        ),
+        Probe(
+            "41.7 json: a calibration named 2**64, one dated in a list 300 deep",
+            "calibration JSON with name = 2**64; then with date nested 300 deep",
+            "public",
+            json_unsafe_calibration,
+            both_answered,
+            watch="",
+        ),
+        Probe(
+            "41.7 beta: Beta parameters of 5e-324",
+            "calibration JSON with actions.R1.rho.a = 5e-324",
+            "public",
+            lambda lab: call(
+                lab,
+                "public",
+                brag_args(
+                    cal=calibration_json(
+                        actions={
+                            **json.loads(calibration_json())["actions"],
+                            "R1": {"q": 0.8, "rho": {"a": 5e-324, "b": 5e-324}},
+                        }
+                    )
+                ),
+            ),
+            error_matching(r"actions\.R1\.rho\.a = 5e-324 is outside"),
+        ),
+        *[
+            Probe(
+                f"41.7 usage: a caller's endpoint reports {what}",
+                f"model=<hostile>/v1#m, question with {word}",
+                "listed",
+                lambda lab, word=word: usage_from_the_endpoint(lab, word),
+                plausible_usage,
+                watch="",
+            )
+            for what, word in (("2**70 tokens", "BIGUSAGE"), ("-1,000,000,000 tokens", "NEGUSAGE"))
+        ],
+        Probe(
+            "41.7 usage: a caller's endpoint reports a 5,000-digit number",
+            "model=<hostile>/v1#m, question with HUGEUSAGE",
+            "listed",
+            lambda lab: call(lab, "listed", brag_args("HUGEUSAGE?", model=lab.hostile.url + "#m")),
+            error_matching("malformed response", absent=("4300", "Exceeds the limit", "int_max_str_digits")),
+            watch="",
+        ),
+        Probe(
+            "41.7 log: U+2028 and U+0085 in an uploaded file's name",
+            "upload a\\u2028FORGED… .pdf (not a PDF: refused), then read the app's log",
+            "public",
+            forged_log_line,
+            no_forged_line,
+        ),
+        Probe(
+            "41.7 json: a .json of 450,000 tiny passages",
+            'upload tiny.json (["p"] × 450,000), /brag over it',
+            "public",
+            many_tiny_passages,
+            error_matching("passages"),
+            max_rss_growth=60,
+        ),
+        Probe(
+            "41.7 monitoring: /monitoring and its summary",
+            "GET /gradio_api/monitoring/summary, /monitoring/summary, /gradio_api/monitoring, /monitoring",
+            "public",
+            monitoring,
+            nothing_monitored,
+        ),
+        Probe(
+            "41.7 deep link: a session's inputs, its caller's token among them, saved on request",
+            "a page event with hf_token set, then GET /gradio_api/deep_link?session_hash=<it>",
+            "public",
+            deep_link,
+            no_deep_link,
+            watch="",
+        ),
+        Probe(
+            "41.8 cancel: /cancel of a run whose model holds its call a minute",
+            "queue/join /brag (model holds a minute), then POST /gradio_api/cancel",
+            "fair",
+            prompt_cancel,
+            cancel_returned,
+            watch="",
+        ),
     ]
 
 
@@ -1658,9 +2225,11 @@ def run(lab: Lab, chosen: Callable[[str], bool] = lambda finding: True) -> list[
         before_rss, before_seen = rss_mb(app.proc.pid), requests_seen(lab, probe.watch)
         before_cpu = tree_cpu(app.proc.pid)
         lab.mark = len(lab.attacker.headers)
+        reset_peak(app.proc.pid)
         started = time.monotonic()
         response = probe.send(lab)
         seconds = time.monotonic() - started
+        peak = rss_mb(app.proc.pid, "VmHWM")
         spent = tree_cpu(app.proc.pid) - before_cpu
         failure = probe.check(lab, response)
         if probe.watch and requests_seen(lab, probe.watch) != before_seen:
@@ -1670,11 +2239,15 @@ def run(lab: Lab, chosen: Callable[[str], bool] = lambda finding: True) -> list[
             failure = f"the app's memory grew by {growth:.0f} MB"
         if failure is None and probe.max_cpu is not None and spent > probe.max_cpu:
             failure = f"the app and its workers spent {spent:.1f} s of CPU"
-        if failure is None and not call(lab, probe.app, brag_args()).startswith("answer: Bergen"):
+        asked = time.monotonic()
+        answered = call(lab, probe.app, brag_args()).startswith("answer: Bergen")
+        honest = time.monotonic() - asked
+        if failure is None and not answered:
             failure = "the server stopped answering"
         if failure is None and not app.alive():
             failure = "the server died"
-        outcomes.append(Outcome(probe, response, seconds, before_rss, rss_mb(app.proc.pid), failure, spent))
+        after = rss_mb(app.proc.pid)
+        outcomes.append(Outcome(probe, response, seconds, before_rss, after, failure, spent, honest, peak))
     return outcomes
 
 

@@ -190,15 +190,21 @@ def test_replies_in_other_languages_parse_to_their_answer():
         assert brag.is_no_answer(brag.parse_reading(none)[0]), none
 
 
+def shown(*passages):
+    return [brag._ShownPassage.of(p) for p in passages]
+
+
 def test_an_answer_inside_text_without_spaces_is_found_and_quoted():
     passage = Passage("東京タワー", "東京タワーは１９５８年に完成した電波塔です。設計者は内藤多仲です。")
-    assert brag._source_of("内藤多仲", [passage]) == {"passage": "東京タワー", "quote": passage.text}
+    assert brag._source_of("内藤多仲", shown(passage)) == {"passage": "東京タワー", "quote": passage.text}
     # Full-width digits match their ASCII form, either way round; the quote shows the folded text.
-    assert "1958年" in brag._source_of("1958", [passage])["quote"]
-    assert brag._source_of("１９５８", [Passage("", "Built in 1958 in Tokyo.")]) is not None
+    assert "1958年" in brag._source_of("1958", shown(passage))["quote"]
+    assert brag._source_of("１９５８", shown(Passage("", "Built in 1958 in Tokyo."))) is not None
     evidence = brag.read_evidence("内藤多仲", "東京タワーの設計者は誰？", [Passage("", OSAKA), passage])
     assert evidence["span"] == 0.5 and evidence["in_question"] == 0.0
-    assert brag._appears_in("内藤多仲", [passage.text]) and not brag._appears_in("内藤", [OSAKA])
+    assert brag._appears_in("内藤多仲", shown(passage)) and not brag._appears_in(
+        "内藤", shown(Passage("", OSAKA))
+    )
     # Latin answers still need whole words, also beside Han: "Paris" is not in "Parisian".
-    assert brag._source_of("Paris", [Passage("", "A Parisian café.")]) is None
-    assert brag._source_of("Tokyo", [Passage("", "東京はTokyoです")]) is not None
+    assert brag._source_of("Paris", shown(Passage("", "A Parisian café."))) is None
+    assert brag._source_of("Tokyo", shown(Passage("", "東京はTokyoです"))) is not None

@@ -702,6 +702,19 @@ def test_a_real_browser_sees_progress_then_the_answer_an_error_and_a_calibration
         assert page.locator("#model").bounding_box()["width"] >= 300
         shoot("home")
 
+        # Pasted text picks "Your documents" in the browser (it is never sent just for that), and
+        # clearing it goes back to the Demo corpus.
+        from playwright.sync_api import expect
+
+        pasted, corpus = (
+            page.get_by_label("Or paste documents", exact=False).first,
+            page.get_by_label("Corpus").first,
+        )
+        pasted.fill(DOC_LINES)
+        expect(corpus).to_have_value("Your documents", timeout=15_000)
+        pasted.fill("")
+        expect(corpus).to_have_value("Demo", timeout=15_000)
+
         page.get_by_label("Question").first.fill(QUESTION)
         page.get_by_role("button", name="Ask").click()
         # Progress shows in the main column while the run goes on, before the answer exists.

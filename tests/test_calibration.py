@@ -101,3 +101,52 @@ def test_rescales_agreement_levels_for_another_m():
     assert set(priors) == {"R1", "R2", "R1_weak", "R2_weak", "R2_same", "R2_new", "CB_1", "CB_2", "CB_3"}
     full = cal.source_priors(5)
     assert priors["CB_3"] == full["CB_5"] and priors["CB_1"] == full["CB_2"]
+
+
+@pytest.mark.parametrize(
+    "path",
+    [
+        ["actions", "R1", "rho", "a"],
+        ["actions", "R2", "same", "rho", "b"],
+        ["actions", "CB", "levels", "1", "kappa", "a"],
+    ],
+)
+@pytest.mark.parametrize("value", [5e-324, 1e-4, 2e6])
+def test_beta_parameters_past_what_any_fit_gives_are_refused_by_field(path, value):
+    with pytest.raises(ValueError, match=r"\.".join(path[1:]) + r" = .* is outside \[0\.001, 1e\+06\]"):
+        load_calibration(broken(path, value))
+
+
+@pytest.mark.parametrize("a, b", [(1e-3, 1e6), (1e6, 1e-3), (1e-3, 1e-3), (1e6, 1e6)])
+def test_the_extremes_of_the_range_give_finite_beliefs_and_a_clear_summary(a, b):
+    data = shipped()
+    for name in ("R1", "R2"):
+        data["actions"][name]["rho"] = {"a": a, "b": b}
+    for level in data["actions"]["CB"]["levels"].values():
+        level["kappa"] = {"a": a, "b": b}
+
+    class Reader:
+        name = "scripted"
+
+        def complete(self, messages, *, n=1, **kwargs):
+            return brag.Completion(["Answer: Bergen\nFollow-up query: Lina Berg"] * n, 10, 2)
+
+    corpus = brag.Corpus(["Lina Berg was born in Bergen.", "Bergen is a city in Norway."])
+    answer, report = brag.BRAG(Reader(), calibration=data).run("Where was Lina Berg born?", corpus)
+    p = report["confidence"]["p_correct"]
+    assert answer == "Bergen" and 0.0 <= p <= 1.0 and "nan" not in report["confidence"]["summary"]
+
+
+def test_a_report_repeats_a_calibrations_own_description_short_and_plain():
+    nested: list = []
+    for _ in range(300):
+        nested = [nested]
+    data = {**shipped(), "name": 2**64, "date": nested, "corpus": "c" * 99_000, "model": "m" * 5_000}
+    data["pooled_from"] = ["set"] * 1_000
+    cal = load_calibration(data)
+    run = brag._Run(brag.BRAG(object(), calibration=cal), "Where?", brag.Corpus(["Bergen."]))
+    meta = run.report("done")["config"]["calibration"]
+    assert meta["name"] is None and meta["date"] == [] and len(meta["corpus"]) == brag.MAX_META_CHARS
+    assert len(json.dumps(meta)) < 2_000  # every report carries it; it stays small
+    status = brag.calibration_status(cal, "another")
+    assert len(status) < 400 and "m" * (brag.MAX_META_CHARS + 1) not in status

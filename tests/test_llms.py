@@ -659,3 +659,62 @@ def test_default_model_follows_the_environment(monkeypatch):
     assert llms.default_model() == llms.DEFAULT_HF_MODEL
     monkeypatch.setenv("BRAG_MODEL", "http://127.0.0.1:8000/v1")
     assert llms.default_model() == "http://127.0.0.1:8000/v1"
+
+
+# --------------------------------------------------------- issue 41: usage, numbers, a caller who goes
+
+
+@BACKENDS
+@pytest.mark.parametrize("usage", [-1_000_000_000, 2**70, 1.5], ids=["negative", "2**70", "fraction"])
+def test_usage_no_request_could_have_is_estimated_not_believed(factory, usage):
+    reply = Reply(usage={"prompt_tokens": usage, "completion_tokens": 3, "total_tokens": 3})
+    with FakeOpenAI(handler=lambda request: reply) as server:
+        result = factory(server.url).complete(MESSAGES)
+    assert result.estimated and 0 < result.prompt_tokens < 1_000 and result.completion_tokens >= 1
+
+
+@BACKENDS
+def test_a_number_past_what_json_readers_take_is_a_malformed_response_in_plain_words(factory):
+    digits = "9" * 5_000  # past Python's 4,300-digit limit for reading an integer
+    body = (
+        '{"choices": [{"message": {"role": "assistant", "content": "Paris"}}], '
+        f'"usage": {{"prompt_tokens": {digits}, "completion_tokens": 1}}}}'
+    ).encode()
+    with FakeOpenAI(handler=lambda request: Reply(body=body)) as server:
+        with pytest.raises(MalformedResponse) as failed:
+            factory(server.url).complete(MESSAGES)
+    message = str(failed.value)
+    assert "malformed response" in message and "digits" not in message and "4300" not in message
+
+
+@BACKENDS
+def test_a_call_stops_soon_after_its_caller_goes_though_the_endpoint_says_nothing(factory):
+    gone = threading.Event()
+    with FakeOpenAI(handler=lambda request: Reply(delay=120)) as server:
+        backend = factory(server.url, timeout=120)
+        threading.Timer(0.5, gone.set).start()
+        started = time.monotonic()
+        with llms.cancellable(gone.is_set), pytest.raises(llms.Cancelled):
+            backend.complete(MESSAGES)
+        # Hang guard only: the endpoint would have held the call for two minutes.
+        assert time.monotonic() - started < 60 and len(server.chat_requests) == 1
+
+
+def test_a_retry_pause_ends_when_the_caller_goes():
+    slept: list[float] = []
+    gone = threading.Event()
+
+    def sleep(seconds: float) -> None:
+        slept.append(seconds)
+        gone.set()  # the caller leaves during the first slice of the pause
+
+    policy = RetryPolicy(max_retries=3, base_delay=20.0, sleep=sleep)
+    calls = []
+
+    def send():
+        calls.append(1)
+        raise llms.errors.Retryable(RateLimited("busy"))
+
+    with llms.cancellable(gone.is_set), pytest.raises(llms.Cancelled):
+        policy.run(send)
+    assert len(calls) == 1 and len(slept) == 1 and slept[0] <= llms.transport.CANCEL_POLL_SECONDS

@@ -11,7 +11,9 @@ import subprocess
 import sys
 import textwrap
 import threading
+from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
+from contextlib import contextmanager
 from pathlib import Path
 
 import pytest
@@ -235,6 +237,27 @@ def test_every_local_model_shares_one_runner_and_one_lock(local):
     assert local.runner.pid is not None and local.runner.starts >= 1
 
 
+@contextmanager
+def generating_notice(pid: int | None) -> Iterator[threading.Event]:
+    """An event set when the worker ``pid`` logs that it holds a request (its own word for it)."""
+    generating = threading.Event()
+
+    class Notice(logging.Handler):
+        def emit(self, record: logging.LogRecord) -> None:
+            if record.getMessage() == f"local model: worker {pid} generating":
+                generating.set()
+
+    logger, notice = logging.getLogger("brag.llms"), Notice()
+    logger.addHandler(notice)
+    level = logger.level
+    logger.setLevel(logging.INFO)
+    try:
+        yield generating
+    finally:
+        logger.removeHandler(notice)
+        logger.setLevel(level)
+
+
 @needs_qwen
 def test_a_crash_in_the_runner_costs_one_request_and_the_next_one_works(local):
     local.complete(brag.closed_book_messages("What is 2 + 2?"), max_tokens=4)  # the worker is up
@@ -249,25 +272,11 @@ def test_a_crash_in_the_runner_costs_one_request_and_the_next_one_works(local):
         except Exception as err:
             outcome["error"] = err
 
-    generating = threading.Event()
-
-    class Notice(logging.Handler):
-        def emit(self, record: logging.LogRecord) -> None:
-            if record.getMessage() == f"local model: worker {pid} generating":
-                generating.set()
-
-    logger, notice = logging.getLogger("brag.llms"), Notice()
-    logger.addHandler(notice)
-    level = logger.level
-    logger.setLevel(logging.INFO)
-    try:
+    with generating_notice(pid) as generating:
         thread = threading.Thread(target=ask)
         thread.start()
         assert generating.wait(60), outcome  # the worker's own word that it holds the request
         os.kill(pid, signal.SIGSEGV)
-    finally:
-        logger.removeHandler(notice)
-        logger.setLevel(level)
     thread.join(60)
     assert isinstance(outcome.get("error"), LocalModelCrashed), outcome
     assert "crashed while answering (signal SIGSEGV)" in str(outcome["error"])
@@ -291,6 +300,31 @@ def test_a_runaway_generation_hits_the_deadline_and_the_runner_restarts(local):
     assert quick.runner.pid is None and not Path(f"/proc/{runaway}").exists()
     reply = local.complete(brag.closed_book_messages("What is the capital of France?"), max_tokens=8)
     assert "paris" in reply.texts[0].lower() and local.runner.starts == starts + 1
+
+
+@needs_qwen
+def test_a_caller_who_goes_ends_the_local_call_and_frees_the_model_for_the_next(local):
+    local.complete(brag.closed_book_messages("What is 2 + 2?"), max_tokens=4)  # the worker is up
+    long_read = brag.read_messages("Summarise everything.", [brag.Passage("Filler", "word " * 1500)])
+    gone, outcome = threading.Event(), {}
+
+    def ask() -> None:
+        try:
+            with llms.cancellable(gone.is_set):
+                outcome["reply"] = local.complete(long_read, max_tokens=400)
+        except Exception as err:
+            outcome["error"] = err
+
+    with generating_notice(local.runner.pid) as generating:
+        thread = threading.Thread(target=ask)
+        thread.start()
+        assert generating.wait(60), outcome  # the request is in the model
+        gone.set()
+        thread.join(60)  # a hang guard: a 400-token reply would hold the call for many seconds
+    assert isinstance(outcome.get("error"), llms.Cancelled), outcome
+    # The worker was stopped, so the lock is free and the next caller is answered by a fresh one.
+    reply = local.complete(brag.closed_book_messages("What is the capital of France?"), max_tokens=8)
+    assert "paris" in reply.texts[0].lower()
 
 
 needs_smollm2 = pytest.mark.skipif(

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import os
 import re
 import threading
@@ -140,3 +141,24 @@ def test_the_worker_runs_capped_with_no_secret_and_may_write_no_file(monkeypatch
     assert limit_of(limits, "Max address space") == (str(300 * 1024 * 1024),) * 2
     assert limit_of(limits, "Max cpu time") == ("8", "19")  # a file's 7 s (and one), all files' 2 x 7 + 5
     assert limit_of(limits, "Max core file size") == ("0", "0")
+
+
+def test_passages_are_counted_in_the_worker_before_the_server_parses_any():
+    many = json.dumps([f"p{i}" for i in range(5_000)]).encode()
+    with pytest.raises(TooLarge, match=r"many\.json: 5,000 passages, and the files may hold at most 1,000"):
+        FileReaders().read([("many.json", many)], FileLimits(passages=1_000))
+    # The cap is the request's: two files of 600 passages are over it together.
+    half = json.dumps([f"q{i}" for i in range(600)]).encode()
+    with pytest.raises(TooLarge, match=r"b\.json: 600 passages, and the files may hold at most 400 more"):
+        FileReaders().read([("a.json", half), ("b.json", half)], FileLimits(passages=1_000))
+    assert len(FileReaders().read([("a.json", half)], FileLimits(passages=1_000))) == 600
+
+
+def test_the_text_budget_counts_the_form_brag_reads():
+    expanding = "\ufdfa" * 1_000  # 1,000 characters as written, 18,000 once normalised
+    with pytest.raises(TooLarge, match="more than 10,000 characters of text once normalised"):
+        list(documents.TextBudget(10_000).spend("a.txt", [("a.txt", expanding, "a.txt", 1.0)]))
+    assert (
+        len(list(documents.TextBudget(10_000).spend("b.txt", [("b.txt", "ＡＢＣ" * 3_000, "b", 1.0)]))) == 1
+    )
+    assert documents.normalized_length(expanding * 100, 50_000) <= 50_000 + 18 * 65_536  # stops early

@@ -1,6 +1,7 @@
 """End to end: BRAG.run with a scripted LLM over a small corpus."""
 
 import json
+from collections import Counter
 
 import pytest
 from conftest import PRIORS, ScriptedLLM, last_block, without
@@ -322,6 +323,10 @@ def test_a_confident_answer_is_not_called_a_guess():
     assert confidence["summary"] == f"P(correct) ≈ {confidence['p_correct']:.0%}"
 
 
+def shown(*passages):
+    return [brag._ShownPassage.of(p) for p in passages]
+
+
 def test_the_answer_is_quoted_from_the_first_passage_read_that_holds_it():
     words = " ".join(f"w{i}" for i in range(30))
     passages = [
@@ -329,19 +334,19 @@ def test_the_answer_is_quoted_from_the_first_passage_read_that_holds_it():
         brag.Passage("a.pdf, p. 3", f"{words} Lina Berg was born in BERGEN, Norway. {words}"),
         brag.Passage("b.md", "Bergen again."),
     ]
-    source = brag._source_of("Bergen", passages)
+    source = brag._source_of("Bergen", shown(*passages))
     assert source == {
         "passage": "a.pdf, p. 3",
         "quote": "… w23 w24 w25 w26 w27 w28 w29 Lina Berg was born in BERGEN, Norway. "
         "w0 w1 w2 w3 w4 w5 w6 w7 w8 w9 …",
     }
-    assert brag._source_of("Berg", [brag.Passage("x", "Bergen only.")]) is None  # whole words only
-    assert brag._source_of("New York", [brag.Passage("x", "in New\nYork.")])["quote"] == "in New York."
+    assert brag._source_of("Berg", shown(brag.Passage("x", "Bergen only."))) is None  # whole words only
+    assert brag._source_of("New York", shown(brag.Passage("x", "in New\nYork.")))["quote"] == "in New York."
 
 
 def test_a_quote_is_cut_in_characters_when_its_words_are_huge():
-    text = "x" * 50_000 + " Lina Berg was born in Bergen. " + "y" * 50_000
-    source = brag._source_of("Bergen", [brag.Passage("a", text)])
+    text = "x" * 5_000 + " Lina Berg was born in Bergen. " + "y" * 50_000
+    source = brag._source_of("Bergen", shown(brag.Passage("a", text)))
     assert "was born in Bergen." in source["quote"] and len(source["quote"]) <= 2 * brag.QUOTE_CHARS + 40
     assert source["quote"].startswith("… ") and source["quote"].endswith(" …")
 
@@ -487,3 +492,56 @@ def test_an_action_of_a_known_kind_is_one_table_entry_and_its_prompt(monkeypatch
     assert costs["R0"] < costs["R1"]  # priced from its own, shorter prompt
     _, chosen = controller.run("Where was Lina Berg born?", corpus)
     assert "R0" in chosen["steps"][0]["scores"]  # the policy weighs it with the others
+
+
+# ------------------------------------------------- issue 41: work bounded by what the model reads
+
+
+def test_support_span_and_quote_come_only_from_what_the_prompt_showed():
+    filler = "filler " * 2_000  # 14,000 characters: the prompt shows the first 10,000
+    late = brag.Passage("Lina Berg", f"Lina Berg, architect. {filler} She was born in Bergen.")
+    early = brag.Passage("Lina Berg", f"Lina Berg, architect, was born in Bergen. {filler}")
+    reader = ScriptedLLM(read=lambda prompt: "Answer: Bergen\nFollow-up query: Lina Berg")
+    for passage, shown in ((late, False), (early, True)):
+        answer, report = BRAG(reader, hops=0, max_uses=1).run("Where was Lina Berg born?", Corpus([passage]))
+        read = next(s["observation"] for s in report["steps"] if s["action"] == "R1")
+        assert answer == "Bergen" and report["confidence"]["supported"] is shown
+        assert (report["confidence"]["source"] is not None) is shown
+        assert read["evidence"]["span"] == (1.0 if shown else 0.0)
+
+
+def test_a_run_normalises_each_passage_it_read_once_however_many_reports(monkeypatch):
+    calls: list[str] = []
+    normalize = brag.normalize_answer
+
+    def counted(text: str) -> str:
+        if len(text) > 500:
+            calls.append(text[:40])
+        return normalize(text)
+
+    monkeypatch.setattr(brag, "normalize_answer", counted)
+    passages = [f"Passage {i} about Bergen and Lina Berg. " + "word " * 200 for i in range(8)]
+    reader = ScriptedLLM(read=lambda prompt: "Answer: Bergen\nFollow-up query: Bergen Norway")
+    reports = list(BRAG(reader, lam=0.0, min_calls=3).stream("Where was Lina Berg born?", Corpus(passages)))
+    read = {
+        p["id"]
+        for _, r in reports[-1:]
+        for s in r["steps"]
+        for p in (s.get("observation") or {}).get("passages", [])
+    }
+    assert len(reports) >= 3 and read
+    assert len(calls) == len(read)  # once per passage read, not once per report
+
+
+def test_a_corpus_analyses_each_passage_once(monkeypatch):
+    seen: Counter[str] = Counter()
+    words = brag.words
+
+    def counted(text: str, by_script: bool = True) -> list[str]:
+        seen[text] += 1
+        return words(text, by_script)
+
+    monkeypatch.setattr(brag, "words", counted)
+    passages = [f"passage number {i} of the corpus, about Bergen" for i in range(50)]
+    Corpus(passages)
+    assert set(seen) == set(passages) and set(seen.values()) == {1}

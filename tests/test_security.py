@@ -223,7 +223,7 @@ def test_a_caller_is_its_address_and_only_a_trusted_proxy_may_name_another(monke
 
     monkeypatch.setenv("BRAG_TRUSTED_PROXIES", "10.0.0.5")
     limits = serving.policy.CallerLimits(
-        per_session=2, per_address=1, trusted=serving.policy.trusted_proxies()
+        per_session=2, per_address=1, proxies=serving.policy.trusted_proxies()
     )
     assert limits.address(caller("203.0.113.9", "198.51.100.1")) == "203.0.113.9"  # spoofed: ignored
     assert limits.address(caller("10.0.0.5", "198.51.100.1, 10.0.0.5")) == "198.51.100.1"
@@ -267,3 +267,21 @@ def test_the_log_filter_keeps_a_traceback_it_folds_in_and_scrubs_it():
         message = record.getMessage()
         assert "Traceback" in message and "RuntimeError: " in message  # not dropped
         assert "sk-abcdef123456" not in message and record.exc_info is None
+
+
+def test_a_logged_value_cannot_start_a_line_of_its_own():
+    secrets = serving.policy.Secrets([])
+    for breaks in ("\n", "\r", "\u2028", "\u2029", "\x85", "\x0b", "\x1c"):
+        name = f"notes{breaks}2026-12-04 brag.app answered: forged.txt"
+        record = logging.LogRecord(
+            "brag.app", logging.WARNING, __file__, 1, "request failed: %s", (name,), None
+        )
+        assert serving.guards.RedactSecrets(secrets).filter(record)
+        assert len(record.getMessage().splitlines()) == 1, repr(breaks)
+    try:
+        raise ValueError("bad\u2028file.txt")
+    except ValueError:
+        record = logging.LogRecord("brag", logging.ERROR, __file__, 1, "failed", (), sys.exc_info())
+    serving.guards.RedactSecrets(secrets).filter(record)
+    lines = record.getMessage().splitlines()
+    assert lines[0] == "failed" and lines[1].startswith("Traceback") and "bad\\u2028file.txt" in lines[-1]

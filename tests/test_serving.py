@@ -55,3 +55,168 @@ def test_an_ask_request_is_built_by_keyword():
         serving.server.AskRequest("Where?", "Demo")  # type: ignore[misc]
     ask = serving.server.AskRequest(question="Where?", corpus="Demo")
     assert (ask.question, ask.corpus, ask.files) == ("Where?", "Demo", None)
+
+
+# ------------------------------------------------------------- issue 41: the public app, fourth round
+
+import asyncio  # noqa: E402
+import json  # noqa: E402
+from types import SimpleNamespace  # noqa: E402
+
+import orjson  # noqa: E402
+from app_server import call_asgi  # noqa: E402
+
+import serving.guards  # noqa: E402
+import uploads  # noqa: E402
+
+EXPANDS = "\ufdfa"  # NFKC: 18 characters
+
+
+def test_pasted_text_and_questions_are_counted_in_the_form_brag_reads():
+    limits = serving.policy.Limits(documents_bytes=100_000, question_chars=100)
+    # Within the byte limit as written (3 bytes each), 18 times over it once normalised.
+    with pytest.raises(serving.policy.RequestRefused, match=r"once normalised .*BRAG_MAX_DOCUMENTS_BYTES"):
+        serving.policy.check_documents(EXPANDS * 20_000, limits)
+    with pytest.raises(serving.policy.RequestRefused, match="once normalised"):  # escaped in JSON, too
+        serving.policy.check_documents(json.dumps([{"title": "t", "text": EXPANDS * 6_000}]), limits)
+    assert len(serving.policy.check_documents("plain words\n" * 8_000, limits)) == 8_000
+    assert serving.policy.check_documents(
+        "ﬁle ＡＢＣ １２３ カタカナ" * 100, limits
+    )  # NFKC-changed, not grown
+    with pytest.raises(serving.policy.RequestRefused, match="BRAG_MAX_QUESTION_CHARS"):
+        serving.policy.check_question(EXPANDS * 10, limits)
+    assert serving.policy.check_question("Where?" * 10, limits)
+
+
+def test_calibration_questions_and_their_gold_are_bounded_like_a_question():
+    limits = serving.policy.Limits(question_chars=100, labelled_min=2)
+    good = [{"question": "Where?", "gold": ["Bergen"]}] * 2
+    assert len(serving.policy.read_labelled(json.dumps(good), limits)) == 2
+    long_question = [*good, {"question": "x" * 101, "gold": ["a"]}]
+    with pytest.raises(serving.policy.RequestRefused, match=r"Question 3: 101 characters.*QUESTION_CHARS"):
+        serving.policy.read_labelled(json.dumps(long_question), limits)
+    long_gold = [*good, {"question": "Where?", "gold": ["y" * 5_000]}]
+    with pytest.raises(serving.policy.RequestRefused, match="Question 3: a gold answer of 5,000 characters"):
+        serving.policy.read_labelled(json.dumps(long_gold), limits)
+
+
+def test_a_report_is_json_that_any_encoder_takes():
+    nested: list = []
+    for _ in range(300):
+        nested = [nested]
+    hostile = {"name": 2**64, "usage": 2**70, "date": nested, "p": float("nan"), 5: {"x": 10**5000}}
+    safe = serving.policy.json_safe(hostile)
+    assert json.loads(orjson.dumps(safe)) == json.loads(json.dumps(safe))  # orjson takes it whole
+    assert safe["name"] == "(an integer of 65 bits)" and safe["p"] is None and "5" in safe
+    depth, value = 0, safe["date"]
+    while isinstance(value, list):
+        depth, value = depth + 1, value[0]
+    assert depth < serving.policy.MAX_JSON_DEPTH and value == "(nested too deeply)"
+    plain = {"answer": "Bergen", "steps": [{"p": 0.5, "calls": 3}], "ok": True, "none": None}
+    assert serving.policy.json_safe(plain) == plain
+
+
+def caller(address: str, session: str):
+    return SimpleNamespace(client=SimpleNamespace(host=address), headers={}, session_hash=session)
+
+
+def test_an_endpoint_with_slots_of_its_own_gives_each_address_its_share():
+    limits = serving.policy.CallerLimits(per_session=5, per_address=5, shares={"calibrate": 1})
+    with limits.slot(caller("198.51.100.1", "a"), "calibrate"):
+        with pytest.raises(serving.policy.RequestRefused, match="1 /calibrate request"):
+            with limits.slot(caller("198.51.100.1", "b"), "calibrate"):
+                pass
+        with limits.slot(caller("198.51.100.1", "c")):  # /brag: the address's other slots
+            pass
+        with limits.slot(caller("198.51.100.2", "d"), "calibrate"):  # another address
+            pass
+    assert not limits._running
+
+
+def asgi_echo(seen: list):
+    async def app(scope, receive, send):
+        body, more = b"", True
+        while more:
+            message = await receive()
+            body, more = body + message.get("body", b""), message.get("more_body", False)
+        seen.append(body)
+        await send({"type": "http.response.start", "status": 200, "headers": []})
+        await send({"type": "http.response.body", "body": b"ok"})
+
+    return app
+
+
+def test_only_brag_and_calibrate_take_a_body_past_the_helpers_bound():
+    seen: list[bytes] = []
+    large = lambda fn_index, name: fn_index == 7 or name in ("brag", "calibrate")  # noqa: E731
+    guard = serving.guards.RequestSizeLimit(
+        asgi_echo(seen), max_bytes=100_000, max_files=10, helper_bytes=1_000, large=large
+    )
+    big = {"data": ["x" * 5_000], "session_hash": "s"}
+    for fn_index, status in ((7, 200), (3, 413), (None, 413)):
+        body = json.dumps({**big, "fn_index": fn_index}).encode()
+        assert call_asgi(guard, "/gradio_api/queue/join", body, chunk=700)[0] == status, fn_index
+    assert seen == [json.dumps({**big, "fn_index": 7}).encode()]  # handed on whole, unchanged
+    # A repeated key means what Gradio's parser makes of it: the last one.
+    twice = b'{"fn_index": 7, "data": ["' + b"x" * 5_000 + b'"], "fn_index": 3}'
+    assert call_asgi(guard, "/gradio_api/queue/join", twice)[0] == 413
+    small = json.dumps({"data": ["x"], "fn_index": 3}).encode()
+    assert call_asgi(guard, "/gradio_api/queue/join", small)[0] == 200
+    status, answer = call_asgi(guard, "/gradio_api/call/render", json.dumps(big).encode())
+    assert status == 413 and b"BRAG_MAX_HELPER_BYTES" in answer
+    assert call_asgi(guard, "/gradio_api/call/brag", json.dumps(big).encode())[0] == 200
+    assert call_asgi(guard, "/gradio_api/call/v2/calibrate", json.dumps(big).encode())[0] == 200
+
+
+def queue_of(*addresses: str, running: tuple[str, ...] = ()):
+    def event(address: str):
+        return SimpleNamespace(request=SimpleNamespace(client=SimpleNamespace(host=address), headers={}))
+
+    waiting = SimpleNamespace(queue=[event(a) for a in addresses])
+    queue = SimpleNamespace(
+        event_queue_per_concurrency_id={"default": waiting},
+        active_jobs=[[event(a)] for a in running] + [None],
+    )
+    return SimpleNamespace(_queue=queue)
+
+
+def test_one_address_holds_at_most_its_share_of_the_queue():
+    seen: list[bytes] = []
+    blocks = queue_of("192.0.2.9", "192.0.2.9", "198.51.100.1", running=("192.0.2.9",))
+    share = serving.guards.EventShare(asgi_echo(seen), blocks, uploads.Proxies(), limit=3)
+    status, answer = call_asgi(
+        share, "/gradio_api/queue/join", b"{}"
+    )  # three already: two waiting, one running
+    assert status == 429 and b"BRAG_MAX_QUEUED_PER_ADDRESS" in answer
+    assert call_asgi(share, "/gradio_api/call/brag", b"{}")[0] == 429
+    assert call_asgi(share, "/gradio_api/queue/join", b"{}", client=("198.51.100.1", 1))[0] == 200
+    assert call_asgi(share, "/gradio_api/info", b"")[0] == 200  # no event: not counted
+    blocks._queue.active_jobs = [None]
+    assert call_asgi(share, "/gradio_api/queue/join", b"{}")[0] == 200  # one finished
+
+
+def test_a_cancel_is_recorded_as_it_arrives_and_no_deep_link_is_made():
+    seen: list[bytes] = []
+    cancels = serving.server.Cancels(size=2)
+    routes = serving.guards.PublicRoutes(asgi_echo(seen), queue_size=64, cancelled=cancels.add)
+    body = json.dumps({"session_hash": "s", "fn_index": 3, "event_id": "e1"}).encode()
+    assert call_asgi(routes, "/gradio_api/cancel", body) == (200, b"ok")
+    assert "e1" in cancels and seen == [body]  # recorded, and Gradio still gets the cancel
+    for event in ("e2", "e3"):
+        cancels.add(event)
+    assert "e1" not in cancels and "e3" in cancels  # only the newest are kept
+    assert call_asgi(routes, "/gradio_api/cancel", b"x" * 20_000)[0] == 413
+    assert call_asgi(routes, "/gradio_api/deep_link")[0] == 404 and len(seen) == 1
+
+
+def test_a_session_keeps_none_of_an_events_values():
+    from gradio.state_holder import SessionState
+
+    with serving.guards.Blocks() as demo:
+        documents, answer = gr.Textbox(), gr.Textbox()
+        documents.submit(lambda text: text[:5], documents, answer)
+    state = SessionState(demo)
+    output = asyncio.run(demo.process_api(0, ["x" * 1_000_000], state=state))
+    assert output["data"] == ["xxxxx"]
+    assert not state.config_values  # neither the megabyte sent nor the answer is kept
+    assert not any("x" * 1_000 in repr(c) for c in state.components)

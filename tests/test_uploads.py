@@ -9,7 +9,7 @@ import pytest
 from app_server import call_asgi
 
 import uploads
-from uploads import UploadLedger, UploadRoutes, check_file_data, client_address
+from uploads import Proxies, UploadLedger, UploadRoutes, check_file_data, disk_charge
 
 MB = 1_000_000
 
@@ -37,25 +37,27 @@ def test_a_caller_holds_at_most_its_share_and_the_store_its_budget(tmp_path):
     # Room reserved by an upload in flight counts too, before it is settled.
     assert ledger.admit("b", 4 * MB) == (200, None)
     assert ledger.admit("b", 1)[0] == 429
-    ledger.settle("b", 4 * MB, [stored(tmp_path, "b1", 4 * MB)])
+    ledger.settle("b", 4 * MB - 8192, [stored(tmp_path, "b1", 4 * MB - 8192)])
     assert ledger.admit("c", 4 * MB) == (503, "Busy: too many uploaded files are waiting; retry in a minute.")
-    assert ledger.held("a") == 3 * MB and ledger.total() == 7 * MB
+    # Each is charged what it takes on disk: its blocks, and one for its folder.
+    assert ledger.held("a") == disk_charge(3 * MB)
+    assert ledger.total() == disk_charge(3 * MB) + disk_charge(4 * MB - 8192)
 
 
 def test_a_read_upload_frees_its_room_and_an_old_one_is_deleted(tmp_path):
     clock = Clock()
-    ledger = UploadLedger(store_bytes=10 * MB, per_caller_bytes=4 * MB, ttl=600, clock=clock)
+    ledger = UploadLedger(store_bytes=10 * MB, per_caller_bytes=5 * MB, ttl=600, clock=clock)
     first, second = stored(tmp_path, "first", 2 * MB), stored(tmp_path, "second", 2 * MB)
     ledger.admit("a", 2 * MB)
     ledger.settle("a", 2 * MB, [first])
     clock.now += 300
     ledger.admit("a", 2 * MB)
     ledger.settle("a", 2 * MB, [second])
-    assert ledger.holds(first) and ledger.admit("a", 1)[0] == 429
-    ledger.release(second)  # a request read it (and deleted it)
-    assert ledger.held("a") == 2 * MB
+    assert ledger.holds(first) and ledger.admit("a", MB)[0] == 429
+    ledger.release(second)  # a request read it: it goes
+    assert ledger.held("a") == disk_charge(2 * MB) and not Path(second).exists() and Path(first).exists()
     clock.now += 301  # the first is now past its time
-    assert ledger.sweep() == 1 and not Path(first).exists() and Path(second).exists()
+    assert ledger.sweep() == 1 and not Path(first).exists()
     assert ledger.expired(first) and not ledger.expired(second) and ledger.held("a") == 0
 
 
@@ -67,13 +69,79 @@ def test_a_failed_upload_frees_what_it_reserved():
 
 
 def test_the_address_is_the_last_hop_no_trusted_proxy_wrote():
-    trusted = frozenset({"10.0.0.1"})
-    assert client_address("192.0.2.9", "203.0.113.5", trusted) == "192.0.2.9"  # not through a proxy
-    assert client_address("10.0.0.1", "203.0.113.5, 198.51.100.7", trusted) == "198.51.100.7"
-    assert client_address("10.0.0.1", "203.0.113.5, 10.0.0.1", trusted) == "203.0.113.5"
-    assert client_address("10.0.0.1", "", trusted) == "10.0.0.1"
+    proxies = Proxies(frozenset({"10.0.0.1"}))
+    assert proxies.client("192.0.2.9", "203.0.113.5") == "192.0.2.9"  # not through a proxy
+    assert proxies.client("10.0.0.1", "203.0.113.5, 198.51.100.7") == "198.51.100.7"
+    assert proxies.client("10.0.0.1", "203.0.113.5, 10.0.0.1") == "203.0.113.5"
+    assert proxies.client("10.0.0.1", "") == "10.0.0.1"
     with pytest.raises(ValueError, match="'proxy' is not an IP address"):
         uploads.trusted_addresses("10.0.0.1, proxy")
+
+
+def test_behind_any_proxy_the_caller_cannot_choose_its_address():
+    # A Space's proxy appends the address it was reached from; a caller writes what comes before.
+    space = Proxies(frozenset({"*"}))
+    for written in ("", "6.6.6.6", "6.6.6.6, 7.7.7.7", "1.2.3.4, 198.51.100.7"):
+        forwarded = f"{written}, 198.51.100.7" if written else "198.51.100.7"
+        assert space.client("10.16.3.80", forwarded) == "198.51.100.7", forwarded
+    assert space.client("10.16.3.80", "") == "10.16.3.80"  # no header: the peer
+    # Two proxies in front (a CDN, then the platform's): the second hop from the right.
+    two = Proxies(frozenset({"*"}), hops=2)
+    assert two.client("10.0.0.9", "6.6.6.6, 198.51.100.7, 203.0.113.1") == "198.51.100.7"
+    assert two.client("10.0.0.9", "198.51.100.7") == "198.51.100.7"  # fewer hops than set: the first
+
+
+def test_many_tiny_files_cost_their_disk_and_count_against_the_caller(tmp_path):
+    folder = tmp_path / "uploads"
+    ledger = UploadLedger(
+        store_bytes=10 * MB, per_caller_bytes=1 * MB, ttl=600, per_caller_files=5, root=folder
+    )
+
+    def upload(caller: str, files: int, size: int = 6) -> tuple[list[str], object]:
+        paths = []
+        for i in range(files):
+            (folder / f"h{caller}{len(list(folder.glob('*')))}-{i}").mkdir(parents=True)
+        for i, sub in enumerate(sorted(folder.glob(f"h{caller}*"))[-files:]):
+            paths.append(stored(sub, f"f{i}.txt", size))
+        assert ledger.admit(caller, files * size)[0] == 200
+        return paths, ledger.settle(caller, files * size, paths)
+
+    kept, refusal = upload("a", 4)
+    assert refusal is None and ledger.held("a") == 4 * disk_charge(6) == 4 * 8192
+    # Two more would make six files: the whole upload is refused, and none of it stays on disk.
+    more, refusal = upload("a", 2)
+    assert refusal[0] == 429 and "BRAG_MAX_UPLOAD_FILES_PER_CALLER" in refusal[1]
+    assert not any(Path(p).exists() or Path(p).parent.exists() for p in more)
+    assert all(Path(p).exists() for p in kept) and ledger.held("a") == 4 * 8192
+    # Another caller has its own share; at the file cap nothing more is admitted at all.
+    assert upload("b", 5)[1] is None
+    assert ledger.admit("b", 1)[0] == 429
+
+
+def test_a_deleted_upload_takes_its_folder_and_the_servers_record_of_it(tmp_path):
+    folder = tmp_path / "uploads"
+    forgotten: list[str] = []
+    clock = Clock()
+    ledger = UploadLedger(
+        store_bytes=10 * MB,
+        per_caller_bytes=4 * MB,
+        ttl=600,
+        clock=clock,
+        root=folder,
+        forget=forgotten.append,
+    )
+    (folder / "h1").mkdir(parents=True)
+    (folder / "h2").mkdir()
+    read, old = stored(folder / "h1", "read.md", 10), stored(folder / "h2", "old.md", 10)
+    for path in (read, old):
+        ledger.admit("a", 10)
+        ledger.settle("a", 10, [path])
+    ledger.release(read)  # a request read it
+    assert not (folder / "h1").exists() and forgotten == [str(Path(read).resolve())]
+    clock.now += 601
+    assert ledger.sweep() == 1
+    assert not (folder / "h2").exists() and folder.is_dir()  # its folder goes; the upload folder stays
+    assert forgotten[-1] == str(Path(old).resolve())
 
 
 def test_a_files_input_names_only_uploads_and_at_most_the_limit(tmp_path):
@@ -119,11 +187,14 @@ def test_the_routes_admit_uploads_by_the_ledger_and_serve_only_the_apps_own_file
     download = stored(tmp_path, "fit-0123456789ab.json", 10)
     ledger = UploadLedger(store_bytes=10 * MB, per_caller_bytes=4 * MB, ttl=600)
     routes = UploadRoutes(
-        gradio_like([upload]), ledger, served=lambda p: p == download, trusted=frozenset({"10.0.0.1"})
+        gradio_like([upload]),
+        ledger,
+        served=lambda p: p == download,
+        proxies=Proxies(frozenset({"10.0.0.1"})),
     )
     size = {"content-length": str(3 * MB)}
     assert call_asgi(routes, "/gradio_api/upload", headers=size)[0] == 200
-    assert ledger.held("192.0.2.9") == 3 * MB
+    assert ledger.held("192.0.2.9") == disk_charge(3 * MB)
     status, body = call_asgi(routes, "/gradio_api/upload", headers=size)
     assert status == 429 and b"BRAG_MAX_UPLOAD_BYTES_PER_CALLER" in body
     # Behind the trusted proxy another caller has its own share.
@@ -134,3 +205,17 @@ def test_the_routes_admit_uploads_by_the_ledger_and_serve_only_the_apps_own_file
             assert call_asgi(routes, route + path)[0] == 403, (route, path)
     assert call_asgi(routes, "/gradio_api/file=" + download) == (200, b"served")
     assert call_asgi(routes, "/gradio_api/info") == (200, b"served")
+
+
+def test_an_upload_past_the_callers_share_is_refused_whole_and_leaves_nothing(tmp_path):
+    folder = tmp_path / "uploads"
+    paths = []
+    for i in range(4):
+        (folder / f"h{i}").mkdir(parents=True)
+        paths.append(stored(folder / f"h{i}", f"tiny{i}.txt", 6))
+    ledger = UploadLedger(store_bytes=10 * MB, per_caller_bytes=MB, ttl=600, per_caller_files=3, root=folder)
+    routes = UploadRoutes(gradio_like(paths), ledger, served=lambda p: False, proxies=Proxies())
+    status, body = call_asgi(routes, "/gradio_api/upload", headers={"content-length": "24"})
+    assert status == 429 and b"BRAG_MAX_UPLOAD_FILES_PER_CALLER" in body  # not Gradio's list of paths
+    assert not any(Path(p).exists() for p in paths) and list(folder.iterdir()) == []
+    assert ledger.held("192.0.2.9") == 0
