@@ -40,7 +40,7 @@ from serving.guards import (
     max_request_bytes,
     ui_helper,
 )
-from serving.presentation import STEP_COLUMNS, failed, posterior_svg, render, starting
+from serving.presentation import STEP_COLUMNS, failed, posterior_svg, render, starting, step_column_widths
 from serving.server import Server, Settings
 
 log = logging.getLogger("brag.app")
@@ -119,7 +119,7 @@ def build(settings: Settings | None = None) -> Blocks:
 def _file_input() -> gr.File:
     """Documents as files, several at once; they are read once and deleted when the request ends."""
     return gr.File(
-        label="Your files (optional): .txt .md .pdf .docx .html, or passages as .json / .jsonl",
+        label=f"Your files (optional): {doc_files.described_suffixes()}",
         file_count="multiple",
         file_types=list(doc_files.SUFFIXES),
         type="filepath",
@@ -235,7 +235,7 @@ def _steps_table() -> gr.Dataframe:
         wrap=True,
         visible=False,
         elem_id="steps",
-        column_widths=["5%", "7%", "7%", "7%", "7%", "6%", "25%", "15%", "21%"],
+        column_widths=step_column_widths(),
     )
 
 

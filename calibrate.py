@@ -13,7 +13,7 @@ interrupted run continues where it stopped and repeats no LLM call. Fitting (SPE
 
     python calibrate.py --questions ../shared/data/hotpotqa/hotpotqa_ircot500.json \\
         --corpus ../shared/data/hotpotqa/hotpotqa_ircot500_corpus.json --split 0:100 \\
-        --model local --out data/calibration.json
+        --model local --out data/calibrations/my-fit.json
 """
 
 from __future__ import annotations
@@ -41,8 +41,8 @@ MIN_QUESTIONS = 30
 PRIOR_STRENGTH = 4.0  # pseudo-observations pulling each fitted rate toward PRIOR
 CONCENTRATION = 10.0  # a + b of each fitted reliability Beta
 ETA_PRIOR = (1.0, 9.0)  # Beta prior on eta: mean 0.1
-# The weak prior every fit shrinks toward (hand-set before any data: see data/calibration.json's
-# history). kappa_0(g) for m samples is 0.1 + 0.6 g / m: more agreement, more reliable.
+# The weak prior every fit shrinks toward (hand-set before any data: data/calibration_prior.json,
+# which PRIOR_TEXT describes). kappa_0(g) for m samples is 0.1 + 0.6 g / m: more agreement, more reliable.
 PRIOR = {
     "q": {a.label: a.prior_q for a in brag.ACTION_TABLE},
     "rho": {a.label: a.prior_rho for a in brag.ACTION_TABLE if a.prior_rho is not None},

@@ -18,6 +18,7 @@ from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
+import documents  # the standard library alone at import; its PDF and HTML readers load when used
 from brag import BM25_VARIANTS, Corpus, Passage, parse_json, parse_passages, read_json
 
 
@@ -46,8 +47,6 @@ def _read_documents(paths: Sequence[Path]) -> list[Any]:
 
     A file that cannot be read is reported with the reason and skipped; the rest are indexed.
     """
-    import documents  # an optional engine beside this module: pypdf, selectolax
-
     # A folder's regular files of a document type, and every file named (is_file() is False for
     # a FIFO, a device, or a link to one: those are reported, never opened).
     files = [
@@ -78,8 +77,6 @@ def _read_documents(paths: Sequence[Path]) -> list[Any]:
 
 def _read_bounded(path: Path, limit: int) -> bytes:
     """A regular file's bytes, refused past ``limit`` before it is read (a file growing meanwhile too)."""
-    import documents
-
     if not path.is_file():
         raise documents.DocumentError(
             f"{path.name}: not a regular file (a folder, device, pipe or broken link)"
@@ -96,7 +93,7 @@ def _read_bounded(path: Path, limit: int) -> bytes:
 
 def _read_inputs(docs: Sequence[Path]) -> list[Any]:
     """Passages from one passage file, or from document files and folders."""
-    if len(docs) == 1 and docs[0].is_file() and docs[0].suffix.lower() in (".json", ".jsonl"):
+    if len(docs) == 1 and docs[0].is_file() and docs[0].suffix.lower() in documents.PASSAGE_SUFFIXES:
         print(f"reading {docs[0]}", file=sys.stderr, flush=True)
         return _read_collection(docs[0])
     return _read_documents(docs)
@@ -153,8 +150,8 @@ def _parser() -> argparse.ArgumentParser:
         "paths",
         type=Path,
         nargs="+",
-        help="files and folders (.txt .md .pdf .docx .html, or passages as a JSON list or JSON Lines), "
-        "then the folder to write (the app serves it with BRAG_CORPUS_DIR); no folder with --milvus",
+        help=f"files and folders ({documents.described_suffixes()}), then the folder to write (the app "
+        "serves it with BRAG_CORPUS_DIR); no folder with --milvus",
     )
     index.add_argument(
         "--milvus", help="index into Milvus instead: a Milvus Lite file, or http(s)://host:19530"

@@ -57,7 +57,16 @@ from typing import TYPE_CHECKING, Any
 if TYPE_CHECKING:
     import brag
 
-SUFFIXES = (".txt", ".md", ".markdown", ".pdf", ".docx", ".html", ".htm", ".json", ".jsonl")
+# Files of passages, read as they are (a JSON list, or JSON Lines), not cut from a document.
+PASSAGE_SUFFIXES = (".json", ".jsonl")
+# Every file BRAG reads: documents, then passage files.
+SUFFIXES = (".txt", ".md", ".markdown", ".pdf", ".docx", ".html", ".htm", *PASSAGE_SUFFIXES)
+
+
+def described_suffixes() -> str:
+    """The files BRAG reads, as a label or a help says it: ``.txt .md …, or passages as .json / .jsonl``."""
+    documents = " ".join(s for s in SUFFIXES if s not in PASSAGE_SUFFIXES)
+    return f"{documents}, or passages as {' / '.join(PASSAGE_SUFFIXES)}"
 
 
 class DocumentError(ValueError):
@@ -207,7 +216,7 @@ def file_rows(name: str, data: bytes, limits: FileLimits = FileLimits(), cut: Cu
     suffix = Path(name).suffix.lower()
     if suffix not in SUFFIXES:
         raise DocumentError(f"{name}: unknown type {suffix or '(none)'}; BRAG reads {', '.join(SUFFIXES)}")
-    if suffix in (".json", ".jsonl"):
+    if suffix in PASSAGE_SUFFIXES:
         return _passage_file(name, data, limits)
     readers: dict[str, Callable[[str, bytes, FileLimits], list[Section]]] = {
         ".pdf": _pdf_sections,

@@ -9,6 +9,7 @@ helpers (``ui_helper``), and secrets and forged lines kept out of the log.
 from __future__ import annotations
 
 import functools
+import inspect
 import json
 import logging
 import re
@@ -335,9 +336,17 @@ class EventShare:
         return address
 
 
-# Inputs an event may be called without, at the end of its list (filled with None, which
-# means the default): /brag's cost unit and prices came after its first eight inputs.
-OPTIONAL_INPUTS = {"run_brag": 4, "run_calibrate": 1}
+def optional_inputs(block_fn: Any) -> int:
+    """How many of an event's inputs, at the end of its list, it may be called without.
+
+    Its function's parameters that take them and have a default (filled with None, which means
+    the default): /brag's cost unit, prices and files came after its first eight inputs.
+    """
+    try:
+        parameters = list(inspect.signature(block_fn.fn).parameters.values())[: len(block_fn.inputs)]
+    except (TypeError, ValueError):  # no signature to read: every input is required
+        return 0
+    return sum(1 for p in parameters if p.default is not inspect.Parameter.empty)
 
 
 class Blocks(gr.Blocks):
@@ -388,7 +397,7 @@ class Blocks(gr.Blocks):
     def validate_inputs(self, block_fn: Any, inputs: list[Any]) -> None:
         """Refuse a call with too few inputs or files Gradio should not touch; pad the optional ones."""
         total = len(block_fn.inputs)
-        required = total - OPTIONAL_INPUTS.get(block_fn.name, 0)
+        required = total - optional_inputs(block_fn)
         if len(inputs) < required:
             extra = f" (up to {total} with the optional ones)" if required < total else ""
             raise gr.Error(

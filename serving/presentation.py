@@ -122,6 +122,19 @@ STEP_COLUMNS = [
 ]
 
 
+# Each column's share of the steps table's width, relative to the others (an action's: its own).
+_COLUMN_SHARES = {"Step": 5, "P(error)": 7, "Action": 6, "What it read": 24, "Answer": 14, "Evidence": 14}
+_ACTION_SHARE, _OTHER_SHARE = 7, 16
+
+
+def step_column_widths() -> list[str]:
+    """The steps table's column widths, one per column of ``STEP_COLUMNS``, in percent."""
+    shares = [
+        _ACTION_SHARE if c in brag.ACTIONS else _COLUMN_SHARES.get(c, _OTHER_SHARE) for c in STEP_COLUMNS
+    ]
+    return [f"{100 * share / sum(shares):.1f}%" for share in shares]
+
+
 def evidence_cell(seen: dict[str, Any]) -> str:
     """What a step's vote rested on, e.g. ``answer p 0.83 · span of passage 1 · level R1:hi``."""
     if seen.get("candidate") is None:

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import re
+import subprocess
 import sys
 import zlib
 
@@ -210,3 +211,13 @@ def test_verdict_names_where_the_curve_is_above_the_best_baseline():
     assert "Default λ=0.05 met" in bench_run.verdict(close)
     nobody = synthetic({}, baseline_acc=(0, 0, 0, 0, 0, 0))
     assert bench_run.verdict(nobody).startswith("Not comparable")
+
+
+@pytest.mark.parametrize("script", sorted((ROOT / "bench").glob("*.py")), ids=lambda path: path.name)
+def test_every_bench_script_starts_and_answers_help(script):
+    # Each imports what it uses and builds its command line: a script broken by a change elsewhere
+    # (a renamed function, a moved module) fails here, not the next time someone runs it.
+    done = subprocess.run(
+        [sys.executable, str(script), "--help"], cwd=ROOT, capture_output=True, text=True, timeout=600
+    )
+    assert done.returncode == 0, done.stderr[-2_000:]

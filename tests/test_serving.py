@@ -220,3 +220,18 @@ def test_a_session_keeps_none_of_an_events_values():
     assert output["data"] == ["xxxxx"]
     assert not state.config_values  # neither the megabyte sent nor the answer is kept
     assert not any("x" * 1_000 in repr(c) for c in state.components)
+
+
+def test_what_the_page_and_the_guards_derive_from_their_source(tmp_path):
+    import app as brag_app
+    import serving.presentation
+
+    demo = brag_app.build(serving.server.Settings(cache_dir=tmp_path))
+    optional = {fn.name: serving.guards.optional_inputs(fn) for fn in demo.fns.values()}
+    assert optional["run_brag"] == 4 and optional["run_calibrate"] == 1  # cost, prices, files; files
+    widths = serving.presentation.step_column_widths()
+    assert len(widths) == len(serving.presentation.STEP_COLUMNS)
+    assert abs(sum(float(w.rstrip("%")) for w in widths) - 100) < 0.5
+    assert ".jsonl" in brag_app._file_input().label and all(
+        s in brag_app._file_input().label for s in brag_app.doc_files.SUFFIXES
+    )
