@@ -41,6 +41,7 @@ from __future__ import annotations
 
 import os
 import re
+from dataclasses import dataclass
 
 from brag import LLM, Completion
 
@@ -167,6 +168,9 @@ __all__ = [  # noqa: RUF022
     "DEFAULT_HF_MODEL",
     "default_model",
     "is_model_id",
+    "MODEL_KINDS",
+    "ModelSpec",
+    "parse_model",
     "make_llm",
 ]
 
@@ -193,8 +197,48 @@ def default_model() -> str:
     return DEFAULT_HF_MODEL if os.environ.get("HF_TOKEN") else "local"
 
 
+MODEL_KINDS = ("endpoint", "hosted", "local")
+
+
+@dataclass(frozen=True)
+class ModelSpec:
+    """A model string, read once: what :func:`make_llm` builds, and what a server's policy judges.
+
+    ``kind`` is one of ``MODEL_KINDS``: an OpenAI-compatible ``endpoint`` (``url``, and the
+    ``served`` model name after ``#``), a ``hosted`` Hugging Face model id, or an embedded
+    ``local`` model (``local`` names one of ``LOCAL_MODELS``, or a path to a GGUF file).
+    """
+
+    text: str
+    kind: str
+    url: str = ""
+    served: str = ""
+    local: str = ""
+
+    @property
+    def is_path(self) -> bool:
+        """True for ``local:<path>``: a file of the machine's, which only its owner may name."""
+        return self.kind == "local" and self.local not in LOCAL_MODELS
+
+
+def parse_model(model: str | None) -> ModelSpec:
+    """The :class:`ModelSpec` a model string names (empty: ``default_model()``); ValueError otherwise."""
+    spec = (model or "").strip() or default_model()
+    if spec.startswith(("http://", "https://")):
+        url, _, served = spec.partition("#")
+        return ModelSpec(spec, "endpoint", url=url.rstrip("/"), served=served)
+    if spec == "local" or spec.startswith("local:"):
+        choice = spec.partition(":")[2]
+        return ModelSpec(spec, "local", local="qwen" if choice in ("", "qwen") else choice)
+    if is_model_id(spec):
+        return ModelSpec(spec, "hosted")
+    raise ValueError(
+        f"model: {spec!r} is not a Hugging Face model id (org/name), an http(s) endpoint URL, or 'local'"
+    )
+
+
 def make_llm(
-    model: str | None = None,
+    model: str | ModelSpec | None = None,
     hf_token: str | None = None,
     provider: str = "auto",
     *,
@@ -203,7 +247,7 @@ def make_llm(
     secrets_from_env: bool = True,
     public_only: bool = False,
 ) -> LLM:
-    """The backend a model string names.
+    """The backend a model string (or its :func:`parse_model`) names.
 
     - ``http(s)://host/v1`` or ``http(s)://host/v1#served-name``: OpenAI-compatible endpoint;
     - ``org/name``: Hugging Face Inference Providers with ``provider`` and ``hf_token`` (or the
@@ -216,31 +260,25 @@ def make_llm(
     (only ``hf_token``), and for an endpoint URL ``public_only=True`` refuses to connect to any
     non-public address.
     """
-    spec = (model or "").strip() or default_model()
+    spec = model if isinstance(model, ModelSpec) else parse_model(model)
     retry = retry or RetryPolicy()
     timeouts = {"timeout": timeout} if timeout else {}  # else each backend's own default
-    if spec.startswith(("http://", "https://")):
-        url, _, served = spec.partition("#")
+    if spec.kind == "endpoint":
         return OpenAICompatible(
-            name=redact_url(spec),  # names the model in reports, calibrations and cache keys
-            base_url=url.rstrip("/"),
-            model=served or None,
+            name=redact_url(spec.text),  # names the model in reports, calibrations and cache keys
+            base_url=spec.url,
+            model=spec.served or None,
             api_key=hf_token or None,
             retry=retry,
             secrets_from_env=secrets_from_env,
             public_only=public_only,
             **timeouts,
         )
-    if spec == "local" or spec.startswith("local:"):
-        choice = spec.partition(":")[2]
-        if not choice or choice in LOCAL_MODELS:
-            return LocalModel(weights=LOCAL_MODELS[choice or "qwen"], **timeouts)
-        return LocalModel(path=choice, **timeouts)
-    if is_model_id(spec):
-        token = hf_token or (os.environ.get("HF_TOKEN") if secrets_from_env else None) or None
-        return HFInference(
-            name=spec, model=spec, token=token, provider=provider or "auto", retry=retry, **timeouts
-        )
-    raise ValueError(
-        f"model: {spec!r} is not a Hugging Face model id (org/name), an http(s) endpoint URL, or 'local'"
+    if spec.kind == "local":
+        if spec.is_path:
+            return LocalModel(path=spec.local, **timeouts)
+        return LocalModel(weights=LOCAL_MODELS[spec.local], **timeouts)
+    token = hf_token or (os.environ.get("HF_TOKEN") if secrets_from_env else None) or None
+    return HFInference(
+        name=spec.text, model=spec.text, token=token, provider=provider or "auto", retry=retry, **timeouts
     )

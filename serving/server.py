@@ -95,47 +95,53 @@ class LLMPool:
                 self._pool.popitem(last=False)
         return backend
 
-    def _build(self, spec: str, token: str | None, provider: str) -> llms.LLM:
-        if self.models.owner(spec):
+    def _build(self, text: str, token: str | None, provider: str) -> llms.LLM:
+        """The backend ``text`` names, read by the one parser ``make_llm`` uses (unknown: refused)."""
+        spec = llms.parse_model(text)
+        if self.models.owner(spec.text):
             return llms.make_llm(spec, token, provider)  # the server's own secrets may go there
-        if spec == "local" or spec.startswith("local:"):
+        if spec.kind == "local":
             return self._local(spec)
-        if not spec.startswith(("http://", "https://")):
+        if spec.kind == "hosted":
             return self._hosted(spec, token, provider)
-        if any(ch.isspace() for ch in spec) or not urllib.parse.urlsplit(spec).hostname:
+        if spec.kind == "endpoint":
+            return self._endpoint(spec, token, provider)
+        # A kind make_llm learns later is the owner's to offer: until this pool knows it, no.
+        raise ValueError(f"model: {spec.kind} models are not offered on this server")
+
+    def _endpoint(self, spec: llms.ModelSpec, token: str | None, provider: str) -> llms.LLM:
+        """A caller's URL, within the owner's endpoint policy; it gets the caller's token or none."""
+        if any(ch.isspace() for ch in spec.text) or not urllib.parse.urlsplit(spec.text).hostname:
             raise ValueError("model: that is not a valid http(s) URL")
-        url = spec.partition("#")[0]
-        if has_dot_segments(url):
+        if has_dot_segments(spec.url):
             raise ValueError("model: the URL's path may not hold '.' or '..' segments or encoded slashes")
-        if not self.policy.allow_all and self.policy.prefixes and not self.policy.listed(url):
+        if not self.policy.allow_all and self.policy.prefixes and not self.policy.listed(spec.url):
             raise llms.EndpointRefused(
-                f"{llms.redact_url(url)} is not an endpoint this server may call (BRAG_ALLOWED_ENDPOINTS)"
+                f"{llms.redact_url(spec.url)} is not an endpoint this server may call "
+                "(BRAG_ALLOWED_ENDPOINTS)"
             )
-        # A caller's URL gets the caller's token or none, never the server's.
         public_only = not self.policy.allow_all and not self.policy.prefixes
         return llms.make_llm(spec, token, provider, secrets_from_env=False, public_only=public_only)
 
-    def _local(self, spec: str) -> llms.LLM:
+    def _local(self, spec: llms.ModelSpec) -> llms.LLM:
         """An embedded model the owner offers: its default, or one ``BRAG_ALLOWED_MODELS`` lists."""
-        choice = spec.partition(":")[2]
-        if choice and choice not in llms.LOCAL_MODELS:
+        if spec.is_path:
             names = ", ".join(["local", *(f"local:{name}" for name in llms.LOCAL_MODELS)])
             raise ValueError(f"model: a local model is named {names}; paths are not accepted here")
-        if not self.models.listed(spec):
+        if not self.models.listed(spec.text):
             raise llms.EndpointRefused(
-                f"model: {spec} is not offered on this server (its owner lists models in BRAG_ALLOWED_MODELS)"
+                f"model: {spec.text} is not offered on this server (its owner lists models in "
+                "BRAG_ALLOWED_MODELS)"
             )
         return llms.make_llm(spec)
 
-    def _hosted(self, spec: str, token: str | None, provider: str) -> llms.LLM:
+    def _hosted(self, spec: llms.ModelSpec, token: str | None, provider: str) -> llms.LLM:
         """A Hugging Face model: the server's HF_TOKEN pays only for models the owner lists."""
-        if not llms.is_model_id(spec):
-            return llms.make_llm(spec)  # raises the error that names the accepted forms
-        if self.models.listed(spec):
+        if self.models.listed(spec.text):
             return llms.make_llm(spec, token, provider)
         if token is None:
             raise llms.TokenRejected(
-                f"model: {spec} needs your own HF token here; this server spends its own only on "
+                f"model: {spec.text} needs your own HF token here; this server spends its own only on "
                 f"{self.models.describe()} (BRAG_ALLOWED_MODELS)"
             )
         return llms.make_llm(spec, token, provider, secrets_from_env=False)

@@ -235,3 +235,24 @@ def test_what_the_page_and_the_guards_derive_from_their_source(tmp_path):
     assert ".jsonl" in brag_app._file_input().label and all(
         s in brag_app._file_input().label for s in brag_app.doc_files.SUFFIXES
     )
+
+
+def test_the_pool_reads_a_model_string_as_make_llm_does_and_refuses_what_it_does_not_know(
+    tmp_path, monkeypatch
+):
+    import llms
+
+    pool = serving.server.Server(serving.server.Settings(cache_dir=tmp_path)).llms
+    for text in ("not a model", "ftp://host/v1", "org/name/extra"):
+        with pytest.raises(ValueError) as made:
+            llms.make_llm(text)
+        with pytest.raises(serving.policy.RequestRefused) as refused:
+            pool.get(text, "", "")
+        assert str(refused.value) == str(made.value)  # one parser, one message
+    # A kind the parser learns later is refused here until the pool knows whose keys it may use.
+    built = []
+    monkeypatch.setattr(llms, "parse_model", lambda text: llms.ModelSpec(text, "future"))
+    monkeypatch.setattr(llms, "make_llm", lambda *a, **k: built.append(a))
+    with pytest.raises(serving.policy.RequestRefused, match="future models are not offered"):
+        pool.get("future:thing", "", "")
+    assert built == []
