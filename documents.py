@@ -121,6 +121,19 @@ class Section:
 Row = tuple[str, str, str, float]
 
 
+@dataclass(frozen=True)
+class FileContent:
+    """What one file holds, as plain data: passages cut from a document, or a passage file's items.
+
+    The parse worker sends it back without making passages of the items (that needs brag, and
+    with it numpy); :func:`content_rows` does, in the process that indexes them.
+    """
+
+    name: str
+    rows: list[Row]
+    items: list[Any]  # a passage file's JSON list, unvalidated
+
+
 # ------------------------------------------------------------------------------------------
 # Files to passages
 # ------------------------------------------------------------------------------------------
@@ -209,7 +222,28 @@ def as_passages(rows: Iterable[Row]) -> list[brag.Passage]:
 
 
 def file_rows(name: str, data: bytes, limits: FileLimits = FileLimits(), cut: Cut = Cut()) -> list[Row]:
-    """One file's passages as rows: what :func:`read_file` and the parse worker both read."""
+    """One file's passages as rows (:func:`file_content`, then :func:`content_rows`)."""
+    return content_rows(file_content(name, data, limits, cut), limits)
+
+
+def content_rows(content: FileContent, limits: FileLimits = FileLimits()) -> list[Row]:
+    """A file's rows: its document's, or its passage items made passages by ``brag.parse_passages``.
+
+    Here, not in the parse worker: brag (and numpy) load in the process that indexes them.
+    """
+    if not content.items:
+        return content.rows
+    import brag
+
+    try:
+        passages = [p for p in brag.parse_passages(content.items) if p is not None]
+    except ValueError as err:
+        raise DocumentError(f"{content.name}: not a passage list ({str(err)[:200]})") from None
+    return [(_shorten(p.title, limits.title_chars), p.text, p.doc_id, p.salience) for p in passages]
+
+
+def file_content(name: str, data: bytes, limits: FileLimits = FileLimits(), cut: Cut = Cut()) -> FileContent:
+    """One file read: what the parse worker reads and sends back (the standard library only)."""
     name = Path(name).name  # only the name: a path from a caller never means a place here
     if len(data) > limits.file_bytes:
         raise TooLarge(f"{name}: {len(data):,} bytes, at most {limits.file_bytes:,} per file")
@@ -217,7 +251,7 @@ def file_rows(name: str, data: bytes, limits: FileLimits = FileLimits(), cut: Cu
     if suffix not in SUFFIXES:
         raise DocumentError(f"{name}: unknown type {suffix or '(none)'}; BRAG reads {', '.join(SUFFIXES)}")
     if suffix in PASSAGE_SUFFIXES:
-        return _passage_file(name, data, limits)
+        return FileContent(name, [], _passage_items(name, data, limits))
     readers: dict[str, Callable[[str, bytes, FileLimits], list[Section]]] = {
         ".pdf": _pdf_sections,
         ".docx": _docx_sections,
@@ -233,7 +267,7 @@ def file_rows(name: str, data: bytes, limits: FileLimits = FileLimits(), cut: Cu
         raise DocumentError(f"{name}: no text found{hint}")
     if len(rows) > limits.passages:
         raise _too_many_passages(name, len(rows), limits)
-    return rows
+    return FileContent(name, rows, [])
 
 
 def _too_many_passages(name: str, count: int, limits: FileLimits) -> TooLarge:
@@ -929,22 +963,25 @@ class _PdfBudgetSpent(Exception):
 # ------------------------------------------------------------------------------------------
 
 
-def _passage_file(name: str, data: bytes, limits: FileLimits) -> list[Row]:
-    """A JSON list or JSON Lines of passages, as the app and ``brag index`` take them: not re-cut."""
-    import brag
+def _passage_items(name: str, data: bytes, limits: FileLimits) -> list[Any]:
+    """A JSON list or JSON Lines of passages, as the app and ``brag index`` take them: not re-cut.
 
+    Only parsed as JSON and counted here; :func:`content_rows` makes passages of the items.
+    """
     text = _text(name, data)
     if name.lower().endswith(".jsonl"):
         text = "[" + ",".join(line for line in text.splitlines() if line.strip()) + "]"
     try:
         items = json.loads(text)
-        if isinstance(items, list) and len(items) > limits.passages:
-            raise _too_many_passages(name, len(items), limits)
-        passages = [p for p in brag.parse_passages(items) if p is not None]
     except RecursionError:
         raise DocumentError(f"{name}: not a passage list (the JSON is nested too deeply)") from None
-    except TooLarge:
-        raise
-    except (json.JSONDecodeError, ValueError) as err:
+    except ValueError as err:
         raise DocumentError(f"{name}: not a passage list ({str(err)[:200]})") from None
-    return [(_shorten(p.title, limits.title_chars), p.text, p.doc_id, p.salience) for p in passages]
+    if not isinstance(items, list):
+        raise DocumentError(
+            f"{name}: not a passage list (expected a list of strings or of {{title, text}} objects, "
+            f"got {type(items).__name__})"
+        )
+    if len(items) > limits.passages:
+        raise _too_many_passages(name, len(items), limits)
+    return items

@@ -188,7 +188,11 @@ class _Worker:
             self.proc.wait()
 
     def read(self, name: str, data: bytes, watch: _Watch) -> list[Row]:
-        """One file's rows from the worker, or the error that names the file and the cap."""
+        """One file's rows, from what the worker read, or the error that names the file and the cap.
+
+        The worker sends a document's rows, or a passage file's items as its JSON holds them;
+        those become passages here (``documents.content_rows``), where brag is loaded anyway.
+        """
         try:
             self.requests.send_bytes(json.dumps({"name": name}).encode())
             self.requests.send_bytes(data)
@@ -197,7 +201,10 @@ class _Worker:
         reply = self._reply(name, watch)
         if "error" in reply:
             raise (TooLarge if reply.get("too_large") else DocumentError)(str(reply["error"]))
-        return [(str(t), str(x), str(d), float(s)) for t, x, d, s in reply["rows"]]
+        rows = [(str(t), str(x), str(d), float(s)) for t, x, d, s in reply["rows"]]
+        return documents.content_rows(
+            documents.FileContent(name, rows, reply.get("items") or []), self.limits
+        )
 
     def _reply(self, name: str, watch: _Watch) -> dict[str, Any]:
         wall = 2 * self.caps.cpu_seconds + 1  # CPU time is capped in whole seconds, rounded up
@@ -219,9 +226,11 @@ class _Worker:
             ) from None
         try:
             reply = json.loads(raw)
-        except ValueError:
+        except (ValueError, RecursionError):  # RecursionError: items nested as deep as the worker reads
             raise DocumentError(f"{name}: could not be read (the reader's reply was damaged)") from None
-        if not isinstance(reply, dict) or not ("error" in reply or isinstance(reply.get("rows"), list)):
+        if not isinstance(reply, dict) or not (
+            "error" in reply or (isinstance(reply.get("rows"), list) and isinstance(reply.get("items"), list))
+        ):
             raise DocumentError(f"{name}: could not be read (the reader's reply was damaged)")
         return reply
 
@@ -264,7 +273,7 @@ def main(argv: list[str]) -> None:
         _allow_cpu(config["cpu_seconds"])
         left = replace(limits, passages=limits.passages - passages)
         reply = _read_one(header["name"], data, left, cut, config)
-        passages += len(reply.get("rows", ()))
+        passages += len(reply.get("rows", ())) + len(reply.get("items", ()))
         if passages > limits.passages:
             message = f"{header['name']}: the files hold more than {limits.passages:,} passages"
             reply = {"error": message, "too_large": True}
@@ -295,7 +304,8 @@ def _allow_cpu(seconds: int) -> None:
 
 def _read_one(name: str, data: bytes, limits: FileLimits, cut: Cut, config: dict[str, Any]) -> dict[str, Any]:
     try:
-        return {"rows": documents.file_rows(name, data, limits, cut)}
+        content = documents.file_content(name, data, limits, cut)
+        return {"rows": content.rows, "items": content.items}
     except TooLarge as err:
         return {"error": str(err), "too_large": True}
     except DocumentError as err:

@@ -5,11 +5,14 @@ from __future__ import annotations
 import json
 import os
 import re
+import subprocess
+import sys
 import threading
 import time
 from pathlib import Path
 
 import pytest
+from conftest import ROOT
 from document_files import docx_bytes, pdf_bytes, raw_pdf
 
 import documents
@@ -162,3 +165,24 @@ def test_the_text_budget_counts_the_form_brag_reads():
         len(list(documents.TextBudget(10_000).spend("b.txt", [("b.txt", "ＡＢＣ" * 3_000, "b", 1.0)]))) == 1
     )
     assert documents.normalized_length(expanding * 100, 50_000) <= 50_000 + 18 * 65_536  # stops early
+
+
+def test_the_worker_reads_a_passage_file_without_brag_or_numpy():
+    # What the worker runs for a .json: with brag and numpy unimportable it still reads the items;
+    # the server then makes them passages.
+    code = (
+        "import sys; sys.modules.update(brag=None, numpy=None, scipy=None, bm25s=None)\n"
+        "import documents, json\n"
+        "data = json.dumps(['one', {'title': 'T', 'text': 'two'}]).encode()\n"
+        "content = documents.file_content('p.json', data)\n"
+        "print(json.dumps([content.rows, content.items]))\n"
+    )
+    done = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0, done.stderr
+    assert json.loads(done.stdout) == [[], ["one", {"title": "T", "text": "two"}]]
+    rows = FileReaders().read(
+        [("p.json", json.dumps(["one", {"title": "T", "text": "two"}]).encode())], FileLimits()
+    )
+    assert [(r[0], r[1]) for r in rows] == [("", "one"), ("T", "two")]
+    with pytest.raises(DocumentError, match=r"bad\.json: not a passage list \(passages\[0\]"):
+        FileReaders().read([("bad.json", b"[[1, 2]]")], FileLimits())
