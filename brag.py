@@ -50,7 +50,9 @@ from bm25s import stopwords as bm25s_stopwords
 
 # The public API, by section (in the order the sections come), not alphabetically.
 __all__ = [  # noqa: RUF022
-    # LLM protocol
+    # Errors, and the LLM protocol
+    "InputError",
+    "CalibrationError",
     "LLM",
     "Completion",
     "llm_name",
@@ -178,8 +180,26 @@ _log = logging.getLogger("brag")
 
 
 # ------------------------------------------------------------------------------------------
-# LLM protocol
+# Errors, and the LLM protocol
 # ------------------------------------------------------------------------------------------
+
+
+class InputError(ValueError):
+    """Bad input to BRAG: a question, a corpus, a calibration, a setting; the message says what to fix.
+
+    What BRAG raises for its caller's input (``RunAborted`` carries an LLM call's failure):
+
+        ValueError
+        └── InputError            a question, passages, a corpus, JSON, a setting
+            └── CalibrationError  a calibration, by the field that is wrong
+
+    The app shows these messages (and the backends' ``llms.LLMError``) to the caller; any other
+    exception is a fault of its own, whose text stays in the server's log.
+    """
+
+
+class CalibrationError(InputError):
+    """A calibration BRAG cannot use; the message names the field."""
 
 
 @dataclass(frozen=True)
@@ -428,7 +448,7 @@ class Analyzer:
         parts = name.rsplit(":", 2)
         version, mode, language = parts if len(parts) == 3 else ("", "", "")
         if version != ANALYSIS or mode not in ("scripts", "words") or not language:
-            raise ValueError(f"analysis {name!r} is not this BRAG's ({ANALYSIS})")
+            raise InputError(f"analysis {name!r} is not this BRAG's ({ANALYSIS})")
         return cls(language, mode == "scripts")
 
     @classmethod
@@ -857,9 +877,9 @@ class VoteModel:
         rule: str = "floored",
     ) -> None:
         if not 0 < eta < 1:
-            raise ValueError(f"eta must lie in (0, 1), got {eta!r}")
+            raise InputError(f"eta must lie in (0, 1), got {eta!r}")
         if rule not in _RULES:
-            raise ValueError(f"rule must be one of {_RULES}, got {rule!r}")
+            raise InputError(f"rule must be one of {_RULES}, got {rule!r}")
         self.priors, self.rule = dict(priors), rule
         self.ln_eta = math.log(eta)
         # floored: the log likelihood ratio of one vote of each type.
@@ -1236,11 +1256,11 @@ def parse_json(text: str, what: str) -> Any:
     try:
         return json.loads(text)
     except json.JSONDecodeError as err:
-        raise ValueError(
+        raise InputError(
             f"{what}: malformed JSON at line {err.lineno} column {err.colno}: {err.msg}"
         ) from None
     except RecursionError:
-        raise ValueError(f"{what}: the JSON is nested too deeply") from None
+        raise InputError(f"{what}: the JSON is nested too deeply") from None
 
 
 def read_json(source: Any, what: str) -> Any:
@@ -1251,7 +1271,7 @@ def read_json(source: Any, what: str) -> Any:
         try:
             source = path.read_text(encoding="utf-8")
         except OSError as err:
-            raise ValueError(f"{what}: cannot read {path}: {err.strerror}") from None
+            raise InputError(f"{what}: cannot read {path}: {err.strerror}") from None
         if path.suffix == ".jsonl":
             source = "[" + ",".join(line for line in source.splitlines() if line.strip()) + "]"
     return parse_json(source, what) if isinstance(source, str) else source
@@ -1274,7 +1294,7 @@ def parse_passages(passages: Any) -> list[Passage | None]:
     if isinstance(passages, str):
         passages = parse_json(passages, "passages")
     if isinstance(passages, dict) or not isinstance(passages, Sequence):
-        raise ValueError(
+        raise InputError(
             "passages: expected a list of strings or of {title, text} objects, "
             f"got {type(passages).__name__}"
         )
@@ -1291,15 +1311,15 @@ def parse_passages(passages: Any) -> list[Passage | None]:
         elif isinstance(item, Mapping):
             title, text = item.get("title", ""), item.get("text", item.get("contents"))
             if text is None or not isinstance(title, str) or not isinstance(text, str):
-                raise ValueError(f"passages[{i}]: expected string fields 'title' and 'text'")
+                raise InputError(f"passages[{i}]: expected string fields 'title' and 'text'")
             doc_id = str(item.get("doc_id", ""))
             salience = item.get("salience", 1.0)
             if isinstance(salience, bool) or not isinstance(salience, (int, float)) or not 0 <= salience <= 1:
-                raise ValueError(
+                raise InputError(
                     f"passages[{i}]: salience must be a number in [0, 1], got {_shown(salience)}"
                 )
         else:
-            raise ValueError(
+            raise InputError(
                 f"passages[{i}]: expected a string or a {{title, text}} object, got {type(item).__name__}"
             )
         title, text = _short_title(title.strip()), text.strip()
@@ -1505,7 +1525,7 @@ def check_retriever(corpus: Any) -> None:
         name for name in vars(Retriever) if name in ("__getitem__", "__len__") or not name.startswith("_")
     ]
     missing = [name for name in wanted if not callable(getattr(corpus, name, None))]
-    raise ValueError(
+    raise InputError(
         f"corpus must be a brag.Corpus or another Retriever, got {type(corpus).__name__}"
         + (f" (it lacks {', '.join(missing)})" if missing else "")
     )
@@ -1608,7 +1628,7 @@ def _build_index(
     """Drop empty passages, dedup at ingestion, embed, and index what is kept with BM25."""
     present = [i for i, p in enumerate(parsed) if p is not None]
     if not present:
-        raise ValueError("corpus is empty: no passage has any text")
+        raise InputError("corpus is empty: no passage has any text")
     segments = [p for p in parsed if p is not None]
     vectors = embedder.embed([p.render() for p in segments]) if embedder is not None else None
     if dedup.ingestion_enabled:
@@ -1618,7 +1638,7 @@ def _build_index(
         result = IngestionResult(every, [], {}, {}, {}, {i: segments[i].salience for i in every})
     kept = result.kept
     if not kept:
-        raise ValueError("corpus is empty: every passage is below the salience threshold")
+        raise InputError("corpus is empty: every passage is below the salience threshold")
     salience = np.array([result.salience[j] for j in kept], dtype=np.float32)
     store = _Passages([segments[j] for j in kept], salience)
     embeddings = None if vectors is None else vectors[kept]
@@ -1671,7 +1691,7 @@ def _bm25_of(
         lengths.append(len(tokens))
         ids.extend(map(vocab.__getitem__, tokens))
     if not vocab:
-        raise ValueError("corpus has nothing to search: no passage holds a word (letters or digits)")
+        raise InputError("corpus has nothing to search: no passage holds a word (letters or digits)")
     token_ids, counts = np.frombuffer(ids, dtype=np.int32), np.frombuffer(lengths, dtype=np.int64)
     return bm25_index(token_ids, counts, vocab, variant, k1, b), dict(vocab)
 
@@ -1700,7 +1720,7 @@ class Corpus:
         show_progress: bool = False,
     ) -> None:
         if variant not in BM25_VARIANTS:
-            raise ValueError(f"variant: unknown BM25 variant {variant!r}; use one of {list(BM25_VARIANTS)}")
+            raise InputError(f"variant: unknown BM25 variant {variant!r}; use one of {list(BM25_VARIANTS)}")
         dedup = dedup or DedupConfig()
         parsed = parse_passages(passages)
         index = _build_index(parsed, variant, k1, b, embedder, dedup, show_progress)
@@ -1915,9 +1935,9 @@ class Corpus:
         try:
             meta = json.loads((path / "brag_corpus.json").read_text(encoding="utf-8"))
         except (OSError, json.JSONDecodeError) as err:
-            raise ValueError(f"{path}: not a saved BRAG corpus ({err})") from None
+            raise InputError(f"{path}: not a saved BRAG corpus ({err})") from None
         if not isinstance(meta, dict) or meta.get("format") != _CORPUS_FORMAT:
-            raise ValueError(f"{path}: not a saved BRAG corpus of format {_CORPUS_FORMAT}: index it again")
+            raise InputError(f"{path}: not a saved BRAG corpus of format {_CORPUS_FORMAT}: index it again")
         return meta.get("name") or path.resolve().name
 
     @classmethod
@@ -1927,7 +1947,7 @@ class Corpus:
         try:
             meta = json.loads((path / "brag_corpus.json").read_text(encoding="utf-8"))
             if meta.get("format") != _CORPUS_FORMAT:
-                raise ValueError(f"format {meta.get('format')!r}, expected {_CORPUS_FORMAT}: index it again")
+                raise InputError(f"format {meta.get('format')!r}, expected {_CORPUS_FORMAT}: index it again")
             # A save without one was analysed as a Latin-script English corpus is now.
             analyzer = Analyzer.named(meta.get("analysis", f"{ANALYSIS}:words:en"))
             ids = np.load(path / "ids.npy", mmap_mode="r")
@@ -1938,10 +1958,10 @@ class Corpus:
             bm25 = bm25s.BM25.load(path / "bm25", mmap=True)
             embeddings = np.load(path / "embeddings.npy", mmap_mode="r") if meta["embedder"] else None
         except (OSError, json.JSONDecodeError, KeyError, ValueError) as err:
-            raise ValueError(f"{path}: not a saved BRAG corpus ({err})") from None
+            raise InputError(f"{path}: not a saved BRAG corpus ({err})") from None
         saved_with = meta["embedder"]
         if (embedder.name if embedder is not None else None) != saved_with:
-            raise ValueError(f"{path}: saved with embedder {saved_with!r}; pass the same one to load it")
+            raise InputError(f"{path}: saved with embedder {saved_with!r}; pass the same one to load it")
         index = _Index(
             ids,
             salience,
@@ -2127,12 +2147,12 @@ class DedupConfig:
 
     def __post_init__(self) -> None:
         if self.boost_mode not in ("linear", "logarithmic"):
-            raise ValueError(f"dedup: boost_mode must be 'linear' or 'logarithmic', got {self.boost_mode!r}")
+            raise InputError(f"dedup: boost_mode must be 'linear' or 'logarithmic', got {self.boost_mode!r}")
         for name in ("similarity_threshold", "retrieval_similarity_threshold", "salience_threshold"):
             if not -1.0 <= getattr(self, name) <= 1.0:
-                raise ValueError(f"dedup: {name} must lie in [-1, 1], got {getattr(self, name)!r}")
+                raise InputError(f"dedup: {name} must lie in [-1, 1], got {getattr(self, name)!r}")
         if self.log_base <= 1 or self.block_size < 1:
-            raise ValueError("dedup: log_base must exceed 1 and block_size be positive")
+            raise InputError("dedup: log_base must exceed 1 and block_size be positive")
 
     def boost(self, near_duplicates: int) -> float:
         """Salience added to a segment that absorbed ``near_duplicates`` others."""
@@ -2153,10 +2173,10 @@ class DedupConfig:
         while isinstance(data, Mapping) and "Ingestion" not in data and "Retrieval" not in data:
             inner = [v for v in data.values() if isinstance(v, Mapping)]
             if len(inner) != 1:
-                raise ValueError("dedup: no 'Deduplication' section with 'Ingestion' or 'Retrieval'")
+                raise InputError("dedup: no 'Deduplication' section with 'Ingestion' or 'Retrieval'")
             data = inner[0]
         if not isinstance(data, Mapping):
-            raise ValueError("dedup: expected a JSON object")
+            raise InputError("dedup: expected a JSON object")
         ing, ret = data.get("Ingestion", {}), data.get("Retrieval", {})
         names = {
             "ingestion_enabled": (ing, "Enabled"),
@@ -2664,10 +2684,12 @@ _MAX_SAMPLES = 20
 
 def _number(value: Any, where: str, low: float, high: float, *, open_low: bool = False) -> float:
     if isinstance(value, bool) or not isinstance(value, (int, float)) or math.isnan(value):
-        raise ValueError(f"calibration: {where} must be a number, got {_shown(value)}")
+        raise CalibrationError(f"calibration: {where} must be a number, got {_shown(value)}")
     if value < low or value > high or (open_low and value == low):
         bracket = "(" if open_low else "["
-        raise ValueError(f"calibration: {where} = {_shown(value)} is outside {bracket}{low:g}, {high:g}]")
+        raise CalibrationError(
+            f"calibration: {where} = {_shown(value)} is outside {bracket}{low:g}, {high:g}]"
+        )
     return float(value)
 
 
@@ -2678,7 +2700,7 @@ _BETA_RANGE = (1e-3, 1e6)
 
 def _beta(entry: Any, where: str) -> tuple[float, float]:
     if not isinstance(entry, Mapping) or "a" not in entry or "b" not in entry:
-        raise ValueError(f"calibration: {where} must be an object with Beta parameters 'a' and 'b'")
+        raise CalibrationError(f"calibration: {where} must be an object with Beta parameters 'a' and 'b'")
     a = _number(entry["a"], f"{where}.a", *_BETA_RANGE)
     b = _number(entry["b"], f"{where}.b", *_BETA_RANGE)
     return a, b
@@ -2687,20 +2709,20 @@ def _beta(entry: Any, where: str) -> tuple[float, float]:
 def calibration_from_dict(data: Any) -> Calibration:
     """Validate a calibration object and build a :class:`Calibration`; ValueError names the field."""
     if not isinstance(data, Mapping):
-        raise ValueError(f"calibration: expected a JSON object, got {type(data).__name__}")
+        raise CalibrationError(f"calibration: expected a JSON object, got {type(data).__name__}")
     version = data.get("version")
     if version != CALIBRATION_VERSION:
-        raise ValueError(
+        raise CalibrationError(
             f"calibration: unsupported version {_shown(version)} (expected {CALIBRATION_VERSION})"
         )
     # Below this η the likelihood ratios overflow; no fitted calibration comes near it.
     eta = _number(data.get("eta"), "eta", _MIN_ETA, 1.0)
     raw = data.get("actions")
     if not isinstance(raw, Mapping):
-        raise ValueError(f"calibration: 'actions' must be an object with {_listed(ACTIONS)}")
+        raise CalibrationError(f"calibration: 'actions' must be an object with {_listed(ACTIONS)}")
     for name in ACTIONS:
         if not isinstance(raw.get(name), Mapping):
-            raise ValueError(f"calibration: actions.{name} is missing")
+            raise CalibrationError(f"calibration: actions.{name} is missing")
     actions = {
         a.label: _closed_book_from_dict(raw[a.label])
         if a.vote == "samples"
@@ -2710,7 +2732,7 @@ def calibration_from_dict(data: Any) -> Calibration:
     samples = _labels("samples")[0]
     m = actions[samples].levels[-1].g
     if "m" in data and data["m"] != m:
-        raise ValueError(f"calibration: m = {_shown(data['m'])} but {samples} has {m} agreement levels")
+        raise CalibrationError(f"calibration: m = {_shown(data['m'])} but {samples} has {m} agreement levels")
     gate, details = _gate_from_dict(data.get("gate"))
     costs = _costs_from_dict(data.get("costs"))
     meta = {k: v for k, v in data.items() if k not in ("version", "eta", "actions", "m", "gate", "costs")}
@@ -2722,12 +2744,12 @@ def _costs_from_dict(raw: Any) -> dict[str, ActionCost] | None:
     if raw is None:
         return None
     if not isinstance(raw, Mapping) or set(raw) != set(ACTIONS):
-        raise ValueError(f"calibration: costs must give {_listed(ACTIONS)}")
+        raise CalibrationError(f"calibration: costs must give {_listed(ACTIONS)}")
     costs = {}
     for name in ACTIONS:
         entry = raw[name]
         if not isinstance(entry, Mapping):
-            raise ValueError(f"calibration: costs.{name} must be an object")
+            raise CalibrationError(f"calibration: costs.{name} must be an object")
         where = f"costs.{name}"
         numbers = [
             _number(entry.get(key), f"{where}.{key}", 0.0, 1e9)
@@ -2746,7 +2768,7 @@ def _read_action(name: str, entry: Mapping[str, Any], *, hop: bool = False) -> A
     if entry.get("weak") is not None:
         raw_weak = entry["weak"]
         if not isinstance(raw_weak, Mapping):
-            raise ValueError(f"calibration: actions.{name}.weak must be an object with q and rho")
+            raise CalibrationError(f"calibration: actions.{name}.weak must be an object with q and rho")
         weak_q = _number(raw_weak.get("q"), f"actions.{name}.weak.q", 0.0, 1.0)
         weak = ActionPrior(weak_q, *_beta(raw_weak.get("rho"), f"actions.{name}.weak.rho"))
     same = new = None
@@ -2774,7 +2796,7 @@ def _evidence_from_dict(raw: Any, action: str) -> EvidenceSplit:
     where = f"actions.{action}.evidence"
     weights = raw.get("weights") if isinstance(raw, Mapping) else None
     if not isinstance(weights, Mapping) or not weights or not set(weights) <= set(EVIDENCE_FEATURES):
-        raise ValueError(
+        raise CalibrationError(
             f"calibration: {where}.weights must map some of {', '.join(EVIDENCE_FEATURES)} to numbers"
         )
     parsed_weights = tuple((f, _number(w, f"{where}.weights.{f}", -1e6, 1e6)) for f, w in weights.items())
@@ -2783,16 +2805,16 @@ def _evidence_from_dict(raw: Any, action: str) -> EvidenceSplit:
     auc = _number(raw.get("auc", 0.5), f"{where}.auc", 0.0, 1.0)
     levels = raw.get("levels")
     if not isinstance(levels, Mapping) or set(levels) != {"hi", "lo"}:
-        raise ValueError(f"calibration: {where}.levels must give 'hi' and 'lo'")
+        raise CalibrationError(f"calibration: {where}.levels must give 'hi' and 'lo'")
     parsed = {}
     for name in ("hi", "lo"):
         entry = levels[name]
         if not isinstance(entry, Mapping):
-            raise ValueError(f"calibration: {where}.levels.{name} must be an object with pi and rho")
+            raise CalibrationError(f"calibration: {where}.levels.{name} must be an object with pi and rho")
         pi = _number(entry.get("pi"), f"{where}.levels.{name}.pi", 0.0, 1.0)
         parsed[name] = EvidenceLevel(name, pi, *_beta(entry.get("rho"), f"{where}.levels.{name}.rho"))
     if abs(parsed["hi"].pi + parsed["lo"].pi - 1.0) > 1e-3:
-        raise ValueError(f"calibration: {where}.levels pi values must sum to 1")
+        raise CalibrationError(f"calibration: {where}.levels pi values must sum to 1")
     name = str(raw.get("name") or "+".join(weights))[:80]
     return EvidenceSplit(name, parsed_weights, intercept, threshold, parsed["hi"], parsed["lo"], auc)
 
@@ -2800,7 +2822,7 @@ def _evidence_from_dict(raw: Any, action: str) -> EvidenceSplit:
 def _second_hop_branches(raw_same: Any, raw_new: Any) -> tuple[Branch, Branch]:
     """R2's two vote types: it repeats an earlier read's answer (share pi), or names another."""
     if not isinstance(raw_same, Mapping) or not isinstance(raw_new, Mapping):
-        raise ValueError("calibration: actions.R2 needs both 'same' {pi, rho} and 'new' {rho}")
+        raise CalibrationError("calibration: actions.R2 needs both 'same' {pi, rho} and 'new' {rho}")
     pi = _number(raw_same.get("pi"), "actions.R2.same.pi", 0.0, 1.0)
     same = Branch(pi, *_beta(raw_same.get("rho"), "actions.R2.same.rho"))
     return same, Branch(1.0 - pi, *_beta(raw_new.get("rho"), "actions.R2.new.rho"))
@@ -2811,11 +2833,13 @@ def _closed_book_from_dict(entry: Mapping[str, Any]) -> ActionPrior:
     q = _number(entry.get("q"), "actions.CB.q", 0.0, 1.0)
     levels_raw = entry.get("levels")
     if not isinstance(levels_raw, Mapping) or not levels_raw:
-        raise ValueError("calibration: actions.CB.levels must map each agreement level g to {pi, kappa}")
+        raise CalibrationError(
+            "calibration: actions.CB.levels must map each agreement level g to {pi, kappa}"
+        )
     levels = []
     for key, lv in levels_raw.items():
         if not str(key).isdigit() or not isinstance(lv, Mapping):
-            raise ValueError(
+            raise CalibrationError(
                 f"calibration: actions.CB.levels.{_shown(key)} is not a level g -> {{pi, kappa}}"
             )
         where = f"actions.CB.levels.{key}"
@@ -2824,11 +2848,13 @@ def _closed_book_from_dict(entry: Mapping[str, Any]) -> ActionPrior:
     levels.sort(key=lambda lv: lv.g)
     m = levels[-1].g
     if [lv.g for lv in levels] != list(range(1, m + 1)):
-        raise ValueError(f"calibration: actions.CB.levels must be exactly 1..{m}")
+        raise CalibrationError(f"calibration: actions.CB.levels must be exactly 1..{m}")
     if m > _MAX_SAMPLES:  # m is how many samples every CB call asks for
-        raise ValueError(f"calibration: CB has {m} agreement levels; at most {_MAX_SAMPLES} are allowed")
+        raise CalibrationError(
+            f"calibration: CB has {m} agreement levels; at most {_MAX_SAMPLES} are allowed"
+        )
     if abs(sum(lv.pi for lv in levels) - 1.0) > 1e-3:
-        raise ValueError("calibration: actions.CB.levels pi values must sum to 1")
+        raise CalibrationError("calibration: actions.CB.levels pi values must sum to 1")
     # A mean reliability near 1 is allowed; the Beta prior keeps it finite.
     return ActionPrior(q, 1.0, 1.0, tuple(levels))
 
@@ -2838,21 +2864,21 @@ def _gate_from_dict(raw: Any) -> tuple[Gate | None, dict[str, Any]]:
     if raw is None:
         return None, {}
     if not isinstance(raw, Mapping) or not isinstance(raw.get("signals"), list):
-        raise ValueError("calibration: gate must be an object with a 'signals' list")
+        raise CalibrationError("calibration: gate must be an object with a 'signals' list")
     signals = []
     for i, entry in enumerate(raw["signals"]):
         where = f"gate.signals[{i}]"
         if not isinstance(entry, Mapping) or not isinstance(entry.get("name"), str):
-            raise ValueError(f"calibration: {where} needs a name, an orientation and a threshold")
+            raise CalibrationError(f"calibration: {where} needs a name, an orientation and a threshold")
         orientation = entry.get("orientation")
         if orientation not in (1, -1, 1.0, -1.0):
-            raise ValueError(f"calibration: {where}.orientation must be 1 or -1")
+            raise CalibrationError(f"calibration: {where}.orientation must be 1 or -1")
         threshold = _number(entry.get("threshold"), f"{where}.threshold", -1e12, 1e12)
         auc = _number(entry.get("auc", 0.5), f"{where}.auc", 0.0, 1.0)
         signals.append(GateSignal(entry["name"], float(orientation), threshold, auc))
     k = raw.get("k", 5)
     if not isinstance(k, int) or k < 1:
-        raise ValueError("calibration: gate.k must be a positive integer")
+        raise CalibrationError("calibration: gate.k must be a positive integer")
     details = {key: value for key, value in raw.items() if key not in ("signals", "k")}
     return Gate(tuple(signals), k), details
 
@@ -3112,7 +3138,7 @@ class Action:
     def __post_init__(self) -> None:
         # Vote types are built from the label ("R2_new:hi"), so it holds neither "_" nor ":".
         if not self.label.isalnum() or self.vote not in VOTE_KINDS:
-            raise ValueError(f"action {self.label!r}: a letters-and-digits label and a vote in {VOTE_KINDS}")
+            raise InputError(f"action {self.label!r}: a letters-and-digits label and a vote in {VOTE_KINDS}")
 
     def estimated_cost(self, question: str, passage: Passage, k: int, m: int) -> ActionCost:
         """Its cost from its prompt's size (about 4 characters a token), without a calibration."""
@@ -3136,11 +3162,15 @@ ACTIONS = tuple(a.label for a in ACTION_TABLE)
 
 
 class RunAborted(RuntimeError):
-    """An action failed mid-run (mostly its LLM call); ``report`` holds everything done before."""
+    """An action failed mid-run (mostly its LLM call); ``report`` holds everything done before.
 
-    def __init__(self, message: str, report: dict[str, Any]) -> None:
+    ``step`` names what failed (an action's label, ``retrieval``, or ``the run``); the failure
+    itself is the exception's ``__cause__``.
+    """
+
+    def __init__(self, message: str, report: dict[str, Any], step: str = "the run") -> None:
         super().__init__(message)
-        self.report = report
+        self.report, self.step = report, step
 
 
 @dataclass
@@ -3217,13 +3247,13 @@ def action_costs(
     hand-set prior, older files) falls back to estimates from the prompts' sizes, and says so.
     """
     if unit not in COST_UNITS:
-        raise ValueError(f"cost must be one of {COST_UNITS}, got {unit!r}")
+        raise InputError(f"cost must be one of {COST_UNITS}, got {unit!r}")
     if unit == "calls":
         return dict.fromkeys(ACTIONS, 1.0), "every action counts as one call"
     if unit == "usd" and (prices is None or len(prices) != 2 or min(prices) < 0 or max(prices) <= 0):
-        raise ValueError("cost='usd' needs prices=(input, output) in dollars per million tokens")
+        raise InputError("cost='usd' needs prices=(input, output) in dollars per million tokens")
     if not output_ratio > 0:
-        raise ValueError(f"output_ratio must be positive, got {output_ratio!r}")
+        raise InputError(f"output_ratio must be positive, got {output_ratio!r}")
     measured = calibration.costs
     usable = measured is not None and (unit != "seconds" or all(c.seconds for c in measured.values()))
     if usable:
@@ -3234,7 +3264,7 @@ def action_costs(
     raw = {a: _price(base[a], unit, output_ratio, prices) for a in ACTIONS}
     read = raw[ACTIONS[0]]  # the unit of cost: one run of the table's first action, a read
     if not (math.isfinite(read) and read > 0 and all(math.isfinite(v) for v in raw.values())):
-        raise ValueError(
+        raise InputError(
             f"cost {unit!r}: a read would cost {read:g} with these figures ({source}); every cost is "
             "relative to a read, so a read must cost more than 0"
         )
@@ -3373,13 +3403,13 @@ class BRAG:
         calibration = load_calibration(shipped_calibration(llm_name(self.llm)) if given is None else given)
         object.__setattr__(self, "calibration", calibration)
         if not (isinstance(self.lam, (int, float)) and self.lam >= 0):
-            raise ValueError(f"lam must be a number >= 0, got {self.lam!r}")
+            raise InputError(f"lam must be a number >= 0, got {self.lam!r}")
         counts = (("k", self.k), ("m", self.m), ("max_uses", self.max_uses), ("hops", self.hops))
         for name, value in (*counts, ("min_calls", self.min_calls)):
             least = 0 if name in ("hops", "min_calls") else 1  # no second hop; no call made regardless
             if not isinstance(value, int) or isinstance(value, bool) or value < least:
                 kind = "a whole number >= 0" if least == 0 else "a positive integer"
-                raise ValueError(f"{name} must be {kind}, got {value!r}")
+                raise InputError(f"{name} must be {kind}, got {value!r}")
         if self.costs is None:
             priced, source = action_costs(
                 calibration, self.cost, k=self.k, m=self.m, output_ratio=self.output_ratio, prices=self.prices
@@ -3387,7 +3417,7 @@ class BRAG:
         else:
             priced, source = dict(self.costs), "given"
         if set(priced) != set(ACTIONS) or min(priced.values()) <= 0:
-            raise ValueError(f"costs must give a positive cost for each of {_listed(ACTIONS)}")
+            raise InputError(f"costs must give a positive cost for each of {_listed(ACTIONS)}")
         object.__setattr__(self, "priced_costs", priced)  # ``costs`` stays what the caller gave
         object.__setattr__(self, "_cost_source", source)
         if (
@@ -3396,7 +3426,7 @@ class BRAG:
             or self.policy not in _POLICIES
         ):
             choices = f"rule in {_RULES}, second_hop in {_SECOND_HOP_MODELS}, policy in {_POLICIES}"
-            raise ValueError(f"settings must be {choices}")
+            raise InputError(f"settings must be {choices}")
         object.__setattr__(
             self, "_vote_model", VoteModel(calibration.source_priors(self.m), calibration.eta, rule=self.rule)
         )
@@ -3428,9 +3458,9 @@ class BRAG:
         One pair after each decision, before its action runs (``report["finished"]`` is False).
         """
         if actions is not None and not set(actions) <= set(ACTIONS):
-            raise ValueError(f"actions must be drawn from {ACTIONS}, got {list(actions)!r}")
+            raise InputError(f"actions must be drawn from {ACTIONS}, got {list(actions)!r}")
         if not isinstance(question, str) or not question.strip():
-            raise ValueError("question is empty")
+            raise InputError("question is empty")
         check_retriever(corpus)
         question = " ".join(question.split())
         run = _Run(self, question, corpus, on_step, list(actions) if actions is not None else None)
@@ -3440,7 +3470,8 @@ class BRAG:
                     yield run.answer(), run.report("", finished=False)
         except Exception as err:  # a backend may raise anything; the work done is kept
             report = run.report(f"error: {err}")
-            raise RunAborted(f"{run.current or 'the run'} failed: {err}", report) from err
+            step = run.current or "the run"
+            raise RunAborted(f"{step} failed: {err}", report, step) from err
         yield run.answer(), run.report(run.stop_reason)
 
 

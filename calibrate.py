@@ -114,10 +114,10 @@ def _labelled(item: Any, index: int, gold_required: bool = True) -> Labelled:
     if isinstance(item, str) and not gold_required:
         item = {"question": item}
     if not isinstance(item, dict):
-        raise ValueError(f"labelled[{index}]: expected an object, got {type(item).__name__}")
+        raise brag.InputError(f"labelled[{index}]: expected an object, got {type(item).__name__}")
     question = item.get("question")
     if not isinstance(question, str) or not question.strip():
-        raise ValueError(f"labelled[{index}]: 'question' is missing or empty")
+        raise brag.InputError(f"labelled[{index}]: 'question' is missing or empty")
     qid = str(item.get("id", item.get("_id", index)))
     supporting: list[str] = []
     if "gold" in item:  # our own layout
@@ -136,14 +136,16 @@ def _labelled(item: Any, index: int, gold_required: bool = True) -> Labelled:
     elif not gold_required and not {"answer", "answers", "gold_answers"} & set(item):
         return Labelled(qid, " ".join(question.split()), ())
     else:
-        raise ValueError(
+        raise brag.InputError(
             f"labelled[{index}]: unknown layout with fields {sorted(item)}; expected "
             '{"question", "gold": [...]} or a HotpotQA / 2WikiMultihopQA / MuSiQue item'
         )
     if not gold_required and (not gold or gold == [""]):  # an empty gold: this question is unlabelled
         return Labelled(qid, " ".join(question.split()), (), tuple(supporting))
     if not isinstance(gold, list) or not gold or not all(isinstance(g, str) and g.strip() for g in gold):
-        raise ValueError(f"labelled[{index}]: gold answers are missing (need a non-empty list of strings)")
+        raise brag.InputError(
+            f"labelled[{index}]: gold answers are missing (need a non-empty list of strings)"
+        )
     return Labelled(qid, " ".join(question.split()), tuple(gold), tuple(supporting))
 
 
@@ -151,7 +153,7 @@ def read_labelled(source: str | os.PathLike[str] | Sequence[Any]) -> list[Labell
     """Labelled questions from a list, a JSON string, or a JSON / JSON Lines file."""
     source = brag.read_json(source, "labelled questions")
     if not isinstance(source, list):
-        raise ValueError("labelled questions: expected a JSON list of {question, gold} objects")
+        raise brag.InputError("labelled questions: expected a JSON list of {question, gold} objects")
     return [_labelled(item, i) for i, item in enumerate(source)]
 
 
@@ -166,7 +168,9 @@ def read_questions(source: str | os.PathLike[str] | Sequence[Any]) -> list[Label
         source = "[" + ",".join(lines) + "]"
     source = brag.read_json(source, "questions")
     if not isinstance(source, list):
-        raise ValueError('questions: expected a JSON list of strings or of {"question", "gold"?} objects')
+        raise brag.InputError(
+            'questions: expected a JSON list of strings or of {"question", "gold"?} objects'
+        )
     return [_labelled(item, i, gold_required=False) for i, item in enumerate(source)]
 
 
@@ -176,7 +180,7 @@ def select(items: list[Labelled], split: str) -> list[Labelled]:
         start, _, stop = split.partition(":")
         return items[slice(int(start) if start else None, int(stop) if stop else None)]
     except ValueError:
-        raise ValueError(f"split must look like 0:100, got {split!r}") from None
+        raise brag.InputError(f"split must look like 0:100, got {split!r}") from None
 
 
 # ------------------------------------------------------------------------------------------
@@ -301,9 +305,9 @@ def read_progress(path: Path, key: str | None) -> dict[str, Outcome]:
     except json.JSONDecodeError:
         header = None
     if not isinstance(header, dict) or "progress_key" not in header:
-        raise ValueError(f"{what} has no valid header line; delete it to start the calibration over")
+        raise brag.InputError(f"{what} has no valid header line; delete it to start the calibration over")
     if key is not None and header["progress_key"] != key:
-        raise ValueError(f"{what} belongs to another model, corpus or setting; delete it to start over")
+        raise brag.InputError(f"{what} belongs to another model, corpus or setting; delete it to start over")
     done: dict[str, Outcome] = {}
     for number, line in enumerate(lines[1:], 2):
         if not line.strip():
@@ -312,7 +316,7 @@ def read_progress(path: Path, key: str | None) -> dict[str, Outcome]:
             row = json.loads(line)
             done[row["id"]] = Outcome(**row)
         except (json.JSONDecodeError, KeyError, TypeError) as err:
-            raise ValueError(
+            raise brag.InputError(
                 f"{what}, line {number}, is damaged ({type(err).__name__}); delete the file to start the "
                 "calibration over"
             ) from None
@@ -807,7 +811,7 @@ MIN_ANSWERS = 5  # questions a source must answer for its reliability to be fitt
 MIN_AGREEMENTS = 5  # unlabelled questions where R1 and CB must agree, and must disagree
 
 
-class Unidentifiable(ValueError):
+class Unidentifiable(brag.InputError):
     """The questions cannot tell the sources' reliabilities apart without gold answers."""
 
 
@@ -1018,7 +1022,7 @@ def auc(scores: Sequence[float], positive: Sequence[bool]) -> float:
     scores, positive = np.asarray(scores, dtype=float), np.asarray(positive, dtype=bool)
     n_pos, n_neg = int(positive.sum()), int((~positive).sum())
     if n_pos == 0 or n_neg == 0:
-        raise ValueError("AUC needs both weak and strong windows")
+        raise brag.InputError("AUC needs both weak and strong windows")
     order = np.argsort(scores, kind="stable")
     ranks = np.empty(len(scores))
     sorted_scores = scores[order]
@@ -1119,7 +1123,7 @@ def fit_gate(
     """
     weak = np.array([w for _, w in rows], dtype=bool)
     if len(rows) < MIN_QUESTIONS or weak.all() or not weak.any():
-        raise ValueError(f"gate calibration needs {MIN_QUESTIONS}+ windows, some weak and some strong")
+        raise brag.InputError(f"gate calibration needs {MIN_QUESTIONS}+ windows, some weak and some strong")
     names = sorted({name for signals, _ in rows for name in signals})
     table = {n: np.array([s.get(n, np.nan) for s, _ in rows]) for n in names}
     aucs = _signal_aucs(table, weak)
@@ -1262,9 +1266,9 @@ def calibrate(
     they cannot be.
     """
     if len(items) < MIN_QUESTIONS:
-        raise ValueError(f"calibration needs at least {MIN_QUESTIONS} questions, got {len(items)}")
+        raise brag.InputError(f"calibration needs at least {MIN_QUESTIONS} questions, got {len(items)}")
     if len({i.id for i in items}) != len(items):
-        raise ValueError("questions: ids must be unique")
+        raise brag.InputError("questions: ids must be unique")
     gate = _fit_gate_if_identifiable(items, corpus, k)
     # The prior calibration plus this gate: the schedule decides what runs, and the gate's
     # verdict on each window is recorded so R1 and R2 get strong- and weak-window reliabilities.
@@ -1322,17 +1326,17 @@ def pool(
     pooled one beats, and :func:`brag.shipped_calibration` gives those the pooled fit.
     """
     if len(sets) < 2:
-        raise ValueError("pool needs at least two calibrations")
+        raise brag.InputError("pool needs at least two calibrations")
     first = sets[0][0]
     for calibration, outcomes in sets:
         for key in ("model", "k", "m", "hops"):
             if calibration.get(key) != first.get(key):
-                raise ValueError(
+                raise brag.InputError(
                     f"pool: {calibration.get('name')} has {key} = {calibration.get(key)!r}, "
                     f"{first.get('name')} has {first.get(key)!r}; pool fits of one model and one setting"
                 )
         if not all(o.labelled for o in outcomes):
-            raise ValueError(f"pool: {calibration.get('name')} has questions without gold answers")
+            raise brag.InputError(f"pool: {calibration.get('name')} has questions without gold answers")
     m, hops = int(first["m"]), int(first["hops"])
     together = without_gate([o for _, outcomes in sets for o in outcomes])
     fitted = fit(together, m, hops)
@@ -1509,14 +1513,14 @@ def read_outcomes(calibration_path: str | os.PathLike[str]) -> list[Outcome]:
     """The outcomes kept beside a calibration file, in question order."""
     path = outcomes_path(calibration_path)
     if not path.is_file():
-        raise ValueError(f"{path} is missing: pool needs the outcomes each calibration was fitted on")
+        raise brag.InputError(f"{path} is missing: pool needs the outcomes each calibration was fitted on")
     return list(read_progress(path, None).values())
 
 
 def corpus_from_args(args: argparse.Namespace) -> brag.Retriever:
     """``--corpus FILE``, or ``--milvus URI --collection NAME``: exactly one of them."""
     if bool(args.milvus or args.collection) == bool(args.corpus):
-        raise ValueError("give the corpus as --corpus FILE or as --milvus URI --collection NAME (one)")
+        raise brag.InputError("give the corpus as --corpus FILE or as --milvus URI --collection NAME (one)")
     milvus = milvus_corpus.from_arguments(args)
     return milvus if milvus is not None else brag.Corpus(Path(args.corpus).read_text(encoding="utf-8"))
 

@@ -19,7 +19,7 @@ from pathlib import Path
 from typing import Any
 
 import documents  # the standard library alone at import; its PDF and HTML readers load when used
-from brag import BM25_VARIANTS, Corpus, Passage, parse_json, parse_passages, read_json
+from brag import BM25_VARIANTS, Corpus, InputError, Passage, parse_json, parse_passages, read_json
 
 
 def _read_collection(path: Path) -> list[Any]:
@@ -37,7 +37,7 @@ def _read_collection(path: Path) -> list[Any]:
                 try:
                     (passage,) = parse_passages([item])
                 except ValueError as err:
-                    raise ValueError(f"{path}, line {number}: {str(err).split(': ', 1)[-1]}") from None
+                    raise InputError(f"{path}, line {number}: {str(err).split(': ', 1)[-1]}") from None
                 passages.append(passage or Passage("", ""))  # kept, so ids stay line numbers
     return passages
 
@@ -69,7 +69,7 @@ def _read_documents(paths: Sequence[Path]) -> list[Any]:
         count = f"{len(found):,} passage{'s' if len(found) != 1 else ''}"
         print(f"[{number}/{len(files)}] {path}: {count}", file=sys.stderr, flush=True)
     if not passages:
-        raise ValueError(f"no readable document among {len(files)} file{'s' if len(files) != 1 else ''}")
+        raise InputError(f"no readable document among {len(files)} file{'s' if len(files) != 1 else ''}")
     if skipped:
         print(f"{skipped} of {len(files)} files skipped (above)", file=sys.stderr)
     return passages
@@ -130,7 +130,7 @@ def _index_into_milvus(args: argparse.Namespace) -> int:
 def _save_whole(corpus: Corpus, out: Path, name: str) -> None:
     """Save into a hidden folder beside ``out`` and rename it: ``out`` appears only when complete."""
     if out.exists():
-        raise ValueError(f"{out} already exists: give a new folder, or delete it first")
+        raise InputError(f"{out} already exists: give a new folder, or delete it first")
     out.parent.mkdir(parents=True, exist_ok=True)
     partial = Path(tempfile.mkdtemp(prefix=f".{out.name}.partial-", dir=out.parent))
     try:

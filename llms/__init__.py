@@ -43,7 +43,7 @@ import os
 import re
 from dataclasses import dataclass
 
-from brag import LLM, Completion
+from brag import LLM, Completion, InputError
 
 from .cache import (
     CACHE_MODES,
@@ -222,7 +222,7 @@ class ModelSpec:
 
 
 def parse_model(model: str | None) -> ModelSpec:
-    """The :class:`ModelSpec` a model string names (empty: ``default_model()``); ValueError otherwise."""
+    """The :class:`ModelSpec` a model string names (empty: ``default_model()``); InputError otherwise."""
     spec = (model or "").strip() or default_model()
     if spec.startswith(("http://", "https://")):
         url, _, served = spec.partition("#")
@@ -232,7 +232,7 @@ def parse_model(model: str | None) -> ModelSpec:
         return ModelSpec(spec, "local", local="qwen" if choice in ("", "qwen") else choice)
     if is_model_id(spec):
         return ModelSpec(spec, "hosted")
-    raise ValueError(
+    raise InputError(
         f"model: {spec!r} is not a Hugging Face model id (org/name), an http(s) endpoint URL, or 'local'"
     )
 

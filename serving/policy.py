@@ -346,7 +346,7 @@ def read_calibration(
         )
     try:
         return brag.calibration_from_dict(brag.parse_json(text, "calibration"))
-    except ValueError as err:
+    except brag.InputError as err:
         raise refused(str(err)) from None
 
 
@@ -369,7 +369,7 @@ def read_labelled(text: Any, limits: Limits) -> list[calibrate.Labelled]:
         )
     try:
         items = calibrate.read_questions(text)
-    except ValueError as err:
+    except brag.InputError as err:
         raise refused(str(err)) from None
     if not limits.labelled_min <= len(items) <= limits.labelled_max:
         raise refused(
@@ -691,7 +691,7 @@ class KeptCalibrations:
             raise refused("not the name of a kept calibration")
         try:
             return brag.load_calibration(self.directory / f"{name}.json")
-        except ValueError:
+        except brag.InputError:
             raise refused(f"the kept calibration {name} cannot be read; run /calibrate again") from None
 
     def keep(self, result: dict[str, Any]) -> str:

@@ -87,7 +87,7 @@ class LLMPool:
         try:
             llms.check_token(token)
             backend = self._build(spec, token, provider)
-        except (ValueError, llms.LLMError) as err:
+        except (brag.InputError, llms.LLMError) as err:
             raise refused(str(err)) from None
         with self._lock:
             backend = self._pool.setdefault(key, backend)
@@ -107,14 +107,16 @@ class LLMPool:
         if spec.kind == "endpoint":
             return self._endpoint(spec, token, provider)
         # A kind make_llm learns later is the owner's to offer: until this pool knows it, no.
-        raise ValueError(f"model: {spec.kind} models are not offered on this server")
+        raise brag.InputError(f"model: {spec.kind} models are not offered on this server")
 
     def _endpoint(self, spec: llms.ModelSpec, token: str | None, provider: str) -> llms.LLM:
         """A caller's URL, within the owner's endpoint policy; it gets the caller's token or none."""
         if any(ch.isspace() for ch in spec.text) or not urllib.parse.urlsplit(spec.text).hostname:
-            raise ValueError("model: that is not a valid http(s) URL")
+            raise brag.InputError("model: that is not a valid http(s) URL")
         if has_dot_segments(spec.url):
-            raise ValueError("model: the URL's path may not hold '.' or '..' segments or encoded slashes")
+            raise brag.InputError(
+                "model: the URL's path may not hold '.' or '..' segments or encoded slashes"
+            )
         if not self.policy.allow_all and self.policy.prefixes and not self.policy.listed(spec.url):
             raise llms.EndpointRefused(
                 f"{llms.redact_url(spec.url)} is not an endpoint this server may call "
@@ -127,7 +129,7 @@ class LLMPool:
         """An embedded model the owner offers: its default, or one ``BRAG_ALLOWED_MODELS`` lists."""
         if spec.is_path:
             names = ", ".join(["local", *(f"local:{name}" for name in llms.LOCAL_MODELS)])
-            raise ValueError(f"model: a local model is named {names}; paths are not accepted here")
+            raise brag.InputError(f"model: a local model is named {names}; paths are not accepted here")
         if not self.models.listed(spec.text):
             raise llms.EndpointRefused(
                 f"model: {spec.text} is not offered on this server (its owner lists models in "
@@ -150,16 +152,23 @@ class LLMPool:
 def _failure(err: Exception) -> RequestRefused:
     """The message a user sees for a failed request; never a stack trace, never the token."""
     if isinstance(err, brag.RunAborted):
-        report = err.report
+        report, cause = err.report, err.__cause__
         done = report["totals"]["llm_calls"]
         best = report["answer"] or "none yet"
+        what = str(err) if isinstance(cause, brag.InputError | llms.LLMError) else _internal(cause, err.step)
         return refused(
-            f"{err} — work done before the failure: {plural(done, 'LLM call')}, best answer so far: {best}"
+            f"{what} — work done before the failure: {plural(done, 'LLM call')}, best answer so far: {best}"
         )
-    if isinstance(err, ValueError | llms.LLMError):
+    if isinstance(err, brag.InputError | llms.LLMError):
         return refused(str(err))
-    log.exception("unexpected error")
-    return refused(f"Internal error ({type(err).__name__}); the server is still up, please retry.")
+    return refused(_internal(err))
+
+
+def _internal(err: BaseException | None, step: str = "") -> str:
+    """A fault of the server's own: its text (which can name paths or values) stays in the log."""
+    log.error("unexpected error", exc_info=err)
+    said = f"{step} failed: an internal error" if step else "Internal error"
+    return f"{said} ({type(err).__name__}); the server is still up, please retry."
 
 
 @dataclass(frozen=True)
@@ -266,7 +275,7 @@ class Server:
         with self._scrubbed_errors():
             try:
                 uploads.check_file_data(value, upload_folder(), self.limits.files, known)
-            except ValueError as err:
+            except uploads.FileRefused as err:
                 raise refused(str(err)) from None
 
     def pick_corpus(

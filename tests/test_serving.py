@@ -256,3 +256,28 @@ def test_the_pool_reads_a_model_string_as_make_llm_does_and_refuses_what_it_does
     with pytest.raises(serving.policy.RequestRefused, match="future models are not offered"):
         pool.get("future:thing", "", "")
     assert built == []
+
+
+def test_only_brags_own_errors_and_the_backends_reach_a_caller_with_their_text():
+    import brag
+    import llms
+
+    for err, shown in (
+        (brag.InputError("question is empty"), "question is empty"),
+        (brag.CalibrationError("calibration: eta must be a number"), "calibration: eta must be a number"),
+        (llms.RateLimited("rate limited by x (HTTP 429)"), "rate limited by x (HTTP 429)"),
+    ):
+        assert str(serving.server._failure(err)) == shown
+    for bug in (ValueError("/srv/app/secret.json: bad"), json.JSONDecodeError("Expecting", "/etc/x", 0)):
+        message = str(serving.server._failure(bug))
+        assert message.startswith("Internal error (") and "/srv" not in message and "/etc" not in message
+    report = {"totals": {"llm_calls": 1}, "answer": ""}
+    for cause, shown in (
+        (llms.LLMTimeout("no answer in time"), "no answer in time"),
+        (KeyError("/tmp/k"), "KeyError"),
+    ):
+        try:
+            raise brag.RunAborted(f"R1 failed: {cause}", report, "R1") from cause
+        except brag.RunAborted as aborted:
+            message = str(serving.server._failure(aborted))
+        assert message.startswith("R1 failed") and shown in message and ("/tmp/k" not in message)
