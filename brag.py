@@ -40,9 +40,9 @@ from array import array
 from collections import Counter
 from collections.abc import Callable, Collection, Iterable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
-from dataclasses import asdict, dataclass, field, is_dataclass, replace
+from dataclasses import asdict, dataclass, field, fields, is_dataclass, replace
 from pathlib import Path
-from typing import Any, BinaryIO, NamedTuple, Protocol, runtime_checkable
+from typing import Any, BinaryIO, ClassVar, NamedTuple, Protocol, runtime_checkable
 
 import bm25s
 import numpy as np
@@ -154,6 +154,14 @@ __all__ = [  # noqa: RUF022
     "ACTION_TABLE",
     "Action",
     "VOTE_KINDS",
+    "VoteKind",
+    "VoteType",
+    "Read",
+    "Hop",
+    "Samples",
+    "Case",
+    "action_named",
+    "passage_labels",
     # Runner
     "BRAG",
     "DEFAULT_HOPS",
@@ -1574,11 +1582,11 @@ class _Passages:
         parts, at = [], 0
         for row in range(len(self)):
             p = self[row]
-            fields = [p.title.encode(), p.text.encode(), p.doc_id.encode()]
-            offsets[row, :3] = at, at + len(fields[0]), at + len(fields[0]) + len(fields[1])
-            at += sum(map(len, fields))
+            encoded = [p.title.encode(), p.text.encode(), p.doc_id.encode()]
+            offsets[row, :3] = at, at + len(encoded[0]), at + len(encoded[0]) + len(encoded[1])
+            at += sum(map(len, encoded))
             offsets[row, 3] = at
-            parts += fields
+            parts += encoded
         np.save(directory / "texts.npy", np.frombuffer(b"".join(parts), dtype=np.uint8))
         np.save(directory / "offsets.npy", offsets)
 
@@ -2538,21 +2546,6 @@ class ActionCost:
     seconds: float | None  # None when the latencies were not known
 
 
-def _labels(kind: str) -> list[str]:
-    """The labels of the actions whose votes are of ``kind`` (``VOTE_KINDS``), in table order."""
-    return [a.label for a in ACTION_TABLE if a.vote == kind]
-
-
-def _window_labels() -> list[str]:
-    """The labels of the actions that read a window (reads and hops): the gate judges each."""
-    return [a.label for a in ACTION_TABLE if a.vote != "samples"]
-
-
-def _action_label(vote_type: str) -> str:
-    """The action a vote type belongs to: ``R2`` for ``R2``, ``R2_new`` and ``R2_new:hi``."""
-    return vote_type.split(":")[0].split("_")[0]
-
-
 def _listed(names: Sequence[str]) -> str:
     """``R1, R2 and CB``."""
     return ", ".join(names[:-1]) + f" and {names[-1]}" if len(names) > 1 else "".join(names)
@@ -2574,89 +2567,44 @@ class Calibration:
     gate_details: dict[str, Any] = field(default_factory=dict)  # AUCs, n, logistic fit
     costs: dict[str, ActionCost] | None = None
 
-    def branches(self) -> tuple[Branch, Branch]:
-        """The hop's (same, new) outcomes; without them, both are the hop's own reliability."""
-        hop = self.actions[_labels("hop")[0]]
-        fallback = Branch(0.5, hop.a, hop.b)
-        return hop.same or fallback, hop.new or fallback
+    def offered(self) -> tuple[Action, ...]:
+        """The table's actions it has an entry for, in table order: the ones a controller offers."""
+        return tuple(a for a in ACTION_TABLE if a.label in self.actions)
 
-    def source_priors(self, m: int) -> dict[str, tuple[float, float]]:
-        """Beta(a, b) per vote type.
+    def prior_of(self, action: Action) -> ActionPrior:
+        """An action's entry, or its kind's hand-set prior when it has none (:meth:`VoteKind.prior`)."""
+        found = self.actions.get(action.label)
+        return found if found is not None else action.kind.prior(action, self.m)
 
-        R1, R2 and their weak-window variants; R2_same and R2_new (the second hop read against
-        the answers before it); ``R1:hi``, ``R1:lo``, ``R2:hi``, ... ``R2_new:lo`` for a read
-        whose calibration splits its votes by evidence; and CB_g for g = 1..m.
+    def source_priors(
+        self, m: int, actions: Sequence[Action] | None = None
+    ) -> dict[VoteType, tuple[float, float]]:
+        """Beta(a, b) per vote type of ``actions`` (default: the ones it has), for m samples a call.
+
+        ``R1``, ``R1_weak``, ``R1:hi``… for a read; a hop's as well as ``R2_same``, ``R2_new``
+        and ``R2_new:hi``…; ``CB_1``… ``CB_m`` for samples (:meth:`VoteKind.vote_types`).
         """
-        priors = {}
-        reads, hops = _window_labels(), _labels("hop")
-        for t in reads:
-            strong, weak = self.actions[t], self.actions[t].on_weak_window()
-            priors[t], priors[f"{t}_weak"] = (strong.a, strong.b), (weak.a, weak.b)
-        same, new = self.branches()
-        for t in hops:
-            priors[f"{t}_same"], priors[f"{t}_new"] = (same.a, same.b), (new.a, new.b)
-        for t in [*reads, *(f"{h}_new" for h in hops)]:
-            split = self.actions[_action_label(t)].evidence
-            for level in split.levels if split is not None else ():
-                priors[f"{t}:{level.name}"] = (level.a, level.b)
-        for t in _labels("samples"):
-            for g in range(1, m + 1):
-                level = self.level(g, m)
-                priors[f"{t}_{g}"] = (level.a, level.b)
+        priors: dict[VoteType, tuple[float, float]] = {}
+        for action in self.offered() if actions is None else actions:
+            priors.update(action.kind.vote_types(action.label, self.prior_of(action), m, self.m))
         return priors
 
-    def typed(self, vote_type: str, flat: str, evidence: Mapping[str, float | None]) -> str:
-        """A read's vote type: ``vote_type:level`` when its votes are split by evidence, else ``flat``."""
-        split = self.actions[_action_label(vote_type)].evidence
-        level = split.level(evidence) if split is not None else None
-        return f"{vote_type}:{level.name}" if level is not None else flat
+    def rates(self, rule: str = "floored", actions: Sequence[Action] | None = None) -> dict[str, float]:
+        """Information rate D of each action (default: the ones it has) in each state it is read in.
 
-    def level(self, g: int, m: int) -> Level:
-        """The calibrated level matching g of m samples (rescaled when m differs)."""
-        levels = self.actions[_labels("samples")[0]].levels
-        g_cal = min(max(round(g * self.m / m), 1), self.m)
-        return next(level for level in levels if level.g == g_cal)
-
-    def rates(self, rule: str = "floored") -> dict[str, float]:
-        """Information rate D of each action in each state it can be read in.
-
-        R1 and R2 on a strong or a weak window (``R1_weak``, ``R2_weak``); the second hop read
-        against what came before (``R2_after_answer``: an earlier read answered, so it may
-        repeat it; ``R2_after_none``: no earlier answer); and CB.
+        Each action on a strong window first (``R1``, ``R2``, ``CB``); then its other states:
+        a read's weak window (``R1_weak``), and a hop's answers before it (``R2_after_answer``:
+        an earlier read answered, so it may repeat it; ``R2_after_none``: none did).
         """
-        rates = {a: information_rate(self.actions[a], self.eta, rule) for a in ACTIONS}
-        for t in _window_labels():
-            rates[f"{t}_weak"] = information_rate(self.actions[t].on_weak_window(), self.eta, rule)
-        same, new = self.branches()
-        d_same = vote_information(same.mean, self.eta, rule)
-        for t in _labels("hop"):
-            q, split = self.actions[t].q, self.actions[t].evidence
-            if split is None:
-                d_new = vote_information(new.mean, self.eta, rule)
-            else:  # a new answer's vote lands in one of the evidence levels
-                d_new = sum(level.pi * vote_information(level.mean, self.eta, rule) for level in split.levels)
-            rates[f"{t}_after_answer"] = q * (same.pi * d_same + (1 - same.pi) * d_new)
-            rates[f"{t}_after_none"] = q * d_new
+        chosen = self.offered() if actions is None else actions
+        rates = {a.label: a.kind.rate(self.prior_of(a), self.eta, rule) for a in chosen}
+        for a in chosen:
+            rates.update(a.kind.state_rates(a.label, self.prior_of(a), self.eta, rule))
         return rates
 
     def to_dict(self) -> dict[str, Any]:
         """The calibration as JSON-ready data (inverse of ``calibration_from_dict``)."""
-        actions: dict[str, Any] = {}
-        for name, prior in self.actions.items():
-            entry: dict[str, Any] = {"q": prior.q, "rho": {"a": prior.a, "b": prior.b}}
-            if prior.weak is not None:
-                entry["weak"] = {"q": prior.weak.q, "rho": {"a": prior.weak.a, "b": prior.weak.b}}
-            if prior.same is not None and prior.new is not None:
-                entry["same"] = {"pi": prior.same.pi, "rho": {"a": prior.same.a, "b": prior.same.b}}
-                entry["new"] = {"rho": {"a": prior.new.a, "b": prior.new.b}}
-            if prior.evidence is not None:
-                entry["evidence"] = _evidence_to_dict(prior.evidence)
-            if prior.levels:
-                del entry["rho"]
-                entry["levels"] = {
-                    str(lv.g): {"pi": lv.pi, "kappa": {"a": lv.a, "b": lv.b}} for lv in prior.levels
-                }
-            actions[name] = entry
+        actions = {a.label: a.kind.entry_dict(self.actions[a.label]) for a in self.offered()}
         gate = None
         if self.gate is not None:
             gate = {"k": self.gate.k, "signals": [asdict(signal) for signal in self.gate.signals]}
@@ -2717,36 +2665,57 @@ def calibration_from_dict(data: Any) -> Calibration:
         )
     # Below this η the likelihood ratios overflow; no fitted calibration comes near it.
     eta = _number(data.get("eta"), "eta", _MIN_ETA, 1.0)
-    raw = data.get("actions")
-    if not isinstance(raw, Mapping):
-        raise CalibrationError(f"calibration: 'actions' must be an object with {_listed(ACTIONS)}")
-    for name in ACTIONS:
-        if not isinstance(raw.get(name), Mapping):
-            raise CalibrationError(f"calibration: actions.{name} is missing")
-    actions = {
-        a.label: _closed_book_from_dict(raw[a.label])
-        if a.vote == "samples"
-        else _read_action(a.label, raw[a.label], hop=a.vote == "hop")
-        for a in ACTION_TABLE
-    }
-    samples = _labels("samples")[0]
-    m = actions[samples].levels[-1].g
-    if "m" in data and data["m"] != m:
-        raise CalibrationError(f"calibration: m = {_shown(data['m'])} but {samples} has {m} agreement levels")
+    actions = _actions_from_dict(data.get("actions"))
+    m = _samples_per_call(data, actions)
     gate, details = _gate_from_dict(data.get("gate"))
-    costs = _costs_from_dict(data.get("costs"))
+    costs = _costs_from_dict(data.get("costs"), list(actions))
     meta = {k: v for k, v in data.items() if k not in ("version", "eta", "actions", "m", "gate", "costs")}
     return Calibration(eta=eta, actions=actions, m=m, meta=meta, gate=gate, gate_details=details, costs=costs)
 
 
-def _costs_from_dict(raw: Any) -> dict[str, ActionCost] | None:
-    """The measured cost of each action, when the calibration recorded them."""
+def _actions_from_dict(raw: Any) -> dict[str, ActionPrior]:
+    """Each action's entry, by its kind; any of the table's, at least one (table order kept)."""
+    if not isinstance(raw, Mapping) or not raw:
+        raise CalibrationError(f"calibration: 'actions' must be an object with some of {_listed(ACTIONS)}")
+    unknown = [name for name in raw if name not in ACTIONS]
+    if unknown:
+        raise CalibrationError(
+            f"calibration: actions.{_shown(unknown[0])} is not an action of this BRAG ({_listed(ACTIONS)})"
+        )
+    for name, entry in raw.items():
+        if not isinstance(entry, Mapping):
+            raise CalibrationError(f"calibration: actions.{name} must be an object")
+    return {a.label: a.kind.entry(a.label, raw[a.label]) for a in ACTION_TABLE if a.label in raw}
+
+
+def _samples_per_call(data: Mapping[str, Any], actions: Mapping[str, ActionPrior]) -> int:
+    """m: the agreement levels of its samples actions (which must agree), else its ``m`` field."""
+    counts = {label: prior.levels[-1].g for label, prior in actions.items() if prior.levels}
+    if len(set(counts.values())) > 1:
+        raise CalibrationError(f"calibration: its samples actions have different numbers of levels {counts}")
+    if counts:
+        label, m = next(iter(counts.items()))
+        if "m" in data and data["m"] != m:
+            raise CalibrationError(
+                f"calibration: m = {_shown(data['m'])} but {label} has {m} agreement levels"
+            )
+        return m
+    m = data.get("m", 5)
+    if isinstance(m, bool) or not isinstance(m, int) or not 1 <= m <= _MAX_SAMPLES:
+        raise CalibrationError(
+            f"calibration: m must be a whole number from 1 to {_MAX_SAMPLES}, got {_shown(m)}"
+        )
+    return m
+
+
+def _costs_from_dict(raw: Any, actions: Sequence[str]) -> dict[str, ActionCost] | None:
+    """The measured cost of each of its ``actions``, when the calibration recorded them."""
     if raw is None:
         return None
-    if not isinstance(raw, Mapping) or set(raw) != set(ACTIONS):
-        raise CalibrationError(f"calibration: costs must give {_listed(ACTIONS)}")
+    if not isinstance(raw, Mapping) or set(raw) != set(actions):
+        raise CalibrationError(f"calibration: costs must give {_listed(actions)}")
     costs = {}
-    for name in ACTIONS:
+    for name in actions:
         entry = raw[name]
         if not isinstance(entry, Mapping):
             raise CalibrationError(f"calibration: costs.{name} must be an object")
@@ -2773,7 +2742,7 @@ def _read_action(name: str, entry: Mapping[str, Any], *, hop: bool = False) -> A
         weak = ActionPrior(weak_q, *_beta(raw_weak.get("rho"), f"actions.{name}.weak.rho"))
     same = new = None
     if hop and (entry.get("same") is not None or entry.get("new") is not None):
-        same, new = _second_hop_branches(entry.get("same"), entry.get("new"))
+        same, new = _second_hop_branches(name, entry.get("same"), entry.get("new"))
     rho = _beta(entry.get("rho"), f"actions.{name}.rho")
     evidence = _evidence_from_dict(entry["evidence"], name) if entry.get("evidence") is not None else None
     return ActionPrior(q, *rho, weak=weak, same=same, new=new, evidence=evidence)
@@ -2819,42 +2788,42 @@ def _evidence_from_dict(raw: Any, action: str) -> EvidenceSplit:
     return EvidenceSplit(name, parsed_weights, intercept, threshold, parsed["hi"], parsed["lo"], auc)
 
 
-def _second_hop_branches(raw_same: Any, raw_new: Any) -> tuple[Branch, Branch]:
-    """R2's two vote types: it repeats an earlier read's answer (share pi), or names another."""
+def _second_hop_branches(name: str, raw_same: Any, raw_new: Any) -> tuple[Branch, Branch]:
+    """A hop's two vote types: it repeats an earlier read's answer (share pi), or names another."""
     if not isinstance(raw_same, Mapping) or not isinstance(raw_new, Mapping):
-        raise CalibrationError("calibration: actions.R2 needs both 'same' {pi, rho} and 'new' {rho}")
-    pi = _number(raw_same.get("pi"), "actions.R2.same.pi", 0.0, 1.0)
-    same = Branch(pi, *_beta(raw_same.get("rho"), "actions.R2.same.rho"))
-    return same, Branch(1.0 - pi, *_beta(raw_new.get("rho"), "actions.R2.new.rho"))
+        raise CalibrationError(f"calibration: actions.{name} needs both 'same' {{pi, rho}} and 'new' {{rho}}")
+    pi = _number(raw_same.get("pi"), f"actions.{name}.same.pi", 0.0, 1.0)
+    same = Branch(pi, *_beta(raw_same.get("rho"), f"actions.{name}.same.rho"))
+    return same, Branch(1.0 - pi, *_beta(raw_new.get("rho"), f"actions.{name}.new.rho"))
 
 
-def _closed_book_from_dict(entry: Mapping[str, Any]) -> ActionPrior:
-    """CB's entry: q and one {pi, kappa} per agreement level g = 1..m."""
-    q = _number(entry.get("q"), "actions.CB.q", 0.0, 1.0)
+def _closed_book_from_dict(entry: Mapping[str, Any], name: str) -> ActionPrior:
+    """A samples action's entry: q and one {pi, kappa} per agreement level g = 1..m."""
+    q = _number(entry.get("q"), f"actions.{name}.q", 0.0, 1.0)
     levels_raw = entry.get("levels")
     if not isinstance(levels_raw, Mapping) or not levels_raw:
         raise CalibrationError(
-            "calibration: actions.CB.levels must map each agreement level g to {pi, kappa}"
+            f"calibration: actions.{name}.levels must map each agreement level g to {{pi, kappa}}"
         )
     levels = []
     for key, lv in levels_raw.items():
         if not str(key).isdigit() or not isinstance(lv, Mapping):
             raise CalibrationError(
-                f"calibration: actions.CB.levels.{_shown(key)} is not a level g -> {{pi, kappa}}"
+                f"calibration: actions.{name}.levels.{_shown(key)} is not a level g -> {{pi, kappa}}"
             )
-        where = f"actions.CB.levels.{key}"
+        where = f"actions.{name}.levels.{key}"
         pi = _number(lv.get("pi"), f"{where}.pi", 0.0, 1.0)
         levels.append(Level(int(key), pi, *_beta(lv.get("kappa"), f"{where}.kappa")))
     levels.sort(key=lambda lv: lv.g)
     m = levels[-1].g
     if [lv.g for lv in levels] != list(range(1, m + 1)):
-        raise CalibrationError(f"calibration: actions.CB.levels must be exactly 1..{m}")
+        raise CalibrationError(f"calibration: actions.{name}.levels must be exactly 1..{m}")
     if m > _MAX_SAMPLES:  # m is how many samples every CB call asks for
         raise CalibrationError(
-            f"calibration: CB has {m} agreement levels; at most {_MAX_SAMPLES} are allowed"
+            f"calibration: {name} has {m} agreement levels; at most {_MAX_SAMPLES} are allowed"
         )
     if abs(sum(lv.pi for lv in levels) - 1.0) > 1e-3:
-        raise CalibrationError("calibration: actions.CB.levels pi values must sum to 1")
+        raise CalibrationError(f"calibration: actions.{name}.levels pi values must sum to 1")
     # A mean reliability near 1 is allowed; the Beta prior keeps it finite.
     return ActionPrior(q, 1.0, 1.0, tuple(levels))
 
@@ -3110,50 +3079,500 @@ def expand_query(
 # Actions: each LLM call the controller can choose, in one table
 # ------------------------------------------------------------------------------------------
 
-# How an action's answer enters the posterior, which decides how it is typed, fitted and priced:
-# "read" reads a retrieved window (reliability by window and evidence level); "hop" reads the
-# next window a follow-up query found (a repeat of an earlier read's answer, or a new one);
-# "samples" draws m closed-book answers (reliability by how many agree).
-VOTE_KINDS = ("read", "hop", "samples")
+
+class VoteType(NamedTuple):
+    """Whose reliability weighs a vote: its action, its branch and its evidence level.
+
+    ``branch`` is the window or context the vote came from (``weak``: a window the gate called
+    weak; a hop's ``same`` or ``new`` answer; a samples action's agreement ``3``), ``level`` its
+    evidence level (``hi``, ``lo``); "" for none. Its text, ``R1``, ``R1_weak``, ``R2_new:hi``,
+    ``CB_3``, is what reports, calibration files and the response cache have always used.
+    """
+
+    action: str
+    branch: str = ""
+    level: str = ""
+
+    def __str__(self) -> str:
+        text = f"{self.action}_{self.branch}" if self.branch else self.action
+        return f"{text}:{self.level}" if self.level else text
+
+
+# The Beta a + b a hand-set or fitted reliability is stored with (calibrate.py fits to it too).
+PRIOR_CONCENTRATION = 10.0
+
+
+def _prior_beta(mean: float) -> tuple[float, float]:
+    return mean * PRIOR_CONCENTRATION, (1 - mean) * PRIOR_CONCENTRATION
+
+
+def _evidence_types(base: VoteType, split: EvidenceSplit | None) -> dict[VoteType, tuple[float, float]]:
+    """Each evidence level's vote type and Beta, for a read whose votes are split by evidence."""
+    return {base._replace(level=lv.name): (lv.a, lv.b) for lv in split.levels} if split is not None else {}
+
+
+def _typed(
+    base: VoteType, flat: VoteType, split: EvidenceSplit | None, evidence: Mapping[str, Any]
+) -> VoteType:
+    """A read's vote type: ``base`` at its evidence level when its votes are split, else ``flat``."""
+    level = split.level(evidence) if split is not None else None
+    return base._replace(level=level.name) if level is not None else flat
+
+
+class VoteKind:
+    """What an action's answers mean to BRAG; one object per kind: Read, Hop, Samples.
+
+    For each action of its kind it knows the vote types its answers get and their Beta priors;
+    how its calibration entry is read and written, and the prior it has without one; its
+    information rate and the outlook of its next vote in each state the policy knows; its run
+    step; what calibration observes of a run of it; and its cells in the app's steps table. An
+    :class:`Action` is a row of the table: a label, a kind, a prompt, and the sizes and priors
+    the estimates start from.
+    """
+
+    name: ClassVar[str] = ""
+    gated: ClassVar[bool] = True  # the gate judges the window its reads hold
+
+    def entry(self, label: str, raw: Mapping[str, Any]) -> ActionPrior:
+        """Its calibration entry, validated (CalibrationError names the field)."""
+        return _read_action(label, raw)
+
+    def entry_dict(self, prior: ActionPrior) -> dict[str, Any]:
+        """Its calibration entry as JSON-ready data (inverse of :meth:`entry`)."""
+        entry: dict[str, Any] = {"q": prior.q, "rho": {"a": prior.a, "b": prior.b}}
+        if prior.weak is not None:
+            entry["weak"] = {"q": prior.weak.q, "rho": {"a": prior.weak.a, "b": prior.weak.b}}
+        if prior.evidence is not None:
+            entry["evidence"] = _evidence_to_dict(prior.evidence)
+        return entry
+
+    def prior(self, action: Action, m: int) -> ActionPrior:
+        """The hand-set prior of an action no calibration has fitted: its row's q and rho."""
+        return ActionPrior(action.prior_q, *_prior_beta(action.prior_rho or 0.5))
+
+    def vote_types(
+        self, label: str, prior: ActionPrior, m: int, fitted_m: int
+    ) -> dict[VoteType, tuple[float, float]]:
+        """Beta(a, b) of each vote type its answers may get (with m samples a call)."""
+        strong, weak = prior, prior.on_weak_window()
+        types = {VoteType(label): (strong.a, strong.b), VoteType(label, "weak"): (weak.a, weak.b)}
+        return {**types, **_evidence_types(VoteType(label), prior.evidence)}
+
+    def vote_type(
+        self, label: str, prior: ActionPrior, seen: Mapping[str, Any], weak: bool = False, **_: Any
+    ) -> VoteType:
+        """The type of the vote its answer casts: its window's, at its evidence level when split."""
+        flat = VoteType(label, "weak") if weak else VoteType(label)
+        return _typed(VoteType(label), flat, prior.evidence, seen.get("evidence") or {})
+
+    def answers_per_call(self, m: int) -> int:
+        """The answers one call of it generates (with m samples a call)."""
+        return 1
+
+    def rate(self, prior: ActionPrior, eta: float, rule: str) -> float:
+        """Its information rate D on a strong window (the policy's first view of it)."""
+        return information_rate(prior, eta, rule)
+
+    def state_rates(self, label: str, prior: ActionPrior, eta: float, rule: str) -> dict[str, float]:
+        """Its information rate in the other states it is read in: on a weak window."""
+        return {f"{label}_weak": information_rate(prior.on_weak_window(), eta, rule)}
+
+    def view(
+        self, label: str, prior: ActionPrior, eta: float, rates: Mapping[str, float], weak: bool, **_: Any
+    ) -> tuple[float, VoteOutlook]:
+        """Its rate and its next vote's outlook on a strong or a weak window."""
+        flat = f"{label}_weak" if weak else label
+        seen = prior.on_weak_window() if weak else prior
+        return rates[flat], VoteOutlook(seen.q, _outcomes(prior.evidence, _ratio_of(seen, eta), eta))
+
+    def available(self, run: _Run, action: Action) -> bool:
+        """Whether the run may take it now: up to ``max_uses`` times."""
+        return run.uses[action.label] < run.brag.max_uses
+
+    def step(self, run: _Run, action: Action) -> dict[str, Any]:
+        """Read the question's own top passages (as many as the action's prompt holds)."""
+        found, label = run.first_hop, action.label
+        window = [i for i, _ in found.hits][: action.passages or None]
+        seen = run.read(action, window)
+        vote_type = self.vote_type(label, run.brag.priors[label], seen, weak=run.weak[label])
+        seen["vote_type"] = str(vote_type)
+        seen["candidate"] = run.vote(vote_type, seen["answer"])
+        seen["scores"] = [round(s, 4) for _, s in found.hits[: len(window)]]
+        seen["dedup_removed"] = found.removed
+        seen["gate"] = run.gate_view[label]
+        run.note_answer(seen["candidate"])
+        run.after_read(seen, window)
+        return seen
+
+    def window(self, run: _Run, action: Action) -> list[int]:
+        """The passages the gate judges for it before it runs: those its prompt will hold."""
+        return [i for i, _ in run.first_hop.hits][: action.passages or None]
+
+    def cells(self, label: str, seen: Mapping[str, Any]) -> tuple[str, str, str]:
+        """Its cells in the steps table: what it read, its answer, and what its vote rested on."""
+        evidence = ""
+        if seen.get("candidate") is not None:
+            parts = [evidence_text(seen.get("evidence") or {})]
+            if seen.get("vote_type"):
+                parts.append(f"level {seen['vote_type']}")
+            evidence = " · ".join(p for p in parts if p)
+        return "; ".join(passage_labels(seen.get("passages", []))), seen.get("answer") or "NONE", evidence
+
+    def cases(self, label: str, prior: ActionPrior, eta: float, rates: Mapping[str, float]) -> list[Case]:
+        """What its calibration tells apart, for a table of it: on any window, or strong and weak."""
+        cases = [Case("any window" if prior.weak is None else "strong window", prior.q, prior, rates[label])]
+        if prior.weak is not None:
+            weak = prior.on_weak_window()
+            cases.append(Case("weak window", weak.q, weak, rates[f"{label}_weak"]))
+        return cases
+
+
+class Read(VoteKind):
+    """Reads a window of the question's own top passages; one vote, typed by its window and evidence."""
+
+    name = "read"
+
+
+class Hop(VoteKind):
+    """Reads the passages read so far and the new ones the latest follow-up query found.
+
+    Its vote is typed against the answers before it: ``same`` when it repeats an earlier read's
+    answer (which says little: it reread the same passages), ``new`` otherwise.
+    """
+
+    name = "hop"
+
+    def entry(self, label: str, raw: Mapping[str, Any]) -> ActionPrior:
+        """q, rho, the weak-window entry, and the ``same``/``new`` branches when present."""
+        return _read_action(label, raw, hop=True)
+
+    def entry_dict(self, prior: ActionPrior) -> dict[str, Any]:
+        """The read's entry and its two branches."""
+        entry = super().entry_dict(prior)
+        if prior.same is not None and prior.new is not None:
+            entry = {k: v for k, v in entry.items() if k != "evidence"}
+            entry["same"] = {"pi": prior.same.pi, "rho": {"a": prior.same.a, "b": prior.same.b}}
+            entry["new"] = {"rho": {"a": prior.new.a, "b": prior.new.b}}
+            if prior.evidence is not None:
+                entry["evidence"] = _evidence_to_dict(prior.evidence)
+        return entry
+
+    @staticmethod
+    def branches(prior: ActionPrior) -> tuple[Branch, Branch]:
+        """Its (same, new) outcomes; without them, both are its own reliability."""
+        fallback = Branch(0.5, prior.a, prior.b)
+        return prior.same or fallback, prior.new or fallback
+
+    def vote_types(
+        self, label: str, prior: ActionPrior, m: int, fitted_m: int
+    ) -> dict[VoteType, tuple[float, float]]:
+        """As a read's, and ``_same``/``_new`` with the new answer's evidence levels."""
+        types = super().vote_types(label, prior, m, fitted_m)
+        levels = {t: v for t, v in types.items() if t.level}
+        types = {t: v for t, v in types.items() if not t.level}
+        same, new = self.branches(prior)
+        types[VoteType(label, "same")], types[VoteType(label, "new")] = (same.a, same.b), (new.a, new.b)
+        return {**types, **levels, **_evidence_types(VoteType(label, "new"), prior.evidence)}
+
+    def vote_type(
+        self,
+        label: str,
+        prior: ActionPrior,
+        seen: Mapping[str, Any],
+        weak: bool = False,
+        repeats: bool = False,
+        conditional: bool = True,
+        **_: Any,
+    ) -> VoteType:
+        """``same`` when it repeats an earlier read's answer, else ``new`` at its evidence level.
+
+        Not ``conditional`` (SPEC's independent second hop): typed as a read of its window.
+        """
+        if not conditional:
+            return super().vote_type(label, prior, seen, weak)
+        fresh = VoteType(label, "new")
+        return (
+            VoteType(label, "same")
+            if repeats
+            else _typed(fresh, fresh, prior.evidence, seen.get("evidence") or {})
+        )
+
+    def state_rates(self, label: str, prior: ActionPrior, eta: float, rule: str) -> dict[str, float]:
+        """On a weak window; and read against what came before: after an answer, or none."""
+        same, new = self.branches(prior)
+        d_same = vote_information(same.mean, eta, rule)
+        if prior.evidence is None:
+            d_new = vote_information(new.mean, eta, rule)
+        else:  # a new answer's vote lands in one of the evidence levels
+            d_new = sum(level.pi * vote_information(level.mean, eta, rule) for level in prior.evidence.levels)
+        return {
+            **super().state_rates(label, prior, eta, rule),
+            f"{label}_after_answer": prior.q * (same.pi * d_same + (1 - same.pi) * d_new),
+            f"{label}_after_none": prior.q * d_new,
+        }
+
+    def view(
+        self,
+        label: str,
+        prior: ActionPrior,
+        eta: float,
+        rates: Mapping[str, float],
+        weak: bool,
+        answered: bool = False,
+        second_hop: str = "conditional",
+        **_: Any,
+    ) -> tuple[float, VoteOutlook]:
+        """Read against the answers before it (``conditional``), or as a read of its window."""
+        if second_hop != "conditional":
+            return super().view(label, prior, eta, rates, weak)
+        same, new = self.branches(prior)
+        rate = rates[f"{label}_after_answer" if answered else f"{label}_after_none"]
+        outcomes = _outcomes(prior.evidence, _ratio_of(new, eta), eta)
+        return rate, VoteOutlook(prior.q, outcomes, _ratio_of(same, eta))
+
+    def available(self, run: _Run, action: Action) -> bool:
+        """Up to ``hops`` times, once a read found passages not read yet."""
+        ready = run.next_hop is not None and bool(run.next_hop[2])  # set by a read only
+        return ready and run.uses[action.label] < run.brag.hops
+
+    def step(self, run: _Run, action: Action) -> dict[str, Any]:
+        """Read the passages read so far plus the new ones the latest follow-up query found."""
+        assert run.next_hop is not None  # a hop is only available after a read found new passages
+        found, fresh, novel = run.next_hop
+        new, label = novel[: run.brag.k], action.label
+        # Old passages first, in the order read, so each hop's prompt extends the last one.
+        seen = run.read(action, run.read_ids + new)
+        repeats = bool(seen["answer"]) and run.candidates.find(seen["answer"]) in run.read_answers
+        conditional = run.brag.second_hop == "conditional"
+        prior = run.brag.priors[label]
+        vote_type = self.vote_type(label, prior, seen, run.weak[label], repeats, conditional)
+        seen["vote_type"] = str(vote_type)
+        seen["candidate"] = run.vote(vote_type, seen["answer"])
+        seen["gate"] = run.gate_view[label]
+        seen["query"] = run.follow_up
+        seen["new_passages"] = new
+        seen["dedup_removed"] = found.removed + [i for i in fresh if i not in novel]
+        run.note_answer(seen["candidate"])
+        run.after_read(seen, run.read_ids + new)
+        return seen
+
+    def window(self, run: _Run, action: Action) -> list[int]:
+        """The passages read so far and the new ones: judged once a read found them."""
+        assert run.next_hop is not None
+        return run.read_ids + run.next_hop[2][: run.brag.k]
+
+    def cells(self, label: str, seen: Mapping[str, Any]) -> tuple[str, str, str]:
+        """As a read's, but what it read is what it added: the new passages."""
+        _, answer, evidence = super().cells(label, seen)
+        passages = seen.get("passages", [])
+        new = passages[len(passages) - len(seen.get("new_passages") or []) :]
+        return "; ".join(passage_labels(new)), answer, evidence
+
+    def cases(self, label: str, prior: ActionPrior, eta: float, rates: Mapping[str, float]) -> list[Case]:
+        """As a read's, and its two branches: it repeats an earlier answer, or names a new one."""
+        cases = super().cases(label, prior, eta, rates)
+        same, new = self.branches(prior)
+        for case, branch in (("repeats an earlier answer", same), ("new answer", new)):
+            cases.append(Case(case, prior.q, branch, vote_information(branch.mean, eta), branch.pi))
+        return cases
+
+
+def passage_labels(passages: Sequence[Mapping[str, Any]]) -> list[str]:
+    """What a read looked at, as a report lists it: each passage's label, title, or id."""
+    return [p.get("label") or p.get("title") or f"passage {p['id']}" for p in passages]
+
+
+class Case(NamedTuple):
+    """One case a calibration fits for an action: its share of votes (if a split), q, Beta and rate D."""
+
+    name: str
+    q: float
+    beta: _BetaMean
+    rate: float
+    share: float | None = None
+
+
+class Samples(VoteKind):
+    """Draws m closed-book answers; their mode is one vote, typed by how many of the m agree."""
+
+    name = "samples"
+    gated = False
+
+    def entry(self, label: str, raw: Mapping[str, Any]) -> ActionPrior:
+        """The q and one {pi, kappa} per agreement level g = 1..m."""
+        return _closed_book_from_dict(raw, label)
+
+    def entry_dict(self, prior: ActionPrior) -> dict[str, Any]:
+        """The q and its levels."""
+        levels = {str(lv.g): {"pi": lv.pi, "kappa": {"a": lv.a, "b": lv.b}} for lv in prior.levels}
+        return {"q": prior.q, "levels": levels}
+
+    def prior(self, action: Action, m: int) -> ActionPrior:
+        """Its row's q; each level equally likely, more agreement more reliable (0.1 + 0.6 g / m)."""
+        levels = tuple(Level(g, 1 / m, *_prior_beta(prior_kappa(g, m))) for g in range(1, m + 1))
+        return ActionPrior(action.prior_q, 1.0, 1.0, levels)
+
+    @staticmethod
+    def level(prior: ActionPrior, g: int, m: int) -> Level:
+        """The level matching g of m samples (rescaled when its levels count other than m)."""
+        fitted_m = prior.levels[-1].g
+        g_fitted = min(max(round(g * fitted_m / m), 1), fitted_m)
+        return next(level for level in prior.levels if level.g == g_fitted)
+
+    def vote_types(
+        self, label: str, prior: ActionPrior, m: int, fitted_m: int
+    ) -> dict[VoteType, tuple[float, float]]:
+        """One per agreement level g = 1..m."""
+        types = {}
+        for g in range(1, m + 1):
+            level = self.level(prior, g, m)
+            types[VoteType(label, str(g))] = (level.a, level.b)
+        return types
+
+    def vote_type(self, label: str, prior: ActionPrior, seen: Mapping[str, Any], **_: Any) -> VoteType:
+        """Typed by how many of its samples agree with their mode."""
+        return VoteType(label, str(seen["agreement"]))
+
+    def answers_per_call(self, m: int) -> int:
+        """Its m samples."""
+        return m
+
+    def state_rates(self, label: str, prior: ActionPrior, eta: float, rule: str) -> dict[str, float]:
+        """None beyond its one: no window, no answer before it changes what it is."""
+        return {}
+
+    def view(
+        self, label: str, prior: ActionPrior, eta: float, rates: Mapping[str, float], weak: bool, **_: Any
+    ) -> tuple[float, VoteOutlook]:
+        """Its rate, and an outlook with one kind of vote per agreement level."""
+        levels = tuple((lv.pi, _likelihood_ratio(lv.mean, eta, "spec")) for lv in prior.levels)
+        return rates[label], VoteOutlook(prior.q, levels)
+
+    def step(self, run: _Run, action: Action) -> dict[str, Any]:
+        """Sample ``m`` closed-book answers; their mode is one vote, typed by how many agree."""
+        m = run.brag.m
+        reply = run.ask(
+            action.messages(run.question, []),
+            n=m,
+            temperature=run.brag.temperature,
+            max_tokens=16,
+            stop=["\n"],
+        )
+        mode, g = closed_book_mode(reply.texts)
+        vote_type = self.vote_type(action.label, run.brag.priors[action.label], {"agreement": g})
+        return {
+            "samples": list(reply.texts),
+            "answer": mode,
+            "agreement": g,
+            "vote_type": str(vote_type),
+            "candidate": run.vote(vote_type, mode) if g else None,
+        }
+
+    def window(self, run: _Run, action: Action) -> list[int]:
+        """None: it reads no passage."""
+        return []
+
+    def cells(self, label: str, seen: Mapping[str, Any]) -> tuple[str, str, str]:
+        """How many samples, the mode and how many agree, and its level."""
+        n = len(seen.get("samples") or [])
+        answer = seen.get("answer") or "NONE"
+        answer += f" ({seen.get('agreement')}/{n} agree)" if seen.get("answer") else ""
+        evidence = f"level {label}_{seen.get('agreement')}" if seen.get("candidate") is not None else ""
+        return f"{n} closed-book samples", answer, evidence
+
+    def cases(self, label: str, prior: ActionPrior, eta: float, rates: Mapping[str, float]) -> list[Case]:
+        """One per agreement level."""
+        m = prior.levels[-1].g
+        return [
+            Case(f"{lv.g} of {m} agree", prior.q, lv, vote_information(lv.mean, eta), lv.pi)
+            for lv in prior.levels
+        ]
+
+
+def prior_kappa(g: int, m: int) -> float:
+    """The hand-set prior reliability of a closed-book vote with g of m samples agreeing."""
+    return 0.1 + 0.6 * g / m
+
+
+def _ratio_of(prior: _BetaMean, eta: float) -> float:
+    """A vote's likelihood ratio from its mean reliability (raw: Beliefs applies the floor)."""
+    return _likelihood_ratio(prior.mean, eta, "spec")
+
+
+def _outcomes(split: EvidenceSplit | None, flat_ratio: float, eta: float) -> tuple[tuple[float, float], ...]:
+    """(share, ratio) of each level a read's vote may land in; one when its votes are flat."""
+    if split is None:
+        return ((1.0, flat_ratio),)
+    return tuple((lv.pi, _ratio_of(lv, eta)) for lv in split.levels)
+
+
+READ, HOP, SAMPLES = Read(), Hop(), Samples()
+VOTE_KINDS = (READ, HOP, SAMPLES)
 
 
 @dataclass(frozen=True)
 class Action:
-    """One kind of LLM call: what every part of BRAG knows of it, read from :data:`ACTION_TABLE`.
+    """One LLM call the controller can choose: a row of :data:`ACTION_TABLE`.
 
-    The runner runs it by its vote kind (``_Run.do_<vote>``) with its prompt, ``messages``; the
-    policy tables, the cost estimates, calibration (its schedule and prior) and the app (the
-    steps table, the progress line) read the rest. README, "where to add things", has the steps.
+    Its ``kind`` (:class:`Read`, :class:`Hop`, :class:`Samples`) says what its answers mean and
+    how it runs (:class:`VoteKind`); ``messages`` is its prompt, and ``passages`` how many of the
+    window's top passages it holds (None: all k). The rest feed the cost estimates (``window``
+    in units of k, ``answer_tokens``), the prior calibration shrinks toward, and whether
+    calibration observes it unless told which actions to fit (``fitted``).
     """
 
     label: str  # what reports, calibrations, costs and the API call it
     does: str  # what the page says while it runs
-    vote: str  # one of VOTE_KINDS
+    kind: VoteKind
     messages: Callable[[str, Sequence[Passage]], list[dict[str, str]]]  # its prompt
     window: int  # passages in its prompt, in units of k (0: none), for cost estimates
     answer_tokens: float  # tokens it generates per answer, for cost estimates
-    prior_q: float  # calibration's prior: P(it answers at all)
+    prior_q: float  # its prior: P(it answers at all)
     prior_rho: float | None = None  # and P(right | answered) for a read (samples: by agreement)
+    passages: int | None = None  # the window's top passages its prompt holds (None: all k)
+    fitted: bool = True  # observed and fitted by calibration unless its actions are named
 
     def __post_init__(self) -> None:
-        # Vote types are built from the label ("R2_new:hi"), so it holds neither "_" nor ":".
-        if not self.label.isalnum() or self.vote not in VOTE_KINDS:
-            raise InputError(f"action {self.label!r}: a letters-and-digits label and a vote in {VOTE_KINDS}")
+        # A vote type's text joins the label and its branch with "_" and a level with ":".
+        if not self.label.isalnum() or not isinstance(self.kind, VoteKind):
+            raise InputError(f"action {self.label!r}: a letters-and-digits label and a VoteKind")
 
     def estimated_cost(self, question: str, passage: Passage, k: int, m: int) -> ActionCost:
         """Its cost from its prompt's size (about 4 characters a token), without a calibration."""
-        prompt = self.messages(question, [passage] * (self.window * k))
-        answers = m if self.vote == "samples" else 1
-        return ActionCost(sum(len(x["content"]) for x in prompt) / 4, self.answer_tokens * answers, 1.0, None)
+        prompt = self.messages(question, [passage] * (self.passages or self.window * k))
+        answers = self.answer_tokens * self.kind.answers_per_call(m)
+        return ActionCost(sum(len(x["content"]) for x in prompt) / 4, answers, 1.0, None)
 
 
 ACTION_TABLE: tuple[Action, ...] = (
-    Action("R1", "reading the top passages", "read", read_messages, 1, 12.0, 0.8, 0.6),
+    Action("R1", "reading the top passages", READ, read_messages, 1, 12.0, 0.8, 0.6),
     # Old and new passages: each hop's prompt extends the last one.
-    Action("R2", "second retrieval hop", "hop", read_messages, 2, 12.0, 0.7, 0.6),
-    Action("CB", "closed-book samples", "samples", lambda q, _: closed_book_messages(q), 0, 4.0, 0.95),
+    Action("R2", "second retrieval hop", HOP, read_messages, 2, 12.0, 0.7, 0.6),
+    Action("CB", "closed-book samples", SAMPLES, lambda q, _: closed_book_messages(q), 0, 4.0, 0.95),
+    # The focused read: the top passage alone, at about a fifth of a read's prompt. Offered by a
+    # calibration that fits it (calibrate.py --actions), or turned on with BRAG(extra_actions=...).
+    Action(
+        "RT",
+        "reading the top passage alone",
+        READ,
+        read_messages,
+        1,
+        12.0,
+        0.8,
+        0.6,
+        passages=1,
+        fitted=False,
+    ),
 )
 ACTIONS = tuple(a.label for a in ACTION_TABLE)
+
+
+def action_named(label: str) -> Action:
+    """The table's action with this label."""
+    found = next((a for a in ACTION_TABLE if a.label == label), None)
+    if found is None:
+        raise InputError(f"no action {label!r} in the table ({_listed(ACTIONS)})")
+    return found
 
 
 # ------------------------------------------------------------------------------------------
@@ -3238,37 +3657,47 @@ def action_costs(
     m: int = 5,
     output_ratio: float = 4.0,
     prices: tuple[float, float] | None = None,
+    actions: Sequence[Action] | None = None,
 ) -> tuple[dict[str, float], str]:
-    """Each action's cost relative to one R1 read (c_R1 = 1), and where the figures come from.
+    """Each action's cost relative to one read (the first read offered costs 1), and where it comes from.
 
-    ``calls``: every action 1 (SPEC's). ``tokens``: prompt plus ``output_ratio`` × completion
-    tokens. ``seconds``: LLM latency. ``usd``: ``prices`` = (input, output) dollars per million
-    tokens. The figures are the calibration's measured means; a calibration without them (the
-    hand-set prior, older files) falls back to estimates from the prompts' sizes, and says so.
+    ``actions``: those to price (default: the calibration's). ``calls``: every action 1 (SPEC's).
+    ``tokens``: prompt plus ``output_ratio`` × completion tokens. ``seconds``: LLM latency.
+    ``usd``: ``prices`` = (input, output) dollars per million tokens. The figures are the
+    calibration's measured means; a calibration without them (the hand-set prior, older files)
+    falls back to estimates from the prompts' sizes, and an action it never ran is priced by
+    its estimate against the read's; the source says which.
     """
+    chosen = list(calibration.offered() if actions is None else actions)
+    labels = [a.label for a in chosen]
     if unit not in COST_UNITS:
         raise InputError(f"cost must be one of {COST_UNITS}, got {unit!r}")
     if unit == "calls":
-        return dict.fromkeys(ACTIONS, 1.0), "every action counts as one call"
+        return dict.fromkeys(labels, 1.0), "every action counts as one call"
     if unit == "usd" and (prices is None or len(prices) != 2 or min(prices) < 0 or max(prices) <= 0):
         raise InputError("cost='usd' needs prices=(input, output) in dollars per million tokens")
     if not output_ratio > 0:
         raise InputError(f"output_ratio must be positive, got {output_ratio!r}")
-    measured = calibration.costs
-    usable = measured is not None and (unit != "seconds" or all(c.seconds for c in measured.values()))
+    read = next((a.label for a in chosen if isinstance(a.kind, Read)), labels[0])  # the unit of cost
+    measured = {a: c for a, c in (calibration.costs or {}).items() if a in labels}
+    usable = read in measured and (unit != "seconds" or all(c.seconds for c in measured.values()))
+    estimated = {a: _price(c, unit, output_ratio, prices) for a, c in _estimated_costs(k, m).items()}
     if usable:
-        assert measured is not None
-        base, source = measured, "measured by calibration"
+        raw = {a: _price(c, unit, output_ratio, prices) for a, c in measured.items()}
+        unmeasured = [a for a in labels if a not in raw]
+        for a in unmeasured:  # never run by calibration: its estimate, in the read's measured terms
+            raw[a] = estimated[a] / estimated[read] * raw[read]
+        source = "measured by calibration" + (
+            f"; {_listed(unmeasured)} estimated from the prompt's size" if unmeasured else ""
+        )
     else:
-        base, source = _estimated_costs(k, m), "estimated from prompt sizes: the calibration measured none"
-    raw = {a: _price(base[a], unit, output_ratio, prices) for a in ACTIONS}
-    read = raw[ACTIONS[0]]  # the unit of cost: one run of the table's first action, a read
-    if not (math.isfinite(read) and read > 0 and all(math.isfinite(v) for v in raw.values())):
+        raw, source = estimated, "estimated from prompt sizes: the calibration measured none"
+    if not (math.isfinite(raw[read]) and raw[read] > 0 and all(math.isfinite(raw[a]) for a in labels)):
         raise InputError(
-            f"cost {unit!r}: a read would cost {read:g} with these figures ({source}); every cost is "
+            f"cost {unit!r}: a read would cost {raw[read]:g} with these figures ({source}); every cost is "
             "relative to a read, so a read must cost more than 0"
         )
-    return {a: max(raw[a] / read, 1e-3) for a in ACTIONS}, source
+    return {a: max(raw[a] / raw[read], 1e-3) for a in labels}, source
 
 
 def _price(cost: ActionCost, unit: str, output_ratio: float, prices: tuple[float, float] | None) -> float:
@@ -3310,52 +3739,54 @@ _PolicyState = tuple[dict[str, float], dict[str, float], dict[str, VoteOutlook]]
 
 
 def _policy_tables(
-    cal: Calibration, m: int, costs: Mapping[str, float], rule: str, second_hop: str
+    cal: Calibration,
+    m: int,
+    costs: Mapping[str, float],
+    rule: str,
+    second_hop: str,
+    actions: Sequence[Action] | None = None,
+    priors: Mapping[str, ActionPrior] | None = None,
 ) -> dict[tuple[bool, ...], _PolicyState]:
     """The policy's view in each of its states, computed once per controller.
 
-    A state is each read's window weak or not (the gate's verdicts, in table order) and whether
-    some read answered already: the verdicts change which reliabilities apply, and an earlier
-    answer splits a hop into its "repeats" and "new answer" branches.
+    A state is each gated action's window weak or not (the gate's verdicts, in table order) and
+    whether some read answered already: the verdicts change which reliabilities apply, and an
+    earlier answer splits a hop into its "repeats" and "new answer" branches. Each action's
+    view in a state is its kind's (:meth:`VoteKind.view`).
     """
-    priors = cal.source_priors(m)
-    rates = cal.rates(rule)
-
-    def ratio(source: str) -> float:  # raw: Beliefs applies the floor
-        a, b = priors[source]
-        return _likelihood_ratio(a / (a + b), cal.eta, "spec")
-
-    def outcomes(vote_type: str, flat: str) -> tuple[tuple[float, float], ...]:
-        """(share, ratio) of each level a read's vote may land in; one when its votes are flat."""
-        split = cal.actions[_action_label(vote_type)].evidence
-        if split is None:
-            return ((1.0, ratio(flat)),)
-        return tuple((lv.pi, ratio(f"{vote_type}:{lv.name}")) for lv in split.levels)
-
-    def view(action: Action, weak: bool, answered: bool) -> tuple[float, VoteOutlook]:
-        """An action's information rate and the outlook of its next vote, in one state."""
-        label, prior = action.label, cal.actions[action.label]
-        if action.vote == "samples":
-            levels = tuple((lv.pi, _likelihood_ratio(lv.mean, cal.eta, "spec")) for lv in prior.levels)
-            return rates[label], VoteOutlook(prior.q, levels)
-        if action.vote == "hop" and second_hop == "conditional":
-            rate = rates[f"{label}_after_answer" if answered else f"{label}_after_none"]
-            return rate, VoteOutlook(
-                prior.q, outcomes(f"{label}_new", f"{label}_new"), ratio(f"{label}_same")
-            )
-        flat = f"{label}_weak" if weak else label
-        prior = prior.on_weak_window() if weak else prior
-        return rates[flat], VoteOutlook(prior.q, outcomes(label, flat))
-
-    gated = _window_labels()
+    actions = cal.offered() if actions is None else actions
+    priors = {a.label: cal.prior_of(a) for a in actions} if priors is None else priors
+    rates = cal.rates(rule, actions)
+    gated = [a.label for a in actions if a.kind.gated]
     tables = {}
     for state_key in itertools.product((False, True), repeat=len(gated) + 1):
         weak, answered = dict(zip(gated, state_key, strict=False)), state_key[-1]
-        views = {a.label: view(a, weak.get(a.label, False), answered) for a in ACTION_TABLE}
+        views = {
+            a.label: a.kind.view(
+                a.label,
+                priors[a.label],
+                cal.eta,
+                rates,
+                weak.get(a.label, False),
+                answered=answered,
+                second_hop=second_hop,
+            )
+            for a in actions
+        }
         state = {a: rate for a, (rate, _) in views.items()}
         per_cost = {a: rate / costs[a] for a, rate in state.items()}
         tables[state_key] = (state, per_cost, {a: outlook for a, (_, outlook) in views.items()})
     return tables
+
+
+def _offered(calibration: Calibration, extra: Sequence[str]) -> tuple[Action, ...]:
+    """The calibration's actions and the ``extra`` ones (table actions it lacks), in table order."""
+    if isinstance(extra, str) or not all(isinstance(label, str) for label in extra):
+        raise InputError(f"extra_actions must be a tuple of action labels, got {extra!r}")
+    unknown = sorted(set(extra) - set(ACTIONS))
+    if unknown:
+        raise InputError(f"extra_actions: {_listed(unknown)} not in the table ({_listed(ACTIONS)})")
+    return tuple(a for a in ACTION_TABLE if a.label in calibration.actions or a.label in extra)
 
 
 @dataclass(frozen=True)
@@ -3374,6 +3805,9 @@ class BRAG:
     ``rule="spec", second_hop="independent", policy="rate", hops=1`` is SPEC as first written.
     ``min_calls`` (default 1) calls are made whatever their price, so every question gets an
     answer when any action gives one; ``min_calls=0`` (with the settings above) prices strictly.
+    The actions offered are the calibration's (:meth:`Calibration.offered`) and
+    ``extra_actions``, table actions it has no entry for, each weighed by its kind's prior
+    (``offered`` and ``priors`` after construction; the report says which were not fitted).
     """
 
     llm: LLM
@@ -3394,8 +3828,11 @@ class BRAG:
     second_hop: str = "conditional"
     policy: str = "lookahead"
     min_calls: int = 1
+    extra_actions: tuple[str, ...] = ()  # table actions beyond the calibration's, on their kind's prior
     # Each action's relative cost as runs price it: ``costs`` when given, else from ``cost``.
     priced_costs: dict[str, float] = field(init=False, repr=False, compare=False)
+    offered: tuple[Action, ...] = field(init=False, repr=False, compare=False)  # in table order
+    priors: dict[str, ActionPrior] = field(init=False, repr=False, compare=False)  # by label
 
     def __post_init__(self) -> None:
         # Derived once here: a frozen dataclass sets its own fields through object.__setattr__.
@@ -3410,14 +3847,24 @@ class BRAG:
             if not isinstance(value, int) or isinstance(value, bool) or value < least:
                 kind = "a whole number >= 0" if least == 0 else "a positive integer"
                 raise InputError(f"{name} must be {kind}, got {value!r}")
+        offered = _offered(calibration, self.extra_actions)
+        labels = [a.label for a in offered]
+        object.__setattr__(self, "offered", offered)
+        object.__setattr__(self, "priors", {a.label: calibration.prior_of(a) for a in offered})
         if self.costs is None:
             priced, source = action_costs(
-                calibration, self.cost, k=self.k, m=self.m, output_ratio=self.output_ratio, prices=self.prices
+                calibration,
+                self.cost,
+                k=self.k,
+                m=self.m,
+                output_ratio=self.output_ratio,
+                prices=self.prices,
+                actions=offered,
             )
         else:
             priced, source = dict(self.costs), "given"
-        if set(priced) != set(ACTIONS) or min(priced.values()) <= 0:
-            raise InputError(f"costs must give a positive cost for each of {_listed(ACTIONS)}")
+        if set(priced) != set(labels) or min(priced.values()) <= 0:
+            raise InputError(f"costs must give a positive cost for each of {_listed(labels)}")
         object.__setattr__(self, "priced_costs", priced)  # ``costs`` stays what the caller gave
         object.__setattr__(self, "_cost_source", source)
         if (
@@ -3427,11 +3874,21 @@ class BRAG:
         ):
             choices = f"rule in {_RULES}, second_hop in {_SECOND_HOP_MODELS}, policy in {_POLICIES}"
             raise InputError(f"settings must be {choices}")
-        object.__setattr__(
-            self, "_vote_model", VoteModel(calibration.source_priors(self.m), calibration.eta, rule=self.rule)
-        )
-        tables = _policy_tables(calibration, self.m, priced, self.rule, self.second_hop)
+        priors = calibration.source_priors(self.m, offered)
+        object.__setattr__(self, "_vote_model", VoteModel(priors, calibration.eta, rule=self.rule))
+        tables = _policy_tables(calibration, self.m, priced, self.rule, self.second_hop, offered, self.priors)
         object.__setattr__(self, "_tables", tables)
+
+    def settings(self) -> dict[str, Any]:
+        """Every setting it was made with, JSON-ready, but the model and the calibration."""
+
+        def plain(value: Any) -> Any:
+            if isinstance(value, Mapping):
+                return {str(k): plain(v) for k, v in value.items()}
+            return [plain(v) for v in value] if isinstance(value, (tuple, list)) else value
+
+        chosen = (f.name for f in fields(self) if f.init and f.name not in ("llm", "calibration"))
+        return {name: plain(getattr(self, name)) for name in chosen}
 
     def run(self, question: str, corpus: Retriever, **options: Any) -> tuple[str, dict[str, Any]]:
         """Answer ``question`` from ``corpus``: the final ``(answer, report)`` of :meth:`stream`.
@@ -3457,8 +3914,9 @@ class BRAG:
 
         One pair after each decision, before its action runs (``report["finished"]`` is False).
         """
-        if actions is not None and not set(actions) <= set(ACTIONS):
-            raise InputError(f"actions must be drawn from {ACTIONS}, got {list(actions)!r}")
+        labels = tuple(a.label for a in self.offered)
+        if actions is not None and not set(actions) <= set(labels):
+            raise InputError(f"actions must be drawn from those offered, {labels}, got {list(actions)!r}")
         if not isinstance(question, str) or not question.strip():
             raise InputError("question is empty")
         check_retriever(corpus)
@@ -3594,10 +4052,10 @@ class _Run:
     """The state of one question, and the loop that answers it.
 
     ``loop`` alternates two layers until the policy stops: ``_decide`` prices every available
-    action against the posterior and picks one (or stop), ``_act`` runs it by its vote kind
-    (``do_read``, ``do_hop``, ``do_samples``) and counts its cost. Each action asks the LLM
-    (``ask``), turns the reply into a vote (``vote``) and records what it saw; ``report``
-    assembles the report from all of it at any point.
+    action against the posterior and picks one (or stop), ``_act`` runs it as its kind does
+    (:meth:`VoteKind.step`) and counts its cost. A step asks the LLM (``ask``, or ``read`` for a
+    window of passages), turns the reply into a vote (``vote``) and records what it saw;
+    ``report`` assembles the report from all of it at any point.
     """
 
     def __init__(
@@ -3619,15 +4077,15 @@ class _Run:
         self.shown: dict[int, _ShownPassage] = {}  # each passage read, as shown (confidence)
         self.read_answers: set[int] = set()  # candidates that some read (R1 or R2) voted for
         self.follow_up = ""
-        # The gate's verdict on each read's window, in table order (a key of the policy tables).
-        self.weak = dict.fromkeys(_window_labels(), False)
+        # The gate's verdict on each gated action's window, in table order (a key of the policy tables).
+        self.weak = dict.fromkeys([a.label for a in brag.offered if a.kind.gated], False)
         self.next_hop: tuple[Retrieval, list[int], list[int]] | None = None
         self.first_hop = Retrieval([], [], 0)  # set by loop, where a retriever's failure is caught
         self.gate_view: dict[str, dict[str, Any] | None] = {}
         self.steps: list[dict[str, Any]] = []
         self.usage = _Usage()
         self.actions: dict[str, Callable[[], dict[str, Any]]] = {
-            a.label: functools.partial(getattr(self, f"do_{a.vote}"), a) for a in ACTION_TABLE
+            a.label: functools.partial(a.kind.step, self, a) for a in brag.offered
         }
         self.policy_us = 0.0
         self.started = time.perf_counter()
@@ -3640,22 +4098,16 @@ class _Run:
         self.residual = 1.0
 
     def available(self) -> list[str]:
-        """The actions left: each up to ``max_uses``; a hop up to ``hops``, once a read found more."""
-        brag, uses = self.brag, self.uses
-        hop_ready = self.next_hop is not None and bool(self.next_hop[2])  # set by a read only
-        return [
-            a.label
-            for a in ACTION_TABLE
-            if (uses[a.label] < brag.hops and hop_ready if a.vote == "hop" else uses[a.label] < brag.max_uses)
-        ]
+        """The actions left, as each one's kind says (a read up to ``max_uses``, a hop up to ``hops``)."""
+        return [a.label for a in self.brag.offered if a.kind.available(self, a)]
 
     def loop(self) -> Iterator[dict[str, Any]]:
         """Retrieve and judge the first window; then decide, yield the step, act, until done."""
         self.current = "retrieval"  # a retriever that raises is named in RunAborted
         self.first_hop = self.corpus.retrieve(self.question, self.brag.k)
-        window = [i for i, _ in self.first_hop.hits]
-        for action in ACTION_TABLE:
-            if action.vote == "read":
+        for action in self.brag.offered:
+            if isinstance(action.kind, Read):  # a hop's window is judged once a read found it
+                window = action.kind.window(self, action)
                 self.gate_view[action.label] = self.judge(action.label, self.question, window, self.first_hop)
         self.current = None
         while True:
@@ -3764,7 +4216,7 @@ class _Run:
         self.usage.add(result, waited)
         return result
 
-    def vote(self, source: str, answer: str) -> int | None:
+    def vote(self, source: VoteType, answer: str) -> int | None:
         """Add an answer to the posterior as a vote of type ``source``; its candidate (None: no answer)."""
         if is_no_answer(answer):
             return None
@@ -3819,7 +4271,7 @@ class _Run:
 
     def after_read(self, seen: dict[str, Any], passage_ids: list[int]) -> None:
         """Remember what was read and find the next hop's window with the new follow-up query."""
-        self.read_ids = passage_ids
+        self.read_ids += [i for i in passage_ids if i not in self.read_ids]  # a focused read adds none
         self.follow_up = seen["follow_up_query"]
         # Only passages not read yet, and none that repeats one read: a hop must bring new
         # evidence. Its window is known now, so the gate can judge it before R2 is scored.
@@ -3827,75 +4279,15 @@ class _Run:
         fresh = [i for i, _ in found.hits if i not in self.read_ids]
         novel = self.corpus.novel(fresh, self.read_ids)
         self.next_hop = (found, fresh, novel)
-        for action in ACTION_TABLE:
-            if action.vote == "hop":
-                window = self.read_ids + novel[: self.brag.k]
+        for action in self.brag.offered:
+            if isinstance(action.kind, Hop):
+                window = action.kind.window(self, action)
                 self.gate_view[action.label] = self.judge(action.label, self.follow_up, window, found)
-
-    def do_read(self, action: Action) -> dict[str, Any]:
-        """Read the question's own top passages."""
-        found, label = self.first_hop, action.label
-        window = [i for i, _ in found.hits]
-        seen = self.read(action, window)
-        flat = f"{label}_weak" if self.weak[label] else label
-        seen["vote_type"] = self.brag.calibration.typed(label, flat, seen["evidence"])
-        seen["candidate"] = self.vote(seen["vote_type"], seen["answer"])
-        seen["scores"] = [round(s, 4) for _, s in found.hits]
-        seen["dedup_removed"] = found.removed
-        seen["gate"] = self.gate_view[label]
-        self.note_answer(seen["candidate"])
-        self.after_read(seen, window)
-        return seen
-
-    def do_hop(self, action: Action) -> dict[str, Any]:
-        """Read the passages read so far plus the new ones the latest follow-up query found."""
-        assert self.next_hop is not None  # a hop is only available after a read found new passages
-        found, fresh, novel = self.next_hop
-        new, label = novel[: self.brag.k], action.label
-        # Old passages first, in the order read, so each hop's prompt extends the last one.
-        seen = self.read(action, self.read_ids + new)
-        calibration = self.brag.calibration
-        if self.brag.second_hop == "conditional":
-            repeats = seen["answer"] and self.candidates.find(seen["answer"]) in self.read_answers
-            fresh_type = f"{label}_new"
-            source = (
-                f"{label}_same" if repeats else calibration.typed(fresh_type, fresh_type, seen["evidence"])
-            )
-        else:
-            flat = f"{label}_weak" if self.weak[label] else label
-            source = calibration.typed(label, flat, seen["evidence"])
-        seen["vote_type"] = source
-        seen["candidate"] = self.vote(source, seen["answer"])
-        seen["gate"] = self.gate_view[label]
-        seen["query"] = self.follow_up
-        seen["new_passages"] = new
-        seen["dedup_removed"] = found.removed + [i for i in fresh if i not in novel]
-        self.note_answer(seen["candidate"])
-        self.after_read(seen, self.read_ids + new)
-        return seen
 
     def note_answer(self, candidate: int | None) -> None:
         """Remember that a read voted for ``candidate`` (it conditions the next hop's vote type)."""
         if candidate is not None:
             self.read_answers.add(candidate)
-
-    def do_samples(self, action: Action) -> dict[str, Any]:
-        """Sample ``m`` closed-book answers; their mode is one vote, typed by how many agree."""
-        m = self.brag.m
-        reply = self.ask(
-            action.messages(self.question, []),
-            n=m,
-            temperature=self.brag.temperature,
-            max_tokens=16,
-            stop=["\n"],
-        )
-        mode, g = closed_book_mode(reply.texts)
-        return {
-            "samples": list(reply.texts),
-            "answer": mode,
-            "agreement": g,
-            "candidate": self.vote(f"{action.label}_{g}", mode) if g else None,
-        }
 
     def posterior_view(self) -> dict[str, Any]:
         """The posterior as the report shows it: each candidate, the residual and P(error)."""
@@ -3964,7 +4356,7 @@ class _Run:
     def report(self, stop_reason: str, finished: bool = True) -> dict[str, Any]:
         """The report as it stands: every step so far, the totals and the configuration."""
         answer = self.answer()
-        brag = self.brag
+        brag, calibration = self.brag, self.brag.calibration
         return {
             "question": self.question,
             "answer": answer,
@@ -3986,19 +4378,16 @@ class _Run:
                 "policy_us": round(self.policy_us, 2),
             },
             "config": {
-                "lam": brag.lam,
-                "k": brag.k,
-                "m": brag.m,
-                "max_uses": brag.max_uses,
-                "hops": brag.hops,
-                "rule": brag.rule,
-                "second_hop": brag.second_hop,
-                "policy": brag.policy,
-                "min_calls": brag.min_calls,
+                **brag.settings(),
                 "cost": {
                     "unit": brag.cost,
                     "per_action": {a: round(c, 6) for a, c in brag.priced_costs.items()},
                     "source": brag._cost_source,
+                },
+                "actions": {
+                    "offered": [a.label for a in brag.offered],
+                    # Weighed by their kind's hand-set prior: the calibration has no entry for them.
+                    "on_kind_prior": [a.label for a in brag.offered if a.label not in calibration.actions],
                 },
                 "calibration": {
                     **{

@@ -21,6 +21,7 @@ from __future__ import annotations
 import argparse
 import datetime as dt
 import hashlib
+import itertools
 import json
 import math
 import os
@@ -39,10 +40,10 @@ import milvus_corpus
 
 MIN_QUESTIONS = 30
 PRIOR_STRENGTH = 4.0  # pseudo-observations pulling each fitted rate toward PRIOR
-CONCENTRATION = 10.0  # a + b of each fitted reliability Beta
+CONCENTRATION = brag.PRIOR_CONCENTRATION  # a + b of each fitted reliability Beta
 ETA_PRIOR = (1.0, 9.0)  # Beta prior on eta: mean 0.1
 # The weak prior every fit shrinks toward (hand-set before any data: data/calibration_prior.json,
-# which PRIOR_TEXT describes). kappa_0(g) for m samples is 0.1 + 0.6 g / m: more agreement, more reliable.
+# which prior_text describes). kappa_0(g) for m samples is 0.1 + 0.6 g / m: more agreement, more reliable.
 PRIOR = {
     "q": {a.label: a.prior_q for a in brag.ACTION_TABLE},
     "rho": {a.label: a.prior_rho for a in brag.ACTION_TABLE if a.prior_rho is not None},
@@ -50,9 +51,10 @@ PRIOR = {
 }
 
 
-def _prior_text() -> str:
-    q = ", ".join(f"q_{a} {v:g}" for a, v in PRIOR["q"].items())
-    rhos = PRIOR["rho"]
+def prior_text(fitted: Sequence[str]) -> str:
+    """The weak prior a fit of the actions ``fitted`` shrank toward, in words (the file's ``prior``)."""
+    q = ", ".join(f"q_{a} {v:g}" for a, v in PRIOR["q"].items() if a in fitted)
+    rhos = {a: v for a, v in PRIOR["rho"].items() if a in fitted}
     if len(set(rhos.values())) == 1:
         rho = " = ".join(f"rho_{a}" for a in rhos) + f" = {next(iter(rhos.values())):g}"
     else:
@@ -65,13 +67,9 @@ def _prior_text() -> str:
     )
 
 
-PRIOR_TEXT = _prior_text()
-_VOTE_KIND = {a.label: a.vote for a in brag.ACTION_TABLE}
-
-
-def prior_kappa(g: int, m: int) -> float:
-    """The hand-set prior reliability of a closed-book vote with g of m samples agreeing."""
-    return 0.1 + 0.6 * g / m
+prior_kappa = brag.prior_kappa
+# What calibration observes and fits unless told which actions to fit (calibrate.py --actions).
+DEFAULT_ACTIONS = tuple(a.label for a in brag.ACTION_TABLE if a.fitted)
 
 
 def closed_book_reliabilities(tallies: Sequence[tuple[int, int]]) -> list[float]:
@@ -199,89 +197,79 @@ def is_correct(answer: str, gold: Iterable[str], f1_threshold: float = 0.8) -> b
 
 @dataclass
 class Outcome:
-    """What each action returned on one question ('' = no answer) and the CB agreement level.
+    """What each action observed returned on one question ('' = no answer), by its label.
 
-    ``answers["R2"]`` is the first second-hop read; ``hops`` lists every second-hop read in
-    order, each with its answer, whether it was right, whether it repeats an earlier read's
-    answer, and whether an earlier read had answered right.
+    ``answers`` and ``correct`` hold every action observed (a second hop's: its first read);
+    ``agreement`` each samples action's agreement level; ``evidence`` each read's evidence
+    features; ``hops`` each second hop's reads in order, each with its answer, whether it was
+    right, whether it repeats an earlier read's answer, and whether an earlier read had
+    answered right. :class:`KindFit` says what each kind records.
     """
 
     id: str
     answers: dict[str, str]
     correct: dict[str, bool]
-    agreement: int
+    agreement: dict[str, int] = field(default_factory=dict)
     calls: int = 0
     weak: dict[str, bool | None] = field(default_factory=dict)  # the gate's verdict per window
-    hops: list[dict[str, Any]] = field(default_factory=list)
+    hops: dict[str, list[dict[str, Any]]] = field(default_factory=dict)
     usage: dict[str, list[dict[str, Any]]] = field(default_factory=dict)  # each run's cost, per action
     labelled: bool = True  # False: no gold answer, so ``correct`` and the hops' flags mean nothing
-    evidence: dict[str, float | None] = field(default_factory=dict)  # R1's answer's evidence features
+    evidence: dict[str, dict[str, float | None]] = field(default_factory=dict)
+
+    @classmethod
+    def from_dict(cls, row: Mapping[str, Any]) -> Outcome:
+        """An outcome as :func:`observe` saved it, or as saved before actions were kinds.
+
+        Those files recorded one action of each kind, the table's first: ``agreement`` was its
+        samples action's level, ``evidence`` its read's features, ``hops`` its second hop's reads.
+        """
+        row = dict(row)
+        if not isinstance(row.get("agreement", {}), dict):
+            first = {type(a.kind): a.label for a in reversed(brag.ACTION_TABLE)}
+            row["agreement"] = {first[brag.Samples]: row["agreement"]}
+            row["hops"] = {first[brag.Hop]: row.get("hops", [])}
+            row["evidence"] = {first[brag.Read]: row.get("evidence", {})}
+        return cls(**row)
 
 
 def observe_one(item: Labelled, corpus: brag.Corpus, controller: brag.BRAG, f1_threshold: float) -> Outcome:
-    """Run R1, every second hop the controller allows, and CB on one question."""
-    # Every action once, in table order, and a hop as often as the controller allows.
-    schedule = [a.label for a in brag.ACTION_TABLE for _ in range(controller.hops if a.vote == "hop" else 1)]
+    """Run every action the controller offers on one question, a second hop as often as it allows."""
+    schedule = [a.label for a in controller.offered for _ in range(fit_of(a).runs(controller.hops))]
     _, report = controller.run(item.question, corpus, actions=schedule)
-    answers = dict.fromkeys(brag.ACTIONS, "")
-    agreement = 0
-    weak: dict[str, bool | None] = {}
+    outcome = Outcome(item.id, dict.fromkeys((a.label for a in controller.offered), ""), {})
+    kinds = {a.label: fit_of(a) for a in controller.offered}
     reads: list[tuple[str, bool]] = []  # (answer, right) of every read so far
-    hops: list[dict[str, Any]] = []
-    usage: dict[str, list[dict[str, Any]]] = {}
     for step in report["steps"]:
-        seen = step.get("observation") or {}
-        action = step["action"]
-        if action is None:
+        seen, label = step.get("observation") or {}, step["action"]
+        if label is None:
             continue
-        usage.setdefault(action, []).append(step["cost"])
-        answer = seen.get("answer", "") or ""
-        right = is_correct(answer, item.gold, f1_threshold)
-        kind = _VOTE_KIND[action]
-        if kind == "hop":
-            earlier = [a for a, _ in reads if a]
-            hops.append(
-                {
-                    "answer": answer,
-                    "correct": right,
-                    "repeats": bool(answer) and any(brag.same_answer(answer, a) for a in earlier),
-                    "after_answer": bool(earlier),
-                    "after_right": any(r for _, r in reads),
-                    "evidence": seen.get("evidence") or {},
-                }
-            )
-        if kind in ("read", "hop"):
-            reads.append((answer, right))
-        if action not in weak and seen.get("gate"):  # the first window of each action
-            weak[action] = seen["gate"]["weak"]
-        if kind == "samples":
-            agreement = seen["agreement"]
-        if kind != "hop":
-            answers[action] = answer
-    answers["R2"] = hops[0]["answer"] if hops else ""
-    correct = {a: is_correct(answers[a], item.gold, f1_threshold) for a in answers}
-    calls = report["totals"]["llm_calls"]
-    r1 = next((s["observation"] for s in report["steps"] if s["action"] == "R1"), {})
-    evidence = r1.get("evidence") or {}
-    return Outcome(item.id, answers, correct, agreement, calls, weak, hops, usage, bool(item.gold), evidence)
+        outcome.usage.setdefault(label, []).append(step["cost"])
+        right = is_correct(seen.get("answer", "") or "", item.gold, f1_threshold)
+        kinds[label].observe(outcome, label, seen, right, reads)
+        if label not in outcome.weak and seen.get("gate"):  # the first window of each action
+            outcome.weak[label] = seen["gate"]["weak"]
+    outcome.correct = {a: is_correct(got, item.gold, f1_threshold) for a, got in outcome.answers.items()}
+    outcome.calls, outcome.labelled = report["totals"]["llm_calls"], bool(item.gold)
+    return outcome
 
 
 def progress_key(
-    llm: brag.LLM, corpus: brag.Retriever, k: int, m: int, hops: int, seed: int, f1_threshold: float
+    llm: brag.LLM,
+    corpus: brag.Retriever,
+    k: int,
+    m: int,
+    hops: int,
+    seed: int,
+    f1_threshold: float,
+    actions: Sequence[str] = DEFAULT_ACTIONS,
 ) -> str:
-    """What observed outcomes depend on: the model, the corpus, the settings and the prompts."""
+    """What observed outcomes depend on: the model, the corpus, the settings, the actions, the prompts."""
     brag.check_retriever(corpus)  # its fingerprint is part of the key
     prompts = [brag.read_messages("Q", []), brag.closed_book_messages("Q"), brag.READ_STOP]
-    payload = [
-        brag.llm_name(llm),
-        corpus.fingerprint(),
-        k,
-        m,
-        hops,
-        seed,
-        f1_threshold,
-        prompts,
-    ]
+    payload = [brag.llm_name(llm), corpus.fingerprint(), k, m, hops, seed, f1_threshold, prompts]
+    if tuple(actions) != DEFAULT_ACTIONS:  # the key of a default fit is what it always was
+        payload.append(list(actions))
     return hashlib.sha256(json.dumps(payload, sort_keys=True).encode()).hexdigest()
 
 
@@ -314,8 +302,8 @@ def read_progress(path: Path, key: str | None) -> dict[str, Outcome]:
             continue
         try:
             row = json.loads(line)
-            done[row["id"]] = Outcome(**row)
-        except (json.JSONDecodeError, KeyError, TypeError) as err:
+            done[row["id"]] = Outcome.from_dict(row)
+        except (ValueError, KeyError, TypeError) as err:  # JSONDecodeError is a ValueError
             raise brag.InputError(
                 f"{what}, line {number}, is damaged ({type(err).__name__}); delete the file to start the "
                 "calibration over"
@@ -430,40 +418,40 @@ def fit(outcomes: Sequence[Outcome], m: int, hops: int = 1) -> dict[str, Any]:
 def fit_counts(outcomes: Sequence[Outcome], m: int, hops: int = 1) -> dict[str, Any]:
     """One fit from the outcomes' right/wrong flags, which may be probabilities (an EM step).
 
-    R1, R2 (its first read) and CB as SPEC section 4 says; R2's ``same`` and ``new`` branches
-    from the first ``hops`` second-hop reads of each question (see :func:`fit_second_hop`); eta
-    from pairs of votes that do not read the same passages (R1 and CB), because a second hop
-    repeats its first hop's wrong answer far more often than independent sources do.
+    Each action observed, by its kind (:class:`KindFit`), as SPEC section 4 says; a hop's
+    ``same`` and ``new`` branches from the first ``hops`` second-hop reads of each question (see
+    :func:`fit_second_hop`); eta from pairs of votes that do not read the same passages (a read
+    and a samples action), because a second hop repeats its first hop's wrong answer far more
+    often than independent sources do.
     """
+    observed = observed_actions(outcomes)
     counts: dict[str, Any] = {}
-    actions: dict[str, Any] = {}
     diagnostics: dict[str, Any] = {}
-    for action in brag.ACTIONS:
-        counts[action], diagnostics[action] = _answer_counts(outcomes, action)
-    for action in brag.ACTION_TABLE:
-        label = action.label
-        if action.vote == "samples":
-            actions[label] = _fit_closed_book(outcomes, m, counts[label])
-        else:
-            actions[label] = _fit_read(outcomes, label, counts[label])
-    eta, counts["eta"], diagnostics["wrong_answer_repeats"] = _fit_eta(outcomes)
-    same, new, second = fit_second_hop(outcomes, hops, eta)
-    for label in (a.label for a in brag.ACTION_TABLE if a.vote == "hop"):
-        actions[label].update({"same": same, "new": new})
-        counts[label]["hops"] = second
+    for action in observed:
+        counts[action.label], diagnostics[action.label] = _answer_counts(outcomes, action.label)
+    eta, eta_counts, diagnostics["wrong_answer_repeats"] = _fit_eta(outcomes, observed)
+    actions = {a.label: fit_of(a).fit(outcomes, a.label, m, hops, eta, counts[a.label]) for a in observed}
+    counts["eta"] = eta_counts
     fitted = {"eta": round(eta, 6), "actions": actions, "counts": counts, "diagnostics": diagnostics}
-    costs = fit_costs(outcomes)
+    costs = fit_costs(outcomes, observed)
     return {**fitted, "costs": costs} if costs is not None else fitted
 
 
-def fit_costs(outcomes: Sequence[Outcome]) -> dict[str, dict[str, float | None]] | None:
+def observed_actions(outcomes: Sequence[Outcome]) -> tuple[brag.Action, ...]:
+    """The table's actions every outcome observed, in table order."""
+    return tuple(a for a in brag.ACTION_TABLE if outcomes and all(a.label in o.answers for o in outcomes))
+
+
+def fit_costs(
+    outcomes: Sequence[Outcome], actions: Sequence[brag.Action]
+) -> dict[str, dict[str, float | None]] | None:
     """Each action's mean prompt and completion tokens, requests and LLM seconds per run.
 
     None when some action was never run or no run recorded its usage (progress files written
     before costs were). Seconds are None when any call's latency was unknown.
     """
     costs: dict[str, dict[str, float | None]] = {}
-    for action in brag.ACTIONS:
+    for action in (a.label for a in actions):
         runs = [u for o in outcomes for u in o.usage.get(action, [])]
         if not runs:
             return None
@@ -521,14 +509,16 @@ def _fit_read(outcomes: Sequence[Outcome], action: str, counts: dict[str, Any]) 
     return fitted
 
 
-def _fit_closed_book(outcomes: Sequence[Outcome], m: int, counts: dict[str, Any]) -> dict[str, Any]:
-    """CB's q, and per agreement level g its share pi and reliability κ (isotonic in g)."""
+def _fit_closed_book(
+    outcomes: Sequence[Outcome], m: int, label: str, counts: dict[str, Any]
+) -> dict[str, Any]:
+    """A samples action's q, and per agreement level g its share pi and reliability κ (isotonic in g)."""
     cb_answered = counts["answered"]
     counts["levels"] = {}
     tallies = []
     for g in range(1, m + 1):
-        at_g = [o for o in outcomes if o.answers["CB"] and o.agreement == g]
-        right = sum(o.correct["CB"] for o in at_g)
+        at_g = [o for o in outcomes if o.answers[label] and o.agreement.get(label) == g]
+        right = sum(o.correct[label] for o in at_g)
         counts["levels"][str(g)] = {"n": len(at_g), "correct": round(right, 4)}
         tallies.append((right, len(at_g)))
     levels = {}
@@ -538,13 +528,20 @@ def _fit_closed_book(outcomes: Sequence[Outcome], m: int, counts: dict[str, Any]
     total = sum(v["pi"] for v in levels.values())
     for v in levels.values():  # rounding may leave the sum a hair off 1
         v["pi"] = round(v["pi"] / total, 6)
-    return {"q": round(shrunk(cb_answered, counts["n"], PRIOR["q"]["CB"]), 6), "levels": levels}
+    return {"q": round(shrunk(cb_answered, counts["n"], PRIOR["q"][label]), 6), "levels": levels}
 
 
-def _fit_eta(outcomes: Sequence[Outcome]) -> tuple[float, dict[str, int], dict[str, Any]]:
-    """η from R1-CB pairs of wrong votes, with the counts and every pair's repeat rate."""
-    repeats = wrong_repeats(outcomes)
-    trials, hits = repeats["CB repeats R1"]
+def _fit_eta(
+    outcomes: Sequence[Outcome], actions: Sequence[brag.Action]
+) -> tuple[float, dict[str, float], dict[str, Any]]:
+    """η, with its counts and every pair's repeat rate.
+
+    From pairs of wrong votes of sources that read nothing in common: a read and a samples action.
+    """
+    repeats = wrong_repeats(outcomes, actions)
+    independent = [name for name, pair in _pairs(actions).items() if _independent(*pair)]
+    trials = sum(repeats[name][0] for name in independent)
+    hits = sum(repeats[name][1] for name in independent)
     eta = (hits + ETA_PRIOR[0]) / (trials + sum(ETA_PRIOR))
     rates = {
         pair: {"both_wrong": round(t, 4), "same": round(h, 4), "rate": round(h / t, 4) if t else None}
@@ -553,15 +550,30 @@ def _fit_eta(outcomes: Sequence[Outcome]) -> tuple[float, dict[str, int], dict[s
     return eta, {"wrong_vote_trials": round(trials, 4), "repeats": round(hits, 4)}, rates
 
 
-def wrong_repeats(outcomes: Sequence[Outcome]) -> dict[str, tuple[float, float]]:
+def _pairs(actions: Sequence[brag.Action]) -> dict[str, tuple[brag.Action, brag.Action]]:
+    """Every pair of ``actions``, in table order, by name: ``CB repeats R1``."""
+    return {f"{b.label} repeats {a.label}": (a, b) for a, b in itertools.combinations(actions, 2)}
+
+
+def _independent(a: brag.Action, b: brag.Action) -> bool:
+    """A read and a samples action: their votes share no passage and no prompt."""
+    kinds = {type(a.kind), type(b.kind)}
+    return kinds == {brag.Read, brag.Samples}
+
+
+def wrong_repeats(
+    outcomes: Sequence[Outcome], actions: Sequence[brag.Action] | None = None
+) -> dict[str, tuple[float, float]]:
     """(questions where both answered wrong, of them the same wrong answer) per pair of sources.
 
-    With probabilities for right, both counts are expected: both are wrong when the truth is
-    neither answer, 1 - P(first) - P(second), or 1 - P(it) when they name the same one.
+    Every pair of ``actions`` (default: those observed), in table order. With probabilities
+    for right, both counts are expected: both are wrong when the truth is neither answer,
+    1 - P(first) - P(second), or 1 - P(it) when they name the same one.
     """
-    pairs = {"R2 repeats R1": ("R1", "R2"), "CB repeats R1": ("R1", "CB"), "CB repeats R2": ("R2", "CB")}
+    chosen = observed_actions(outcomes) if actions is None else actions
     found = {}
-    for name, (first, second) in pairs.items():
+    for name, (a, b) in _pairs(chosen).items():
+        first, second = a.label, b.label
         both, same = 0, 0
         for o in outcomes:
             if not (o.answers[first] and o.answers[second]):
@@ -575,9 +587,9 @@ def wrong_repeats(outcomes: Sequence[Outcome]) -> dict[str, tuple[float, float]]
 
 
 def fit_second_hop(
-    outcomes: Sequence[Outcome], hops: int, eta: float
+    outcomes: Sequence[Outcome], label: str, hops: int, eta: float
 ) -> tuple[dict[str, Any], dict[str, Any], dict[str, Any]]:
-    """R2 read against the answers before it: the ``same`` and ``new`` branches, and their counts.
+    """A hop read against the answers before it: the ``same`` and ``new`` branches, and their counts.
 
     ``same``: its likelihood ratio is how much more often a second hop repeats an earlier answer
     after a right one than after a wrong one (add-one smoothed), stored as the reliability
@@ -585,7 +597,7 @@ def fit_second_hop(
     names an answer no earlier read gave is right, shrunk like rho. ``pi``: the share of
     repeats among answers given after an earlier answer.
     """
-    reads = [h for o in outcomes for h in o.hops[:hops]]
+    reads = [h for o in outcomes for h in o.hops.get(label, [])[:hops]]
     after = [h for h in reads if h["after_answer"]]
     # Reads after a right and after a wrong earlier answer (expected counts, when unlabelled).
     after_right = [sum(h["after_right"] for h in after), sum(h["after_right"] * h["repeats"] for h in after)]
@@ -596,7 +608,7 @@ def fit_second_hop(
     repeat_wrong = (after_wrong[1] + 1) / (after_wrong[0] + 2)
     ratio = repeat_right / repeat_wrong
     pi = shrunk(sum(h["repeats"] for h in answered_after), len(answered_after), 0.5)
-    rho_new = shrunk(sum(h["correct"] for h in news), len(news), PRIOR["rho"]["R2"])
+    rho_new = shrunk(sum(h["correct"] for h in news), len(news), PRIOR["rho"][label])
     counts = {
         "reads": len(reads),
         "after_right": [round(x, 4) for x in after_right],
@@ -619,28 +631,24 @@ Vote = tuple[Mapping[str, Any], float]  # (evidence features, right: 1/0 or its 
 
 
 def fit_evidence_levels(outcomes: Sequence[Outcome], hops: int, fitted: dict[str, Any]) -> None:
-    """Split R1's votes, and the second hop's votes for a new answer, into evidence levels.
+    """Split each read's votes, and a hop's votes for a new answer, into evidence levels.
 
     In place: each read's entry in ``fitted["actions"]`` gets an ``evidence`` split when a
     score of its features tells its right answers from its wrong ones on held-out questions (see
     :func:`fit_evidence_split`); ``fitted["diagnostics"]["evidence"]`` has every feature's
     held-out AUROC. Each level's reliability is shrunk toward the action's own.
     """
-    r1_votes = [(o.evidence, float(o.correct["R1"])) for o in outcomes if o.answers["R1"]]
-    new_votes = [
-        (h.get("evidence") or {}, float(h["correct"]))
-        for o in outcomes
-        for h in o.hops[:hops]
-        if h["answer"] and not h["repeats"]
-    ]
     actions = fitted["actions"]
     diagnostics = fitted["diagnostics"].setdefault("evidence", {})
-    for action, votes in (("R1", r1_votes), ("R2", new_votes)):
-        base = shrunk(sum(right for _, right in votes), len(votes), PRIOR["rho"][action])
+    for action in observed_actions(outcomes):
+        votes = fit_of(action).evidence_votes(outcomes, action.label, hops)
+        if votes is None:
+            continue
+        base = shrunk(sum(right for _, right in votes), len(votes), PRIOR["rho"][action.label])
         split, aucs = fit_evidence_split(votes, base)
-        diagnostics[action] = {"votes": len(votes), "held_out_auc": aucs}
+        diagnostics[action.label] = {"votes": len(votes), "held_out_auc": aucs}
         if split is not None:
-            actions[action]["evidence"] = split
+            actions[action.label]["evidence"] = split
 
 
 def fit_evidence_split(
@@ -818,81 +826,77 @@ class Unidentifiable(brag.InputError):
 def identifiable(outcomes: Sequence[Outcome]) -> None:
     """Raise :class:`Unidentifiable`, saying why, when an unlabelled fit would be guesswork.
 
-    Without gold, all the fit learns from is which sources agree on a question. R1 and CB read
-    nothing in common, so their agreement is the evidence: a source that never answers, two that
-    always agree (every reliability fits equally well), or two that almost never do (nothing
-    tells a right answer from a wrong one) leave the reliabilities to the prior. Enough labelled
-    questions settle it on their own.
+    Without gold, all the fit learns from is which sources agree on a question. A read and a
+    samples action read nothing in common (the table's first of each), so their agreement is
+    the evidence: a source that never answers, two that always agree (every reliability fits
+    equally well), or two that almost never do (nothing tells a right answer from a wrong one)
+    leave the reliabilities to the prior. Enough labelled questions settle it on their own.
     """
     labelled = sum(o.labelled for o in outcomes)
     if labelled >= MIN_QUESTIONS:
         return
     advice = f"give gold answers for some questions (at least {MIN_QUESTIONS} settle it), or more questions"
-    for action in ("R1", "CB"):
+    pair = next((p for p in _pairs(observed_actions(outcomes)).values() if _independent(*p)), None)
+    if pair is None:
+        raise Unidentifiable(f"without gold answers a fit needs a read and closed-book samples; {advice}")
+    read, samples = (a.label for a in sorted(pair, key=lambda a: isinstance(a.kind, brag.Samples)))
+    for action in (read, samples):
         answered = sum(bool(o.answers[action]) for o in outcomes)
         if answered < MIN_ANSWERS:
             raise Unidentifiable(
                 f"{action} answered {answered} of {len(outcomes)} questions: too few to tell how often "
                 f"it is right without gold answers; {advice}"
             )
-    pairs = [o for o in outcomes if not o.labelled and o.answers["R1"] and o.answers["CB"]]
-    agree = sum(brag.same_answer(o.answers["R1"], o.answers["CB"]) for o in pairs)
+    pairs = [o for o in outcomes if not o.labelled and o.answers[read] and o.answers[samples]]
+    agree = sum(brag.same_answer(o.answers[read], o.answers[samples]) for o in pairs)
     if len(pairs) - agree < MIN_AGREEMENTS:
         raise Unidentifiable(
-            f"R1 and closed-book gave the same answer on {agree} of the {len(pairs)} unlabelled questions "
-            f"both answered: sources that always agree fit any reliability equally well; {advice}"
+            f"{read} and {samples} (closed-book) gave the same answer on {agree} of the {len(pairs)} "
+            f"unlabelled questions both answered: sources that always agree fit any reliability equally "
+            f"well; {advice}"
         )
     if agree < MIN_AGREEMENTS:
         raise Unidentifiable(
-            f"R1 and closed-book agreed on only {agree} of the {len(pairs)} unlabelled questions both "
-            f"answered: without agreement nothing tells a right answer from a wrong one; {advice}"
+            f"{read} and {samples} (closed-book) agreed on only {agree} of the {len(pairs)} unlabelled "
+            f"questions both answered: without agreement nothing tells a right answer from a wrong one; "
+            f"{advice}"
         )
 
 
 @dataclass
 class _Votes:
-    """One unlabelled question's votes: each source's answer as an index into its candidates."""
+    """One unlabelled question's votes: each source's answer as an index into its candidates.
+
+    Built action by action in table order (:meth:`KindFit.em_votes`): ``earlier`` holds the
+    candidates the reads so far named, which a hop's vote is typed against.
+    """
 
     outcome: Outcome
-    candidates: list[str]
-    votes: list[tuple[str, int]]  # (vote type, candidate)
-    slots: dict[str, int | None]  # R1, R2 (first hop), CB -> candidate
-    hop_slots: list[tuple[int | None, list[int]]]  # per hop: its candidate, and earlier reads'
+    candidates: list[str] = field(default_factory=list)
+    votes: list[tuple[brag.VoteType, int]] = field(default_factory=list)  # (vote type, candidate)
+    slots: dict[str, int | None] = field(default_factory=dict)  # each action's (a hop: first) candidate
+    hop_slots: dict[str, list[tuple[int | None, list[int]]]] = field(default_factory=dict)
+    earlier: list[int] = field(default_factory=list)
 
     @classmethod
-    def of(cls, outcome: Outcome, hops: int) -> _Votes:
-        candidates: list[str] = []
+    def of(cls, outcome: Outcome, hops: int, actions: Sequence[brag.Action] | None = None) -> _Votes:
+        """Its votes from each of ``actions`` (default: those it observed), in table order."""
+        votes = cls(outcome)
+        for action in observed_actions([outcome]) if actions is None else actions:
+            fit_of(action).em_votes(votes, action.label, hops)
+        return votes
 
-        def index(answer: str) -> int | None:
-            if not answer:
-                return None
-            for i, seen in enumerate(candidates):
-                if brag.same_answer(answer, seen):
-                    return i
-            candidates.append(answer)
-            return len(candidates) - 1
+    def index(self, answer: str) -> int | None:
+        """The candidate ``answer`` names (added when new); None for no answer."""
+        if not answer:
+            return None
+        for i, seen in enumerate(self.candidates):
+            if brag.same_answer(answer, seen):
+                return i
+        self.candidates.append(answer)
+        return len(self.candidates) - 1
 
-        answers = outcome.answers
-        votes: list[tuple[str, int]] = []
-        r1 = index(answers["R1"])
-        if r1 is not None:
-            votes.append(("R1_weak" if outcome.weak.get("R1") else "R1", r1))
-        earlier = [r1] if r1 is not None else []
-        hop_slots = []
-        for hop in outcome.hops:
-            mine = index(hop["answer"])
-            hop_slots.append((mine, list(earlier)))
-            if mine is not None:
-                if len(hop_slots) <= hops:
-                    votes.append(("R2_same" if hop["repeats"] else "R2_new", mine))
-                earlier.append(mine)
-        cb = index(answers["CB"])
-        if cb is not None:
-            votes.append((f"CB_{outcome.agreement}", cb))
-        slots = {"R1": r1, "R2": hop_slots[0][0] if hop_slots else index(answers["R2"]), "CB": cb}
-        return cls(outcome, candidates, votes, slots, hop_slots)
-
-    def expected(self, ratios: Mapping[str, float], eta: float) -> Outcome:
+    def expected(self, ratios: Mapping[brag.VoteType, float], eta: float) -> Outcome:
         """The outcome with each answer's probability of being right in place of right/wrong.
 
         The posterior's own vote model: a vote of type t multiplies its candidate's weight by
@@ -908,12 +912,15 @@ class _Votes:
         def right(candidate: int | None) -> float:
             return p[candidate] if candidate is not None else 0.0
 
-        hops = [
-            {**hop, "correct": right(mine), "after_right": sum(p[i] for i in set(earlier))}
-            for hop, (mine, earlier) in zip(self.outcome.hops, self.hop_slots, strict=True)
-        ]
+        hops = {
+            label: [
+                {**hop, "correct": right(mine), "after_right": sum(p[i] for i in set(earlier))}
+                for hop, (mine, earlier) in zip(self.outcome.hops.get(label, []), slots, strict=True)
+            ]
+            for label, slots in self.hop_slots.items()
+        }
         correct = {a: right(c) for a, c in self.slots.items()}
-        return replace(self.outcome, correct=correct, hops=hops)
+        return replace(self.outcome, correct=correct, hops={**self.outcome.hops, **hops})
 
 
 def fit_unlabelled(
@@ -925,13 +932,14 @@ def fit_unlabelled(
     hand-set prior (or with every reliability at ``start``) and stops when no fitted value
     moves by more than ``EM_TOLERANCE``.
     """
-    unlabelled = [(i, _Votes.of(o, hops)) for i, o in enumerate(outcomes) if not o.labelled]
+    observed = observed_actions(outcomes)
+    unlabelled = [(i, _Votes.of(o, hops, observed)) for i, o in enumerate(outcomes) if not o.labelled]
     current = list(outcomes)
     calibration = brag.load_calibration()
     fitted: dict[str, Any] = {}
     before: dict[str, float] = {}
     for iteration in range(1, EM_ITERATIONS + 1):
-        priors = calibration.source_priors(m)
+        priors = calibration.source_priors(m, observed)
         ratios = {t: a / (b * calibration.eta) for t, (a, b) in priors.items()}
         if start is not None and iteration == 1:
             ratios = {t: start / ((1 - start) * calibration.eta) for t in priors}
@@ -977,11 +985,11 @@ def _same_from_every_start(outcomes: Sequence[Outcome], m: int, hops: int, fitte
 def _plausible(outcomes: Sequence[Outcome], fitted: dict[str, Any]) -> None:
     """Raise :class:`Unidentifiable` when the labelled questions refute a mixed fit.
 
-    The precision of R1, R2 and CB must stay inside the 95 % interval the labelled questions
+    Each observed action's precision must stay inside the 95 % interval the labelled questions
     alone give, or the unlabelled ones pulled it there.
     """
     labelled = [o for o in outcomes if o.labelled]
-    for action in brag.ACTIONS:
+    for action in (a.label for a in observed_actions(outcomes)):
         counts = _tally(labelled, action)
         if not counts["answered"]:
             continue
@@ -1004,7 +1012,7 @@ def _fitted_values(calibration: brag.Calibration, m: int) -> dict[str, float]:
     """Every number the EM fits: eta, each answer rate, and each vote type's reliability."""
     values = {"eta": calibration.eta, **{f"q_{a}": p.q for a, p in calibration.actions.items()}}
     for kind, (a, b) in calibration.source_priors(m).items():
-        values[kind] = a / (a + b)
+        values[str(kind)] = a / (a + b)
     return values
 
 
@@ -1245,6 +1253,32 @@ def _fit_gate_if_identifiable(
     return None
 
 
+def _checked(items: Sequence[Labelled], actions: Sequence[str] | None) -> tuple[str, ...]:
+    """The actions to fit, once the questions and the actions are known to be usable."""
+    chosen = tuple(DEFAULT_ACTIONS if actions is None else actions)
+    if not chosen or isinstance(actions, str) or not set(chosen) <= set(brag.ACTIONS):
+        table = ", ".join(brag.ACTIONS)
+        raise brag.InputError(f"actions must be labels of the table ({table}), got {actions!r}")
+    if len(items) < MIN_QUESTIONS:
+        raise brag.InputError(f"calibration needs at least {MIN_QUESTIONS} questions, got {len(items)}")
+    if len({i.id for i in items}) != len(items):
+        raise brag.InputError("questions: ids must be unique")
+    return chosen
+
+
+def _observer(llm: brag.LLM, actions: Sequence[str], gate: dict[str, Any] | None, settings: Any) -> brag.BRAG:
+    """The controller calibration observes with: the prior, this gate, and exactly ``actions``.
+
+    The schedule decides what runs, and the gate's verdict on each window is recorded so each
+    read gets strong- and weak-window reliabilities. An action the prior has no entry for runs
+    on its kind's prior (its answers, not its prior, are what the fit uses).
+    """
+    prior = brag.load_calibration().to_dict()
+    prior["actions"] = {label: entry for label, entry in prior["actions"].items() if label in actions}
+    extra = tuple(label for label in brag.ACTIONS if label in actions and label not in prior["actions"])
+    return brag.BRAG(llm, calibration={**prior, "gate": gate}, extra_actions=extra, **settings)
+
+
 def calibrate(
     items: Sequence[Labelled],
     corpus: brag.Corpus,
@@ -1259,27 +1293,25 @@ def calibrate(
     on_progress: Callable[[int, int], None] | None = None,
     meta: dict[str, Any] | None = None,
     workers: int = 1,
+    actions: Sequence[str] | None = None,
 ) -> dict[str, Any]:
     """Observe every action on ``items`` and fit; the result loads with ``brag.load_calibration``.
 
+    ``actions``: the table's labels to observe and fit (default: those marked ``fitted``,
+    :data:`DEFAULT_ACTIONS`); the fit has an entry for each, so a controller offers them.
     Items without gold answers are fitted by EM (:func:`fit`); :class:`Unidentifiable` when
     they cannot be.
     """
-    if len(items) < MIN_QUESTIONS:
-        raise brag.InputError(f"calibration needs at least {MIN_QUESTIONS} questions, got {len(items)}")
-    if len({i.id for i in items}) != len(items):
-        raise brag.InputError("questions: ids must be unique")
+    chosen = _checked(items, actions)
     gate = _fit_gate_if_identifiable(items, corpus, k)
-    # The prior calibration plus this gate: the schedule decides what runs, and the gate's
-    # verdict on each window is recorded so R1 and R2 get strong- and weak-window reliabilities.
-    prior = brag.load_calibration().to_dict()
-    controller = brag.BRAG(llm, calibration={**prior, "gate": gate}, lam=0.0, k=k, m=m, seed=seed, hops=hops)
+    settings = {"lam": 0.0, "k": k, "m": m, "seed": seed, "hops": hops}
+    controller = _observer(llm, chosen, gate, settings)
     outcomes = observe(
         items,
         corpus,
         controller,
         progress_path=progress_path,
-        progress=progress_key(llm, corpus, k, m, hops, seed, f1_threshold),
+        progress=progress_key(llm, corpus, k, m, hops, seed, f1_threshold, chosen),
         f1_threshold=f1_threshold,
         on_progress=on_progress,
         workers=workers,
@@ -1298,7 +1330,7 @@ def calibrate(
         "n_questions": len(items),
         "split_ids": [i.id for i in items],
         "f1_threshold": f1_threshold,
-        "prior": PRIOR_TEXT,
+        "prior": prior_text(list(fitted["actions"])),
         "date": dt.datetime.now(dt.UTC).strftime("%Y-%m-%d"),
         **fitted,
         "gate": gate,
@@ -1359,7 +1391,7 @@ def pool(
         "n_questions": len(together),
         "f1_threshold": first.get("f1_threshold"),
         "note": f"pooled by calibrate.py from {', '.join(names)}",
-        "prior": PRIOR_TEXT,
+        "prior": prior_text(list(fitted["actions"])),
         "date": dt.datetime.now(dt.UTC).strftime("%Y-%m-%d"),
         **fitted,
         "gate": None,
@@ -1396,28 +1428,229 @@ def without_gate(outcomes: Iterable[Outcome]) -> list[Outcome]:
 
 
 def vote_losses(calibration: brag.Calibration, outcomes: Sequence[Outcome], hops: int) -> list[float]:
-    """The log-loss of each R1, new-answer R2 and CB vote's reliability against its right/wrong flag.
+    """The log-loss of each vote's reliability against its right/wrong flag (:meth:`KindFit.loss_votes`).
 
     Each vote is typed as the runner would type it under ``calibration`` (its evidence level,
     the gate's verdict, the agreement level). A repeated answer is left out: its "reliability"
     encodes a likelihood ratio, not how often it is right.
     """
-    priors, losses, typed = calibration.source_priors(calibration.m), [], calibration.typed
+    priors, losses = calibration.source_priors(calibration.m), []
+    actions = [a for a in calibration.offered() if all(a.label in o.answers for o in outcomes)]
     for o in outcomes:
-        votes = []
-        if o.answers["R1"]:
-            flat = "R1_weak" if calibration.gate is not None and o.weak.get("R1") else "R1"
-            votes.append((typed("R1", flat, o.evidence), o.correct["R1"]))
-        for hop in o.hops[:hops]:
-            if hop["answer"] and not hop["repeats"]:
-                votes.append((typed("R2_new", "R2_new", hop.get("evidence") or {}), hop["correct"]))
-        if o.answers["CB"] and o.agreement:
-            votes.append((f"CB_{min(o.agreement, calibration.m)}", o.correct["CB"]))
-        for vote_type, right in votes:
-            a, b = priors[vote_type]
-            p = min(max(a / (a + b), 1e-6), 1 - 1e-6)
-            losses.append(-(right * math.log(p) + (1 - right) * math.log(1 - p)))
+        for action in actions:
+            for vote_type, right in fit_of(action).loss_votes(calibration, action, o, hops):
+                a, b = priors[vote_type]
+                p = min(max(a / (a + b), 1e-6), 1 - 1e-6)
+                losses.append(-(right * math.log(p) + (1 - right) * math.log(1 - p)))
     return losses
+
+
+# ------------------------------------------------------------------------------------------
+# What calibration observes of each vote kind, and how it fits it
+# ------------------------------------------------------------------------------------------
+
+Reads = list[tuple[str, float]]  # (answer, right) of every read of a question so far
+
+
+class KindFit:
+    """Calibration's side of a :class:`brag.VoteKind`: what a run of it records, and its fit.
+
+    ``runs``: how often calibration runs it per question; ``observe``: what one run adds to an
+    :class:`Outcome`; ``fit``: its calibration entry from the outcomes; ``evidence_votes``: the
+    votes its evidence levels are fitted on (None: it has none); ``em_votes``: its votes as the
+    EM's vote model sees them; ``loss_votes``: its votes, typed under a calibration, with
+    right/wrong, as :func:`vote_losses` scores them.
+    """
+
+    def runs(self, hops: int) -> int:
+        """How often calibration runs it on each question."""
+        return 1
+
+    def observe(
+        self, outcome: Outcome, label: str, seen: Mapping[str, Any], right: bool, reads: Reads
+    ) -> None:
+        """Record one run of it (``seen``: its step's observation) in ``outcome``."""
+        raise NotImplementedError
+
+    def fit(
+        self, outcomes: Sequence[Outcome], label: str, m: int, hops: int, eta: float, counts: dict[str, Any]
+    ) -> dict[str, Any]:
+        """Its calibration entry (``counts``: its tallies, which the fit may extend)."""
+        raise NotImplementedError
+
+    def evidence_votes(self, outcomes: Sequence[Outcome], label: str, hops: int) -> list[Vote] | None:
+        """The votes its evidence levels are fitted on: (features, right); None: it has none."""
+        return None
+
+    def em_votes(self, votes: _Votes, label: str, hops: int) -> None:
+        """Add its votes on one question to ``votes``, in the EM's vote types."""
+        raise NotImplementedError
+
+    def loss_votes(
+        self, calibration: brag.Calibration, action: brag.Action, outcome: Outcome, hops: int
+    ) -> list[tuple[brag.VoteType, float]]:
+        """Its votes on one question, typed under ``calibration``, with right/wrong."""
+        raise NotImplementedError
+
+
+class ReadFit(KindFit):
+    """A read: its answer, its evidence features; q and rho (per gate verdict), evidence levels."""
+
+    def observe(
+        self, outcome: Outcome, label: str, seen: Mapping[str, Any], right: bool, reads: Reads
+    ) -> None:
+        """Record one run of it (``seen``: its step's observation) in ``outcome``."""
+        answer = seen.get("answer", "") or ""
+        outcome.answers[label] = answer
+        outcome.evidence.setdefault(label, seen.get("evidence") or {})
+        reads.append((answer, right))
+
+    def fit(
+        self, outcomes: Sequence[Outcome], label: str, m: int, hops: int, eta: float, counts: dict[str, Any]
+    ) -> dict[str, Any]:
+        """Its calibration entry (``counts``: its tallies, which the fit may extend)."""
+        return _fit_read(outcomes, label, counts)
+
+    def evidence_votes(self, outcomes: Sequence[Outcome], label: str, hops: int) -> list[Vote] | None:
+        """The votes its evidence levels are fitted on: (features, right); None: it has none."""
+        return [(o.evidence.get(label) or {}, float(o.correct[label])) for o in outcomes if o.answers[label]]
+
+    def em_votes(self, votes: _Votes, label: str, hops: int) -> None:
+        """Add its votes on one question to ``votes``, in the EM's vote types."""
+        mine = votes.index(votes.outcome.answers[label])
+        votes.slots[label] = mine
+        if mine is not None:
+            votes.votes.append((brag.VoteType(label, "weak" if votes.outcome.weak.get(label) else ""), mine))
+            votes.earlier.append(mine)
+
+    def loss_votes(
+        self, calibration: brag.Calibration, action: brag.Action, outcome: Outcome, hops: int
+    ) -> list[tuple[brag.VoteType, float]]:
+        """Its votes on one question, typed under ``calibration``, with right/wrong."""
+        label = action.label
+        if not outcome.answers[label]:
+            return []
+        weak = calibration.gate is not None and bool(outcome.weak.get(label))
+        seen = {"evidence": outcome.evidence.get(label) or {}}
+        vote_type = action.kind.vote_type(label, calibration.actions[label], seen, weak=weak)
+        return [(vote_type, outcome.correct[label])]
+
+
+class HopFit(ReadFit):
+    """A second hop: each of its reads against the answers before it; a read's fit and its branches."""
+
+    def runs(self, hops: int) -> int:
+        """How often calibration runs it on each question."""
+        return hops
+
+    def observe(
+        self, outcome: Outcome, label: str, seen: Mapping[str, Any], right: bool, reads: Reads
+    ) -> None:
+        """Record one run of it (``seen``: its step's observation) in ``outcome``."""
+        answer = seen.get("answer", "") or ""
+        earlier = [a for a, _ in reads if a]
+        mine = outcome.hops.setdefault(label, [])
+        mine.append(
+            {
+                "answer": answer,
+                "correct": right,
+                "repeats": bool(answer) and any(brag.same_answer(answer, a) for a in earlier),
+                "after_answer": bool(earlier),
+                "after_right": any(r for _, r in reads),
+                "evidence": seen.get("evidence") or {},
+            }
+        )
+        outcome.answers[label] = mine[0]["answer"]  # its first read stands for it as a source
+        reads.append((answer, right))
+
+    def fit(
+        self, outcomes: Sequence[Outcome], label: str, m: int, hops: int, eta: float, counts: dict[str, Any]
+    ) -> dict[str, Any]:
+        """Its calibration entry (``counts``: its tallies, which the fit may extend)."""
+        fitted = _fit_read(outcomes, label, counts)
+        same, new, counts["hops"] = fit_second_hop(outcomes, label, hops, eta)
+        return {**fitted, "same": same, "new": new}
+
+    def evidence_votes(self, outcomes: Sequence[Outcome], label: str, hops: int) -> list[Vote] | None:
+        """The votes its evidence levels are fitted on: (features, right); None: it has none."""
+        return [
+            (h.get("evidence") or {}, float(h["correct"]))
+            for o in outcomes
+            for h in o.hops.get(label, [])[:hops]
+            if h["answer"] and not h["repeats"]
+        ]
+
+    def em_votes(self, votes: _Votes, label: str, hops: int) -> None:
+        """Add its votes on one question to ``votes``, in the EM's vote types."""
+        slots = votes.hop_slots[label] = []
+        for hop in votes.outcome.hops.get(label, []):
+            mine = votes.index(hop["answer"])
+            slots.append((mine, list(votes.earlier)))
+            if mine is not None:
+                if len(slots) <= hops:
+                    votes.votes.append((brag.VoteType(label, "same" if hop["repeats"] else "new"), mine))
+                votes.earlier.append(mine)
+        votes.slots[label] = slots[0][0] if slots else votes.index(votes.outcome.answers[label])
+
+    def loss_votes(
+        self, calibration: brag.Calibration, action: brag.Action, outcome: Outcome, hops: int
+    ) -> list[tuple[brag.VoteType, float]]:
+        """Its votes on one question, typed under ``calibration``, with right/wrong."""
+        prior = calibration.actions[action.label]
+        return [
+            (action.kind.vote_type(action.label, prior, hop), hop["correct"])
+            for hop in outcome.hops.get(action.label, [])[:hops]
+            if hop["answer"] and not hop["repeats"]
+        ]
+
+
+class SamplesFit(KindFit):
+    """Closed-book samples: their mode and agreement level; q and each level's share and reliability."""
+
+    def observe(
+        self, outcome: Outcome, label: str, seen: Mapping[str, Any], right: bool, reads: Reads
+    ) -> None:
+        """Record one run of it (``seen``: its step's observation) in ``outcome``."""
+        outcome.answers[label] = seen.get("answer", "") or ""
+        outcome.agreement[label] = seen["agreement"]
+
+    def fit(
+        self, outcomes: Sequence[Outcome], label: str, m: int, hops: int, eta: float, counts: dict[str, Any]
+    ) -> dict[str, Any]:
+        """Its calibration entry (``counts``: its tallies, which the fit may extend)."""
+        return _fit_closed_book(outcomes, m, label, counts)
+
+    def em_votes(self, votes: _Votes, label: str, hops: int) -> None:
+        """Add its votes on one question to ``votes``, in the EM's vote types."""
+        mine = votes.slots[label] = votes.index(votes.outcome.answers[label])
+        if mine is not None:
+            votes.votes.append((brag.VoteType(label, str(votes.outcome.agreement.get(label, 0))), mine))
+
+    def loss_votes(
+        self, calibration: brag.Calibration, action: brag.Action, outcome: Outcome, hops: int
+    ) -> list[tuple[brag.VoteType, float]]:
+        """Its votes on one question, typed under ``calibration``, with right/wrong."""
+        g = outcome.agreement.get(action.label, 0)
+        if not (outcome.answers[action.label] and g):
+            return []
+        seen = {"agreement": min(g, calibration.m)}
+        vote_type = action.kind.vote_type(action.label, calibration.actions[action.label], seen)
+        return [(vote_type, outcome.correct[action.label])]
+
+
+FITS: dict[type[brag.VoteKind], KindFit] = {
+    brag.Read: ReadFit(),
+    brag.Hop: HopFit(),
+    brag.Samples: SamplesFit(),
+}
+
+
+def fit_of(action: brag.Action) -> KindFit:
+    """The fitter of an action's kind (a subclass of a kind fits as its nearest known base)."""
+    for kind in type(action.kind).__mro__:
+        if kind in FITS:
+            return FITS[kind]
+    raise brag.InputError(f"action {action.label}: calibration cannot fit a {type(action.kind).__name__}")
 
 
 def main_gate(argv: Sequence[str]) -> int:
@@ -1474,7 +1707,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     Path(f"{args.out}.progress.jsonl").replace(outcomes_path(args.out))
     print(
         f"wrote {args.out}: eta {result['eta']}, "
-        + ", ".join(f"{a} acc {result['diagnostics'][a]['accuracy']:.2f}" for a in brag.ACTIONS)
+        + ", ".join(f"{a} acc {result['diagnostics'][a]['accuracy']:.2f}" for a in result["actions"])
     )
     return 0
 
@@ -1551,6 +1784,11 @@ def _parser(cache_modes: Sequence[str]) -> argparse.ArgumentParser:
         "--workers", type=int, default=1, help="questions at once (for an endpoint that serves many)"
     )
     parser.add_argument("--f1", type=float, default=0.8, help="token F1 that counts as correct")
+    parser.add_argument(
+        "--actions",
+        default=",".join(DEFAULT_ACTIONS),
+        help=f"the actions to observe and fit, of {', '.join(brag.ACTIONS)} (default: %(default)s)",
+    )
     parser.add_argument("--cache", default="bench/cache/llm.sqlite", help="SQLite response cache")
     parser.add_argument("--cache-mode", default="read-write", choices=cache_modes)
     parser.add_argument("--out", required=True)
@@ -1585,6 +1823,7 @@ def _calibrate_from_args(args: argparse.Namespace) -> dict[str, Any]:
         progress_path=f"{args.out}.progress.jsonl",
         on_progress=progress,
         workers=args.workers,
+        actions=[label.strip() for label in args.actions.split(",") if label.strip()],
         meta={
             "name": Path(args.out).stem,
             "model_spec": args.model,

@@ -239,9 +239,16 @@ def run_dataset(
     found = in_parallel(one, list(enumerate(items, 1)), workers)
     rows, timing, first_actions, hops, overruled = tally(found, best)
     rates = {action: round(rate, 4) for action, rate in cal.rates().items()}
+
     # A vote's likelihood ratio, right answer against one repeated wrong one, as the controller
     # uses it: floored at 1, so no vote counts against the answer it names.
-    ratios = {t: round(max(1.0, a / b / cal.eta), 3) for t, (a, b) in cal.source_priors(m).items()}
+    # Listed as the published tables always have: the reads' flat types, their evidence levels, then samples'.
+    def listed(item: tuple[brag.VoteType, Any]) -> tuple[bool, bool]:
+        vote_type = item[0]
+        return isinstance(brag.action_named(vote_type.action).kind, brag.Samples), bool(vote_type.level)
+
+    priors = sorted(cal.source_priors(m).items(), key=listed)
+    ratios = {str(t): round(max(1.0, a / b / cal.eta), 3) for t, (a, b) in priors}
     return {
         "name": ds.name,
         "ids": [i.id for i in items],

@@ -45,7 +45,7 @@ def outcomes_of(
 
 def reliabilities(fitted: dict[str, Any]) -> dict[str, float]:
     priors = calibrate._loaded(fitted, 5).source_priors(5)
-    return {t: a / (a + b) for t, (a, b) in priors.items()}
+    return {str(t): a / (a + b) for t, (a, b) in priors.items()}
 
 
 def attempt(outcomes: list[calibrate.Outcome]) -> tuple[dict[str, float] | None, str]:

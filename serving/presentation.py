@@ -102,14 +102,6 @@ def posterior_svg(report: dict[str, Any], width: int = 560, height: int = 230) -
     return f'<div id="posterior-chart">{"".join(parts)}<div style="font-size:12px">{legend}</div></div>'
 
 
-def read_labels(seen: dict[str, Any], new_only: bool = True) -> list[str]:
-    """What a read looked at: passage titles, or their first words when untitled."""
-    passages = seen.get("passages", [])
-    if new_only and "new_passages" in seen:  # a second hop: what it added
-        passages = passages[len(passages) - len(seen["new_passages"]) :]
-    return [p.get("label") or p.get("title") or f"passage {p['id']}" for p in passages]
-
-
 STEP_COLUMNS = [
     "Step",
     "P(error)",
@@ -135,18 +127,6 @@ def step_column_widths() -> list[str]:
     return [f"{100 * share / sum(shares):.1f}%" for share in shares]
 
 
-def evidence_cell(seen: dict[str, Any]) -> str:
-    """What a step's vote rested on, e.g. ``answer p 0.83 · span of passage 1 · level R1:hi``."""
-    if seen.get("candidate") is None:
-        return ""
-    if "samples" in seen:
-        return f"level CB_{seen['agreement']}"
-    parts = [brag.evidence_text(seen.get("evidence") or {})]
-    if seen.get("vote_type"):
-        parts.append(f"level {seen['vote_type']}")
-    return " · ".join(p for p in parts if p)
-
-
 def steps_frame(report: dict[str, Any]) -> pd.DataFrame:
     """Each decision and why: P(error), each action's expected gain per call against λ, and what it saw.
 
@@ -162,20 +142,16 @@ def steps_frame(report: dict[str, Any]) -> pd.DataFrame:
         }
         seen = step.get("observation") or {}
         action = step["action"] or "stop"
-        if "samples" in seen:
-            read, answer = f"{len(seen['samples'])} closed-book samples", seen["answer"] or "NONE"
-            answer += f" ({seen['agreement']}/{len(seen['samples'])} agree)" if seen["answer"] else ""
-        elif seen:
-            read, answer = "; ".join(read_labels(seen)), seen.get("answer") or "NONE"
+        if seen and step["action"] in brag.ACTIONS:  # its kind says what it read and rested on
+            read, answer, evidence = brag.action_named(step["action"]).kind.cells(step["action"], seen)
         else:
             read = answer = "running…" if step["action"] and not report.get("finished", True) else ""
+            evidence = ""
         if action == "stop":
             read = report.get("stop_reason", "")
         p_err = f"{step['posterior']['p_err']:.3f}"
         follow_up = seen.get("follow_up_query", "")
-        rows.append(
-            [step["step"], p_err, *cells.values(), action, read, answer, evidence_cell(seen), follow_up]
-        )
+        rows.append([step["step"], p_err, *cells.values(), action, read, answer, evidence, follow_up])
     return pd.DataFrame(rows, columns=STEP_COLUMNS)
 
 
@@ -250,7 +226,11 @@ def render(answer: str, report: dict[str, Any] | None) -> tuple[Any, ...]:
     report = {**report, "steps": shown_steps(report)}
     finished = report.get("finished", True)
     read = list(
-        dict.fromkeys(x for s in report["steps"] for x in read_labels(s.get("observation") or {}, False))
+        dict.fromkeys(
+            label
+            for step in report["steps"]
+            for label in brag.passage_labels((step.get("observation") or {}).get("passages", []))
+        )
     )
     status = (report.get("calibration") or {}).get("status", "")
     shown = as_text(answer, brag.MAX_ANSWER_CHARS) if isinstance(answer, str) else ""
@@ -313,22 +293,9 @@ def calibration_frame(text: str) -> pd.DataFrame:
             [name, level, f"{q:.2f}", share, f"{a / (a + b):.2f}", f"{low:.2f} – {high:.2f}", f"{rate:.3f}"]
         )
 
-    for action in brag.ACTION_TABLE:
-        name, prior = action.label, cal.actions[action.label]
-        if action.vote == "samples":
-            for level in prior.levels:
-                rate = brag.vote_information(level.mean, cal.eta)
-                row(name, f"{level.g} of {cal.m} agree", prior.q, level.a, level.b, rate, f"{level.pi:.2f}")
-            continue
-        case = "any window" if prior.weak is None else "strong window"
-        row(name, case, prior.q, prior.a, prior.b, rates[name])
-        if prior.weak is not None:
-            weak = prior.on_weak_window()
-            row(name, "weak window", weak.q, weak.a, weak.b, rates[f"{name}_weak"])
-        if action.vote == "hop":
-            same, new = cal.branches()
-            for case, branch in (("repeats an earlier answer", same), ("new answer", new)):
-                rate = brag.vote_information(branch.mean, cal.eta)
-                row(name, case, prior.q, branch.a, branch.b, rate, f"{branch.pi:.2f}")
+    for action in cal.offered():  # each kind says what its calibration tells apart
+        for case in action.kind.cases(action.label, cal.actions[action.label], cal.eta, rates):
+            share = f"{case.share:.2f}" if case.share is not None else ""
+            row(action.label, case.name, case.q, case.beta.a, case.beta.b, case.rate, share)
     columns = ["Action", "Case", "q (answers)", "share", "ρ (right)", "ρ 95 % interval", "information rate D"]
     return pd.DataFrame(rows, columns=columns)

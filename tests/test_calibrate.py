@@ -2,18 +2,19 @@
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import random
 import re
 import threading
 
 import pytest
-from conftest import ROOT
+from conftest import ROOT, without
 
 import brag
 import calibrate
 import llms
-from brag import Completion, Corpus
+from brag import BRAG, Completion, Corpus
 
 TRUTH = {
     "q": {"R1": 0.8, "R2": 0.65, "CB": 0.95},
@@ -49,7 +50,8 @@ class SimulatedLLM:
             return "NONE", 0
         if correct:
             return f"gold{qid}", g
-        earlier = ("R1", "R2", "CB")[: ("R1", "R2", "CB").index(action)]
+        order = ("R1", "R2", "CB", "RT")  # the order calibration runs them in
+        earlier = order[: order.index(action)]
         if not any(self.outcome(qid, a)[0] and not self.outcome(qid, a)[1] for a in earlier):
             return f"distractor{qid}", g
         repeat = random.Random(f"{self.seed}-{qid}-{action}-eta").random() < self.truth["eta"]
@@ -63,7 +65,8 @@ class SimulatedLLM:
             if answer == "NONE":
                 return Completion(["NONE"] * n, 10, n)
             return Completion([answer] * g + [f"noise{qid}x{j}" for j in range(n - g)], 10, n)
-        action = "R2" if "\n[3] " in prompt.rsplit("\n\nPassages:\n", 1)[-1] else "R1"
+        block = prompt.rsplit("\n\nPassages:\n", 1)[-1]
+        action = "R2" if "\n[3] " in block else "R1" if "\n[2] " in block else "RT"
         return Completion([f"Answer: {self.answer(qid, action)[0]}"], 10, 1)
 
 
@@ -453,25 +456,28 @@ def test_em_expected_counts_reduce_to_the_labelled_fit_when_the_truth_is_certain
         "1",
         {"R1": "Oslo", "R2": "Bergen", "CB": "oslo"},
         {"R1": True, "R2": False, "CB": True},
-        5,
-        hops=[
-            {
-                "answer": "Bergen",
-                "correct": False,
-                "repeats": False,
-                "after_answer": True,
-                "after_right": True,
-            }
-        ],
+        agreement={"CB": 5},
+        hops={
+            "R2": [
+                {
+                    "answer": "Bergen",
+                    "correct": False,
+                    "repeats": False,
+                    "after_answer": True,
+                    "after_right": True,
+                }
+            ]
+        },
         labelled=False,
     )
     votes = calibrate._Votes.of(outcome, hops=1)
-    assert votes.candidates == ["Oslo", "Bergen"] and votes.votes == [("R1", 0), ("R2_new", 1), ("CB_5", 0)]
-    ratios = {"R1": 1e6, "R2_new": 1.0, "CB_5": 1e6}
+    assert votes.candidates == ["Oslo", "Bergen"]
+    assert [(str(t), c) for t, c in votes.votes] == [("R1", 0), ("R2_new", 1), ("CB_5", 0)]
+    ratios = {brag.VoteType("R1"): 1e6, brag.VoteType("R2", "new"): 1.0, brag.VoteType("CB", "5"): 1e6}
     seen = votes.expected(ratios, eta=0.2)
     assert seen.correct["R1"] == pytest.approx(1.0) and seen.correct["CB"] == pytest.approx(1.0)
     assert seen.correct["R2"] == pytest.approx(0.0, abs=1e-9)
-    assert seen.hops[0]["after_right"] == pytest.approx(1.0)
+    assert seen.hops["R2"][0]["after_right"] == pytest.approx(1.0)
     labelled_fit = calibrate.fit_counts([outcome] * 3, 5, 1)
     soft_fit = calibrate.fit_counts([seen] * 3, 5, 1)
     assert json.dumps(soft_fit["actions"], sort_keys=True) == json.dumps(
@@ -623,3 +629,54 @@ def test_the_pool_command_fits_from_the_outcomes_kept_beside_each_calibration(tm
     calibrate.outcomes_path(paths[1]).unlink()
     assert calibrate.main(["pool", *paths, "--out", str(out)]) == 2
     assert "B.outcomes.jsonl is missing" in capsys.readouterr().err
+
+
+# ------------------------------------------------------------------------------------------
+# Actions by kind: a fit of the actions named, old outcome files
+# ------------------------------------------------------------------------------------------
+
+
+def test_a_fit_of_named_actions_fits_the_focused_read_and_a_controller_offers_it():
+    truth = {**TRUTH, "q": {**TRUTH["q"], "RT": 0.9}, "rho": {**TRUTH["rho"], "RT": 0.75}}
+    items, llm = labelled(800), SimulatedLLM(truth, seed=11)
+    default = calibrate.calibrate(items, CORPUS, llm, k=2)
+    fitted = calibrate.calibrate(items, CORPUS, llm, k=2, actions=["R1", "R2", "CB", "RT"])
+    assert "RT" not in default["actions"] and list(fitted["actions"]) == ["R1", "R2", "CB", "RT"]
+    assert fitted["actions"]["RT"]["q"] == pytest.approx(0.9, abs=0.04)
+    assert mean(fitted["actions"]["RT"]["rho"]) == pytest.approx(0.75, abs=0.05)
+    # Each action's entry comes from its own answers; only a hop's "same" branch moves, since it
+    # is stored through eta, which the focused read's pairs with closed-book inform as well.
+    for action in ("R1", "R2", "CB"):
+        mine, before = (without(f["actions"][action], {"same"}) for f in (fitted, default))
+        assert mine == before, action
+    assert fitted["eta"] != default["eta"]
+    assert "RT repeats R1" in fitted["diagnostics"]["wrong_answer_repeats"]
+    controller = BRAG(llm, calibration=fitted, k=2)
+    assert [a.label for a in controller.offered] == ["R1", "R2", "CB", "RT"]
+    _, report = controller.run("Q1 what is the answer?", CORPUS)
+    assert report["config"]["actions"]["on_kind_prior"] == []
+    assert "RT" in report["steps"][0]["scores"]
+    with pytest.raises(brag.InputError, match="actions must be labels of the table"):
+        calibrate.calibrate(items, CORPUS, llm, k=2, actions=["R1", "R9"])
+
+
+def test_an_outcome_saved_before_actions_were_kinds_reads_as_its_first_actions():
+    hop = {"answer": "Bergen", "correct": True, "repeats": False, "after_answer": True, "after_right": False}
+    evidence = {"answer_p": 0.5, "answer_p_min": 0.4, "span": 1.0, "in_question": 0.0}
+    old = {
+        "id": "7",
+        "answers": {"R1": "Oslo", "R2": "Bergen", "CB": "Bergen"},
+        "correct": {"R1": False, "R2": True, "CB": True},
+        "agreement": 3,
+        "calls": 4,
+        "weak": {"R1": False},
+        "hops": [hop],
+        "usage": {},
+        "labelled": True,
+        "evidence": evidence,
+    }
+    outcome = calibrate.Outcome.from_dict(old)
+    assert outcome.agreement == {"CB": 3} and outcome.hops == {"R2": [hop]}
+    assert outcome.evidence == {"R1": evidence} and outcome.answers == old["answers"]
+    again = calibrate.Outcome.from_dict(json.loads(json.dumps(dataclasses.asdict(outcome))))
+    assert again == outcome  # what observe saves now reads back the same

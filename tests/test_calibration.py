@@ -79,7 +79,8 @@ def broken(path: list, value) -> dict:
         (broken(["version"], 99), "unsupported version"),
         (broken(["eta"], 0), "eta"),
         (broken(["eta"], "high"), "eta must be a number"),
-        (broken(["actions", "R2"], KeyError), "actions.R2 is missing"),
+        (broken(["actions"], {}), "'actions' must be an object with some of R1, R2, CB and RT"),
+        (broken(["actions", "R9"], {"q": 0.5}), "actions.'R9' is not an action of this BRAG"),
         (broken(["actions", "R1", "q"], 1.5), "actions.R1.q"),
         (broken(["actions", "R1", "rho", "a"], -1), "actions.R1.rho.a"),
         (broken(["actions", "R1", "rho"], [1, 2]), "actions.R1.rho must be an object"),
@@ -97,9 +98,9 @@ def test_malformed_calibration_is_a_clear_value_error(data, message):
 
 def test_rescales_agreement_levels_for_another_m():
     cal = load_calibration()
-    priors = cal.source_priors(3)
+    priors = {str(t): v for t, v in cal.source_priors(3).items()}
     assert set(priors) == {"R1", "R2", "R1_weak", "R2_weak", "R2_same", "R2_new", "CB_1", "CB_2", "CB_3"}
-    full = cal.source_priors(5)
+    full = {str(t): v for t, v in cal.source_priors(5).items()}
     assert priors["CB_3"] == full["CB_5"] and priors["CB_1"] == full["CB_2"]
 
 

@@ -76,11 +76,12 @@ def test_the_evidence_reads_in_words():
 
 def test_a_calibration_without_evidence_loads_flat_and_one_with_it_round_trips():
     old = brag.load_calibration(PRIORS)
-    assert old.actions["R1"].evidence is None and "R1:hi" not in old.source_priors(5)
+    assert old.actions["R1"].evidence is None and brag.VoteType("R1", level="hi") not in old.source_priors(5)
     fitted = brag.load_calibration(split_calibration())
     split = fitted.actions["R1"].evidence
     assert split is not None and split.name == "answer_p" and split.hi.mean == pytest.approx(0.9)
-    assert fitted.source_priors(5)["R1:hi"] == (9.0, 1.0) and fitted.source_priors(5)["R1:lo"] == (2.0, 8.0)
+    assert fitted.source_priors(5)[brag.VoteType("R1", level="hi")] == (9.0, 1.0)
+    assert fitted.source_priors(5)[brag.VoteType("R1", level="lo")] == (2.0, 8.0)
     again = brag.load_calibration(json.loads(json.dumps(fitted.to_dict())))
     assert again.actions["R1"].evidence == split
     # The weak-window view keeps the levels (only q and the flat reliability change there).

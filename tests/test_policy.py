@@ -157,7 +157,7 @@ def test_every_rate_is_nonnegative_and_a_weak_window_never_rates_higher(cal):
     rates = cal.rates()
     assert all(rate >= 0 for rate in rates.values()), rates
     assert rates["R1_weak"] <= rates["R1"] + 1e-12 and rates["R2_weak"] <= rates["R2"] + 1e-12
-    priors = cal.source_priors(5)
+    priors = {str(t): v for t, v in cal.source_priors(5).items()}
     for t in ("R1", "R2"):  # nor does a weak window's vote weigh more
         (a_w, b_w), (a_s, b_s) = priors[f"{t}_weak"], priors[t]
         assert a_w / (a_w + b_w) <= a_s / (a_s + b_s) + 1e-12

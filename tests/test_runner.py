@@ -2,6 +2,7 @@
 
 import json
 from collections import Counter
+from dataclasses import replace
 
 import pytest
 from conftest import PRIORS, ScriptedLLM, last_block, without
@@ -441,57 +442,139 @@ def test_a_backend_without_a_name_goes_by_its_class_name_everywhere(tmp_path):
     )
 
 
-def test_every_action_in_the_table_can_run_be_prompted_and_be_priced():
+def test_every_action_in_the_table_has_a_kind_a_prompt_and_a_price():
     assert brag.ACTIONS == tuple(a.label for a in brag.ACTION_TABLE)
     for action in brag.ACTION_TABLE:
-        assert callable(getattr(brag._Run, f"do_{action.vote}", None)), action.label
-        assert action.vote in brag.VOTE_KINDS
+        assert action.kind in brag.VOTE_KINDS, action.label
         messages = action.messages("Where was she born?", [brag.Passage("Lina Berg", "Born in Oslo.")])
         assert messages[-1]["role"] == "user" and "Where was she born?" in messages[-1]["content"]
     # The prior measured no costs: each is estimated from its prompt, relative to one R1 read.
-    costs, source = brag.action_costs(brag.load_calibration(), "tokens", k=5, m=5)
+    costs, source = brag.action_costs(brag.load_calibration(), "tokens", k=5, m=5, actions=brag.ACTION_TABLE)
     assert source.startswith("estimated") and costs["R1"] == 1.0
     assert costs["R2"] > costs["R1"] > costs["CB"]  # twice the passages; no passages at all
+    assert costs["RT"] < 0.5 * costs["R1"]  # one passage of five
     wider, _ = brag.action_costs(brag.load_calibration(), "tokens", k=5, m=20)
     assert wider["CB"] > costs["CB"] and wider["R2"] == costs["R2"]  # samples scale CB alone
 
 
-def test_an_action_of_a_known_kind_is_one_table_entry_and_its_prompt(monkeypatch):
-    """A read of the top passage alone, added as one entry (and its calibration's row)."""
-    top_only = brag.Action(
-        "R0",
-        "reading the top passage",
-        "read",
-        lambda q, ps: brag.read_messages(q, ps[:1]),
-        1,
-        12.0,
-        0.8,
-        0.6,
-    )
-    table = (*brag.ACTION_TABLE, top_only)
-    monkeypatch.setattr(brag, "ACTION_TABLE", table)
-    monkeypatch.setattr(brag, "ACTIONS", tuple(a.label for a in table))
-    calibration = json.loads(PRIORS.read_text(encoding="utf-8"))
-    calibration["actions"]["R0"] = calibration["actions"]["R1"]
-    corpus = Corpus(
+# ------------------------------------------------- issue 42: an action is one row
+
+# One new action of each kind: a row and its prompt, nothing else.
+NEW_ACTIONS = {
+    "read": brag.Action(
+        "R0", "reading the top two", brag.READ, brag.read_messages, 1, 12.0, 0.8, 0.6, passages=2
+    ),
+    "hop": brag.Action("H2", "a hop of its own", brag.HOP, brag.read_messages, 2, 12.0, 0.5, 0.4),
+    "samples": brag.Action(
+        "CB2", "more samples", brag.SAMPLES, lambda q, _: brag.closed_book_messages(q), 0, 4.0, 0.9
+    ),
+}
+TIMING = {"wall_time_s", "policy_us", "llm_wait_s", "llm_seconds"}
+
+
+def three_passages() -> Corpus:
+    return Corpus(
         [
-            {"title": "Lina Berg", "text": "Lina Berg was born in Oslo."},
+            {"title": "Lina Berg", "text": "Lina Berg designed the Glass Tower."},
+            {"title": "Tower", "text": "The Glass Tower stands in Oslo; Lina Berg was born in Bergen."},
             {"title": "Oslo", "text": "Oslo is the capital of Norway."},
         ]
     )
-    llm = ScriptedLLM(lambda prompt: "Answer: Oslo\nFollow-up query: Oslo capital")
-    controller = BRAG(llm, calibration=calibration, lam=0.0, k=2)
-    answer, report = controller.run("Where was Lina Berg born?", corpus, actions=["R0", "R1"])
-    r0, r1 = (s for s in report["steps"] if s["action"])
-    assert answer == "Oslo" and (r0["action"], r1["action"]) == ("R0", "R1")
-    assert r0["observation"]["vote_type"] == "R0" and r1["observation"]["vote_type"] == "R1"
-    first, second = (r["messages"][-1]["content"] for r in llm.requests)
-    assert "Lina Berg was born" in first and "capital of Norway" not in first  # its own prompt
-    assert "capital of Norway" in second
-    costs, _ = brag.action_costs(brag.load_calibration(calibration), "tokens", k=2)
-    assert costs["R0"] < costs["R1"]  # priced from its own, shorter prompt
-    _, chosen = controller.run("Where was Lina Berg born?", corpus)
-    assert "R0" in chosen["steps"][0]["scores"]  # the policy weighs it with the others
+
+
+def reader_and_samples() -> ScriptedLLM:
+    return ScriptedLLM(
+        read=lambda prompt: "Answer: Bergen\nFollow-up query: Glass Tower Oslo",
+        closed_book=lambda prompt, n: ["Bergen"] * n,
+    )
+
+
+@pytest.mark.parametrize("kind", list(NEW_ACTIONS))
+def test_an_action_of_each_kind_is_one_row_and_an_old_calibration_runs_as_before(kind, monkeypatch):
+    question, action = "Where was Lina Berg born?", NEW_ACTIONS[kind]
+    before = [
+        without(
+            BRAG(reader_and_samples(), calibration=PRIORS, lam=lam, k=2).run(question, three_passages())[1],
+            TIMING,
+        )
+        for lam in (0.0, 0.05)
+    ]
+    table = (*brag.ACTION_TABLE, action)
+    monkeypatch.setattr(brag, "ACTION_TABLE", table)
+    monkeypatch.setattr(brag, "ACTIONS", tuple(a.label for a in table))
+    # A calibration without the action: offered as before, and every report the same.
+    for lam, expected in zip((0.0, 0.05), before, strict=True):
+        plain = BRAG(reader_and_samples(), calibration=PRIORS, lam=lam, k=2)
+        assert action not in plain.offered
+        assert without(plain.run(question, three_passages())[1], TIMING) == expected
+    # Turned on: weighed by its kind's prior, priced from its own prompt, and the report says so.
+    llm = reader_and_samples()
+    on = BRAG(llm, calibration=PRIORS, lam=0.0, k=2, extra_actions=(action.label,))
+    assert on.offered[-1] == action and on.priors[action.label] == action.kind.prior(action, on.m)
+    assert on.priced_costs[action.label] > 0
+    schedule = ["R1", action.label] if kind == "hop" else [action.label]
+    answer, report = on.run(question, three_passages(), actions=schedule)
+    ran = [s for s in report["steps"] if s["action"] == action.label]
+    assert answer == "Bergen" and len(ran) == 1
+    assert ran[0]["observation"]["vote_type"].startswith(action.label)
+    assert report["config"]["actions"] == {
+        "offered": [*brag.ACTIONS[:3], action.label],
+        "on_kind_prior": [action.label],
+    }
+    assert report["config"]["extra_actions"] == [action.label]
+    unsure = ScriptedLLM(read=lambda prompt: "Answer: Bergen\nFollow-up query: Glass Tower Oslo")
+    _, chosen = replace(on, llm=unsure).run(question, three_passages())  # no sample answers
+    assert any(action.label in s["scores"] for s in chosen["steps"])  # the policy weighs it
+
+
+def test_a_second_samples_action_votes_with_its_own_levels_not_the_first_ones(monkeypatch):
+    action = NEW_ACTIONS["samples"]
+    table = (*brag.ACTION_TABLE, action)
+    monkeypatch.setattr(brag, "ACTION_TABLE", table)
+    monkeypatch.setattr(brag, "ACTIONS", tuple(a.label for a in table))
+    calibration = json.loads(PRIORS.read_text(encoding="utf-8"))
+    levels = {str(g): {"pi": 0.2, "kappa": {"a": 2.0, "b": 8.0}} for g in range(1, 6)}
+    calibration["actions"]["CB2"] = {"q": 0.9, "levels": levels}
+    controller = BRAG(reader_and_samples(), calibration=calibration, lam=0.0, k=2)
+    priors = controller.calibration.source_priors(5)
+    assert priors[brag.VoteType("CB2", "5")] == (2.0, 8.0)
+    assert priors[brag.VoteType("CB", "5")] == (7.0, 3.0)  # the hand-set prior's own
+    _, report = controller.run("Where was Lina Berg born?", three_passages(), actions=["CB2"])
+    cb2 = next(s["observation"] for s in report["steps"] if s["action"] == "CB2")
+    assert cb2["agreement"] == 5
+    # One vote of reliability 0.2 against a residual of eta: the posterior is below what CB's 0.7 gives.
+    _, by_cb = controller.run("Where was Lina Berg born?", three_passages(), actions=["CB"])
+    assert report["p_err"] > by_cb["p_err"]
+
+
+def test_the_focused_read_reports_supports_and_quotes_only_the_passage_it_read():
+    corpus = Corpus(
+        [
+            {"title": "Lina Berg", "text": "Lina Berg was born in a large city; Lina Berg was born in 1950."},
+            {"title": "Tower", "text": "The Glass Tower is by Lina, who grew up in Bergen."},
+            {"title": "Oslo", "text": "Oslo is the capital of Norway."},
+        ]
+    )
+    question = "Where was Lina Berg born?"
+    controller = BRAG(reader_and_samples(), calibration=PRIORS, lam=0.0, k=2, extra_actions=("RT",))
+    _, wide = controller.run(question, corpus, actions=["R1"])
+    r1 = next(s["observation"] for s in wide["steps"] if s["action"] == "R1")
+    top, second = (p["id"] for p in r1["passages"])
+    assert "Bergen" in corpus[second].text and "Bergen" not in corpus[top].text
+    assert wide["confidence"]["supported"] is True and wide["confidence"]["source"] is not None
+    _, focused = controller.run(question, corpus, actions=["RT"])
+    rt = next(s["observation"] for s in focused["steps"] if s["action"] == "RT")
+    assert [p["id"] for p in rt["passages"]] == [top]  # what its prompt held, and nothing else
+    assert rt["evidence"]["span"] == 0.0 and rt["vote_type"] == "RT"
+    assert focused["confidence"]["supported"] is False and focused["confidence"]["source"] is None
+    assert "grew up in Bergen" not in controller.llm.requests[-1]["messages"][-1]["content"]
+    assert focused["config"]["actions"]["on_kind_prior"] == ["RT"]
+
+
+def test_shipped_calibrations_offer_the_actions_they_fitted_and_no_other():
+    for name, calibration in brag.shipped_calibrations().items():
+        offered = [a.label for a in BRAG(reader_and_samples(), calibration=calibration).offered]
+        assert offered == [a for a in brag.ACTIONS if a in calibration.actions], name
 
 
 # ------------------------------------------------- issue 41: work bounded by what the model reads
