@@ -854,7 +854,7 @@ def _lnbeta(x: float, y: float) -> float:
     return math.lgamma(x) + math.lgamma(y) - math.lgamma(x + y)
 
 
-# How votes turn into a posterior: "floored" is the default (README, method section); "spec" is
+# How votes turn into a posterior: "floored" is the default (docs/method.md); "spec" is
 # SPEC section 1 as written, kept so the two can be compared on the same data.
 _RULES = ("floored", "spec")
 
@@ -3643,7 +3643,7 @@ DEFAULT_HOPS = 2
 # How an action is priced (``BRAG(cost=...)``): every cost is relative to one R1 read, so that
 # lambda keeps its meaning, the price of one read in units of answer error.
 COST_UNITS = ("calls", "tokens", "seconds", "usd")
-# Chosen by cross-validated replay on the calibration questions (README, method section).
+# Chosen by cross-validated replay on the calibration questions (docs/method.md).
 DEFAULT_COST_UNIT = "tokens"
 # On a CPU a generated token takes about as long as this many prompt tokens (estimates only).
 _DECODE_WEIGHT = 6.0
@@ -3800,7 +3800,7 @@ class BRAG:
     ``m`` closed-book samples per CB call; ``hops`` second-hop reads (R2) allowed per question,
     each retrieving with the latest follow-up query; ``max_uses`` runs of R1 and of CB.
     ``rule``, ``second_hop`` and ``policy`` choose how votes are weighed and actions scored
-    (README, method section): the defaults keep every vote from counting against itself, read
+    (docs/method.md): the defaults keep every vote from counting against itself, read
     R2 against the answers before it, and price each action by its expected drop in P_err;
     ``rule="spec", second_hop="independent", policy="rate", hops=1`` is SPEC as first written.
     ``min_calls`` (default 1) calls are made whatever their price, so every question gets an

@@ -53,7 +53,7 @@ class ReadingAbandoned(DocumentError):
 
 @dataclass(frozen=True)
 class Caps:
-    """What one worker may use; the app reads them from the environment (README)."""
+    """What one worker may use; the app reads them from the environment (docs/deploying.md)."""
 
     memory_mb: int = 1024  # BRAG_PARSE_MEMORY_MB: the worker's address space
     cpu_seconds: int = 30  # BRAG_PARSE_CPU_SECONDS: CPU time per file; wall time per file is twice it

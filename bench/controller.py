@@ -37,7 +37,7 @@ DEFAULT_LAM = next(f.default for f in dataclasses.fields(brag.BRAG) if f.name ==
 
 @dataclass(frozen=True)
 class Variant:
-    """One way of weighing votes and hopping (README, method section)."""
+    """One way of weighing votes and hopping (docs/method.md)."""
 
     name: str
     rule: str

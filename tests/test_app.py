@@ -667,7 +667,7 @@ MARKUP = (
 def test_a_real_browser_sees_progress_then_the_answer_an_error_and_a_calibration(tmp_path):
     """Drives the page in Chromium at 1280 px and keeps a screenshot of each state.
 
-    ``BRAG_UPDATE_SCREENSHOTS=1`` copies them to docs/ (the README shows them).
+    ``BRAG_UPDATE_SCREENSHOTS=1`` copies them to docs/ (the README and the guides show them).
     """
     from playwright.sync_api import sync_playwright
 

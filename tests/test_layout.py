@@ -1,4 +1,4 @@
-"""The shape of the tree the README's layout section draws: imports point one way, brag.py needs
+"""The shape of the tree docs/layout.md draws: imports point one way, brag.py needs
 only its three packages, and no function is longer than a reader can hold in their head."""
 
 from __future__ import annotations
@@ -143,10 +143,10 @@ def test_pip_install_gives_the_modules_the_data_and_a_brag_command(tmp_path):
 
 
 def drawn_order(readme: str) -> list[str]:
-    """The modules the README's layout drawing names, top to bottom, as dotted names."""
+    """The modules the layout drawing (docs/layout.md) names, top to bottom, as dotted names."""
     import re
 
-    tree = readme.split("## How the code is laid out", 1)[1].split("```", 2)[1]
+    tree = readme.split("```", 2)[1]  # the first code block is the drawing
     order: list[str] = []
     package = ""
     for line in tree.splitlines():
@@ -162,8 +162,8 @@ def drawn_order(readme: str) -> list[str]:
     return order
 
 
-def test_the_readme_draws_every_module_each_below_what_it_imports():
-    order = drawn_order((ROOT / "README.md").read_text(encoding="utf-8"))
+def test_the_layout_guide_draws_every_module_each_below_what_it_imports():
+    order = drawn_order((ROOT / "docs" / "layout.md").read_text(encoding="utf-8"))
     assert sorted(order) == sorted(project_modules())
     for module, imports in import_graph().items():
         for imported in imports:

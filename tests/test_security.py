@@ -193,8 +193,8 @@ def test_an_idle_local_worker_exits():
         runner.stop()
 
 
-def test_the_readme_names_only_calibrations_the_server_accepts():
-    text = (ROOT / "README.md").read_text(encoding="utf-8")
+def test_the_deploying_guide_names_only_calibrations_the_server_accepts():
+    text = (ROOT / "docs" / "deploying.md").read_text(encoding="utf-8")
     listed = re.search(r"name of a shipped calibration \(([^)]*)\)", text).group(1)
     names = re.findall(r"`([^`]+)`", listed)
     assert len(names) >= 2 and set(names) <= set(brag.shipped_calibrations()), names
