@@ -3132,6 +3132,7 @@ class VoteKind:
 
     name: ClassVar[str] = ""
     gated: ClassVar[bool] = True  # the gate judges the window its reads hold
+    needs_new: ClassVar[bool] = False  # available only once a read found passages not read yet
 
     def entry(self, label: str, raw: Mapping[str, Any]) -> ActionPrior:
         """Its calibration entry, validated (CalibrationError names the field)."""
@@ -3185,9 +3186,9 @@ class VoteKind:
         seen = prior.on_weak_window() if weak else prior
         return rates[flat], VoteOutlook(seen.q, _outcomes(prior.evidence, _ratio_of(seen, eta), eta))
 
-    def available(self, run: _Run, action: Action) -> bool:
-        """Whether the run may take it now: up to ``max_uses`` times."""
-        return run.uses[action.label] < run.brag.max_uses
+    def uses(self, brag: BRAG) -> int:
+        """How often a run may take it: ``max_uses`` times (the runner's availability check)."""
+        return brag.max_uses
 
     def step(self, run: _Run, action: Action) -> dict[str, Any]:
         """Read the question's own top passages (as many as the action's prompt holds)."""
@@ -3241,6 +3242,7 @@ class Hop(VoteKind):
     """
 
     name = "hop"
+    needs_new = True
 
     def entry(self, label: str, raw: Mapping[str, Any]) -> ActionPrior:
         """q, rho, the weak-window entry, and the ``same``/``new`` branches when present."""
@@ -3330,10 +3332,9 @@ class Hop(VoteKind):
         outcomes = _outcomes(prior.evidence, _ratio_of(new, eta), eta)
         return rate, VoteOutlook(prior.q, outcomes, _ratio_of(same, eta))
 
-    def available(self, run: _Run, action: Action) -> bool:
-        """Up to ``hops`` times, once a read found passages not read yet."""
-        ready = run.next_hop is not None and bool(run.next_hop[2])  # set by a read only
-        return ready and run.uses[action.label] < run.brag.hops
+    def uses(self, brag: BRAG) -> int:
+        """Up to ``hops`` times, and only once a read found passages not read yet (``needs_new``)."""
+        return brag.hops
 
     def step(self, run: _Run, action: Action) -> dict[str, Any]:
         """Read the passages read so far plus the new ones the latest follow-up query found."""
@@ -3851,6 +3852,10 @@ class BRAG:
         labels = [a.label for a in offered]
         object.__setattr__(self, "offered", offered)
         object.__setattr__(self, "priors", {a.label: calibration.prior_of(a) for a in offered})
+        # Availability, as each kind rules it, in a form the runner checks at every decision.
+        object.__setattr__(
+            self, "_limits", tuple((a.label, a.kind.uses(self), a.kind.needs_new) for a in offered)
+        )
         if self.costs is None:
             priced, source = action_costs(
                 calibration,
@@ -4099,7 +4104,12 @@ class _Run:
 
     def available(self) -> list[str]:
         """The actions left, as each one's kind says (a read up to ``max_uses``, a hop up to ``hops``)."""
-        return [a.label for a in self.brag.offered if a.kind.available(self, a)]
+        uses, ready = self.uses, self.next_hop is not None and bool(self.next_hop[2])  # set by a read
+        return [
+            label
+            for label, limit, needs_new in self.brag._limits
+            if uses[label] < limit and (ready or not needs_new)
+        ]
 
     def loop(self) -> Iterator[dict[str, Any]]:
         """Retrieve and judge the first window; then decide, yield the step, act, until done."""
