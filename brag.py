@@ -4,8 +4,11 @@ The controller keeps a posterior over candidate answers and picks, between LLM c
 action whose next vote is expected to lower P(error) the most per unit cost; it stops when that
 gain is worth less than its price ``lam``. It never calls the LLM itself: the actions do.
 
-Sections, in order: LLM protocol, text analysis, answers, posterior, policy, corpus, dedup, gate,
-calibration, prompts, actions, runner, files (the command line is ``cli.py``). Three entry points:
+Sections, each using only those above it (type annotations aside): errors and the LLM
+protocol; files (JSON input, data, cache); text analysis; answers; posterior; dedup; corpus;
+evidence; gate; calibration entries; policy (rates, lookahead, choice); prompts; actions (the
+vote kinds ``Read``, ``Hop``, ``Samples`` and ``ACTION_TABLE``); calibration; pricing and the
+policy's tables; runner. The command line is ``cli.py``. Three entry points:
 
 - ``BRAG(llm).run(question, corpus)`` (runner): ``BRAG.stream`` -> ``_Run.loop``, which
   decides (``_Run._decide``) and acts (``_Run._act``) one step at a time;
@@ -48,7 +51,8 @@ import bm25s
 import numpy as np
 from bm25s import stopwords as bm25s_stopwords
 
-# The public API, by section (in the order the sections come), not alphabetically.
+# The public API: what users import, by section (in the order the sections come). Everything
+# else is reachable as ``brag.<name>`` for tests and benchmarks, but is not promised.
 __all__ = [  # noqa: RUF022
     # Errors, and the LLM protocol
     "InputError",
@@ -56,59 +60,40 @@ __all__ = [  # noqa: RUF022
     "LLM",
     "Completion",
     "llm_name",
+    # Files
+    "cache_dir",
+    "data_dir",
+    "write_atomic",
     # Text analysis
-    "LANGUAGE_NAMES",
-    "STOPWORDS",
-    "UNSPACED_SCRIPTS",
-    "language_of",
-    "ANALYSIS",
     "Analyzer",
-    "stopword_language",
+    "language_of",
     "tokenize",
     "words",
     # Answers
-    "MAX_ANSWER_CHARS",
-    "MAX_QUERY_CHARS",
-    "MAX_REPLY_CHARS",
     "exact_match",
-    "is_no_answer",
     "normalize_answer",
-    "parse_reading",
     "same_answer",
     "token_f1",
     # Evidence
     "EVIDENCE_FEATURES",
-    "answer_logprobs",
-    "evidence_text",
     "read_evidence",
     # Posterior
-    "Beliefs",
     "Vote",
-    "VoteModel",
-    "error_probability",
     "posterior",
-    "uninformative_reliability",
     # Policy
-    "Decision",
-    "VoteOutlook",
     "choose_action",
     "expected_gain",
     "information_rate",
-    "vote_information",
     # Corpus
     "BM25_VARIANTS",
-    "MAX_TITLE_CHARS",
     "Corpus",
     "Passage",
     "Retrieval",
     "Retriever",
     "ScoringRetriever",
-    "bm25_index",
-    "check_retriever",
     "cached_corpus",
-    "parse_json",
+    "check_retriever",
     "parse_passages",
-    "read_json",
     # Dedup
     "DedupConfig",
     "Embedder",
@@ -116,68 +101,46 @@ __all__ = [  # noqa: RUF022
     "IngestionResult",
     "dedup_ingestion",
     "dedup_ranked",
-    "reciprocal_rank_fusion",
-    "unit_rows",
     # Gate
-    "MAX_TERM_LOOKUPS",
     "Gate",
     "GateSignal",
-    "topk_overlap",
     "window_signals",
-    # Calibration
-    "CALIBRATIONS_DIR",
-    "CALIBRATION_VERSION",
-    "PRIOR_CALIBRATION_PATH",
-    "ActionCost",
+    # Calibration entries
     "ActionPrior",
-    "Branch",
-    "Calibration",
-    "Level",
-    "EvidenceLevel",
-    "EvidenceSplit",
-    "calibration_from_dict",
-    "calibration_status",
-    "load_calibration",
-    "shipped_calibration",
-    "shipped_calibrations",
+    "ActionCost",
     # Prompts
-    "CLOSED_BOOK_INSTRUCTIONS",
-    "MAX_PROMPT_PASSAGE_CHARS",
     "READ_STOP",
-    "answer_language",
     "closed_book_messages",
-    "expand_query",
-    "is_degenerate_query",
     "read_messages",
     # Actions
     "ACTIONS",
     "ACTION_TABLE",
     "Action",
-    "VOTE_KINDS",
     "VoteKind",
     "VoteType",
     "Read",
     "Hop",
     "Samples",
-    "Case",
+    "READ",
+    "HOP",
+    "SAMPLES",
     "action_named",
-    "passage_labels",
+    # Calibration
+    "CALIBRATION_VERSION",
+    "Calibration",
+    "calibration_status",
+    "load_calibration",
+    "shipped_calibration",
+    "shipped_calibrations",
+    # Pricing and the policy's tables
+    "COST_UNITS",
+    "DEFAULT_COST_UNIT",
+    "action_costs",
     # Runner
     "BRAG",
     "DEFAULT_HOPS",
-    "action_costs",
-    "priced",
-    "COST_UNITS",
-    "DEFAULT_COST_UNIT",
     "GUESS_BELOW",
     "RunAborted",
-    "closed_book_mode",
-    # Files
-    "atomic_file",
-    "cache_dir",
-    "data_dir",
-    "package_dir",
-    "write_atomic",
 ]
 _HERE = Path(__file__).resolve().parent
 # A hand-set prior for a capable reader: every model without a calibration of its own gets it.
@@ -255,6 +218,110 @@ def llm_name(llm: Any) -> str:
     """``llm.name``, or the class name of a backend that has none (the one fallback, everywhere)."""
     name = getattr(llm, "name", None)
     return name if isinstance(name, str) and name else type(llm).__name__
+
+
+# ------------------------------------------------------------------------------------------
+# Files: JSON input, data, cache and atomic writes
+# ------------------------------------------------------------------------------------------
+
+
+def _shown(value: Any, width: int = 40) -> str:
+    """A value as an error message may echo it: its repr, cut short."""
+    text = repr(value)
+    return text if len(text) <= width else text[: width - 1] + "…"
+
+
+def parse_json(text: str, what: str) -> Any:
+    """``json.loads`` whose error names ``what`` and the place of the fault."""
+    try:
+        return json.loads(text)
+    except json.JSONDecodeError as err:
+        raise InputError(
+            f"{what}: malformed JSON at line {err.lineno} column {err.colno}: {err.msg}"
+        ) from None
+    except RecursionError:
+        raise InputError(f"{what}: the JSON is nested too deeply") from None
+
+
+def read_json(source: Any, what: str) -> Any:
+    """Data from a JSON string, a file path, or already-parsed data (returned as it is)."""
+    looks_like_json = isinstance(source, str) and source.lstrip().startswith(("{", "["))
+    if isinstance(source, os.PathLike) or (isinstance(source, str) and not looks_like_json):
+        path = Path(source)
+        try:
+            source = path.read_text(encoding="utf-8")
+        except OSError as err:
+            raise InputError(f"{what}: cannot read {path}: {err.strerror}") from None
+        if path.suffix == ".jsonl":
+            source = "[" + ",".join(line for line in source.splitlines() if line.strip()) + "]"
+    return parse_json(source, what) if isinstance(source, str) else source
+
+
+def data_dir() -> Path | None:
+    """The evaluation data directory: ``BRAG_DATA_DIR``, else ``../shared/data`` when present."""
+    configured = os.environ.get("BRAG_DATA_DIR")
+    if configured:
+        return Path(configured)
+    fallback = _HERE.parent / "shared" / "data"
+    return fallback if fallback.is_dir() else None
+
+
+@contextmanager
+def atomic_file(path: str | os.PathLike[str]) -> Iterator[BinaryIO]:
+    """A file to write that replaces ``path`` only when the block ends without an error.
+
+    It is a temporary file in the same folder, flushed to disk and then renamed over the target,
+    so readers see the old file or the new one, never a part; on an error it is removed.
+    """
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd, temporary = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
+    # mkstemp makes the file private (0600); the result keeps the old file's mode, else 0644
+    try:
+        mode = path.stat().st_mode & 0o777
+    except FileNotFoundError:
+        mode = 0o644
+    try:
+        with os.fdopen(fd, "wb") as out:
+            os.fchmod(out.fileno(), mode)
+            yield out
+            out.flush()
+            os.fsync(out.fileno())
+        os.replace(temporary, path)
+    finally:
+        if os.path.exists(temporary):
+            os.unlink(temporary)
+    directory = os.open(path.parent, os.O_RDONLY)
+    try:
+        os.fsync(directory)  # the rename itself survives a power cut
+    finally:
+        os.close(directory)
+
+
+def write_atomic(path: str | os.PathLike[str], text: str) -> None:
+    """Write ``text`` to ``path`` so that readers see the old file or the new one, never a part."""
+    with atomic_file(path) as out:
+        out.write(text.encode("utf-8"))
+
+
+def package_dir(name: str) -> Path | None:
+    """The folder of an installed package, found without importing it (None when absent)."""
+    try:
+        spec = importlib.util.find_spec(name)
+    except (ImportError, ValueError):
+        return None
+    if spec is None or not spec.submodule_search_locations:
+        return None
+    return Path(next(iter(spec.submodule_search_locations)))
+
+
+def cache_dir() -> Path:
+    """Where BRAG keeps files it builds once: ``BRAG_CACHE_DIR``, else ``~/.cache/brag``."""
+    configured = os.environ.get("BRAG_CACHE_DIR")
+    if configured:
+        return Path(configured).expanduser()
+    base = os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache"
+    return Path(base) / "brag"
 
 
 # ------------------------------------------------------------------------------------------
@@ -729,113 +796,39 @@ def parse_reading(text: str) -> tuple[str, str]:
     return _clean_answer(answer), query.strip().strip("\"'“” ").strip()[:MAX_QUERY_CHARS]
 
 
-# ------------------------------------------------------------------------------------------
-# Evidence: what an answer shows about itself, at no extra LLM call
-# ------------------------------------------------------------------------------------------
+@dataclass
+class _Candidates:
+    """Distinct answers seen so far; near-identical strings share one index."""
 
-# What a read's vote carries about its own answer. Calibration picks the feature that best tells
-# right answers from wrong ones on held-out questions and splits the votes into levels by it; a
-# feature a backend cannot give (None) leaves the vote at its action's flat reliability.
-#   answer_p      the model's probability of the answer's tokens (geometric mean)
-#   answer_p_min  the probability of its least likely token
-#   span          1 / rank of the first passage read that holds the answer word for word, else 0
-#   in_question   1 when the question itself holds the answer (a choice it offered), else 0
-EVIDENCE_FEATURES = ("answer_p", "answer_p_min", "span", "in_question")
+    texts: list[str] = field(default_factory=list)
 
+    def find(self, answer: str) -> int | None:
+        """The index of the candidate ``answer`` names, if any."""
+        return next((i for i, text in enumerate(self.texts) if same_answer(answer, text)), None)
 
-_NO_WORD_BEFORE = f"(?<![^\\W{UNSPACED_SCRIPTS}])"  # no letter or digit, but Han, kana…
-_NO_WORD_AFTER = f"(?![^\\W{UNSPACED_SCRIPTS}])"
-
-
-def _answer_pattern(answer: str) -> re.Pattern[str] | None:
-    """The answer's words as a case-blind pattern that matches whole words across any spacing.
-
-    Characters of scripts written without spaces are no word for a boundary: 内藤多仲 stands
-    in 設計者は内藤多仲です, 1958 in 1958年.
-    """
-    said = answer.split()
-    if not said:
-        return None
-    before = "" if _UNSPACED.match(answer.lstrip()) else _NO_WORD_BEFORE
-    after = "" if _UNSPACED.match(answer.rstrip()[-1]) else _NO_WORD_AFTER
-    return re.compile(before + r"\s+".join(map(re.escape, said)) + after, re.IGNORECASE)
-
-
-def _find_answer(answer: str, text: str, folded: str | None = None) -> tuple[str, re.Match[str]] | None:
-    """Where ``text`` holds ``answer`` word for word, and the text the match is in.
-
-    As written, else after NFKC on both sides (full-width ＡＢＣ１２３, half-width kana);
-    ``folded``: the text's NFKC form, when the caller keeps it.
-    """
-    folded = unicodedata.normalize("NFKC", text) if folded is None else folded
-    pairs = [(answer, text), (unicodedata.normalize("NFKC", answer), folded)]
-    for said, within in dict.fromkeys(pairs):  # the folded pair only if it differs
-        pattern = _answer_pattern(said)
-        found = pattern.search(within) if pattern is not None else None
+    def index(self, answer: str) -> int:
+        """The index of the candidate ``answer`` names, added when new."""
+        found = self.find(answer)
         if found is not None:
-            return within, found
-    return None
+            return found
+        self.texts.append(answer)
+        return len(self.texts) - 1
 
 
-def answer_logprobs(answer: str, tokens: Sequence[tuple[str, float]]) -> list[float]:
-    """The log-probabilities of the tokens that spell ``answer`` where the reply first writes it.
+def closed_book_mode(samples: Sequence[str]) -> tuple[str, int]:
+    """The mode of the closed-book samples (no-answers excluded) and its agreement level g.
 
-    ``tokens`` are a reply's (piece, log-probability) pairs; [] when the reply does not hold the
-    answer as written (a cleaned-up answer, say), so no probability is made up.
+    Each sample is parsed like a read's reply, so a chat model's "Answer: Paris" and a
+    completion model's "Paris" are the same candidate.
     """
-    text = "".join(piece for piece, _ in tokens)
-    pattern = _answer_pattern(answer)
-    found = pattern.search(text) if pattern is not None else None
-    if found is None:
-        return []
-    start, end = found.span()
-    picked, position = [], 0
-    for piece, logprob in tokens:
-        if position < end and position + len(piece) > start:
-            picked.append(logprob)
-        position += len(piece)
-    return picked
-
-
-def read_evidence(
-    answer: str,
-    question: str,
-    passages: Sequence[Passage],
-    tokens: Sequence[tuple[str, float]] | None = None,
-) -> dict[str, float | None]:
-    """The evidence features (``EVIDENCE_FEATURES``) of a read's answer; None where unknown.
-
-    A yes/no answer has no span or question feature: a passage or a question can say "yes" or
-    "no" about anything.
-    """
-    if not answer:
-        return dict.fromkeys(EVIDENCE_FEATURES)
-    picked = answer_logprobs(answer, tokens) if tokens else []
-    evidence: dict[str, float | None] = {
-        "answer_p": math.exp(sum(picked) / len(picked)) if picked else None,
-        "answer_p_min": math.exp(min(picked)) if picked else None,
-        "span": None,
-        "in_question": None,
-    }
-    if normalize_answer(answer) in ("yes", "no"):
-        return evidence
-    rank = next((i for i, p in enumerate(passages, 1) if _find_answer(answer, p.shown())), None)
-    evidence["span"] = 1.0 / rank if rank else 0.0
-    evidence["in_question"] = float(_find_answer(answer, question) is not None)
-    return evidence
-
-
-def evidence_text(evidence: Mapping[str, float | None]) -> str:
-    """The evidence in words, e.g. ``answer p 0.83 · span of passage 1``."""
-    parts = []
-    if evidence.get("answer_p") is not None:
-        parts.append(f"answer p {evidence['answer_p']:.2f}")
-    span = evidence.get("span")
-    if span is not None:
-        parts.append(f"span of passage {round(1 / span)}" if span else "not in any passage read")
-    if evidence.get("in_question"):
-        parts.append("named in the question")
-    return " · ".join(parts)
+    answers = [parse_reading(s)[0] for s in samples]
+    answers = [a for a in answers if not is_no_answer(a)]
+    if not answers:
+        return "", 0
+    groups = _Candidates()
+    counts = Counter(groups.index(a) for a in answers)
+    best = max(counts, key=lambda i: (counts[i], -i))  # ties: the earliest answer
+    return groups.texts[best], counts[best]
 
 
 # ------------------------------------------------------------------------------------------
@@ -1006,190 +999,251 @@ def error_probability(probs: Sequence[float]) -> float:
 
 
 # ------------------------------------------------------------------------------------------
-# Policy: information rates, choice, stop rule
+# Dedup: embeddings and near-duplicate removal (SPEC section 2)
 # ------------------------------------------------------------------------------------------
 
 
-def vote_information(rho: float, eta: float, rule: str = "floored") -> float:
-    """d(rho) = (rho - (1 - rho) eta) ln(rho / ((1 - rho) eta)), the KL rate of one vote.
+@runtime_checkable
+class Embedder(Protocol):
+    """Texts in, one L2-normalised float32 row per text out."""
 
-    ``floored``: 0 at and below rho_0 = eta / (1 + eta), where a vote cannot raise its answer's
-    odds (SPEC's d grows again below rho_0, so a useless source looked informative).
-    """
-    rho = min(max(rho, 1e-9), 1 - 1e-9)
-    if rule == "floored" and rho <= uninformative_reliability(eta):
-        return 0.0
-    wrong = (1.0 - rho) * eta
-    return (rho - wrong) * math.log(rho / wrong)
+    name: str
+
+    def embed(self, texts: Sequence[str]) -> np.ndarray:
+        """Embed ``texts`` as an (n, dim) array of unit rows."""
+        ...
 
 
-def information_rate(action: ActionPrior, eta: float, rule: str = "floored") -> float:
-    """D_a = q_a d(rho_a); over levels (CB's agreement, a read's evidence), q sum_g pi_g d(rho_g)."""
-    levels = action.levels or (action.evidence.levels if action.evidence is not None else ())
-    if levels:
-        return action.q * sum(level.pi * vote_information(level.mean, eta, rule) for level in levels)
-    return action.q * vote_information(action.mean, eta, rule)
-
-
-def _likelihood_ratio(rho: float, eta: float, rule: str = "floored") -> float:
-    """How much a vote multiplies its candidate's odds: rho / ((1 - rho) eta), floored at 1."""
-    rho = min(max(rho, 1e-9), 1 - 1e-9)
-    ratio = rho / ((1 - rho) * eta)
-    return max(1.0, ratio) if rule == "floored" else ratio
+def unit_rows(matrix: Any) -> np.ndarray:
+    """Rows scaled to unit length as float32 (all-zero rows stay zero): what an Embedder returns."""
+    matrix = np.asarray(matrix, dtype=np.float32)
+    norms = np.linalg.norm(matrix, axis=1, keepdims=True)
+    return matrix / np.where(norms == 0, 1, norms)
 
 
 @dataclass(frozen=True)
-class VoteOutlook:
-    """What one action's vote can be, for the lookahead.
+class HashingEmbedder:
+    """A model-free embedder: hashed word 1-2-grams and character 3-5-grams.
 
-    Whether it answers (q), and the likelihood ratio of each kind of vote with its share (CB:
-    one per agreement level; a read: one per evidence level, or one). For the conditional
-    second hop, ``same_ratio`` is the ratio of a vote repeating an earlier read's answer; the
-    outcomes hold a new answer's.
+    Each n-gram goes to one of ``dim`` buckets by CRC-32 (its top bit picks the sign), and the
+    counts are L2-normalised, so paraphrases sharing words and word pieces land close.
     """
 
-    q: float
-    outcomes: tuple[tuple[float, float], ...]
-    same_ratio: float | None = None
+    dim: int = 2048
+    name: str = "hashing"
 
-    # (summed share, ratio) per distinct ratio: the kinds of vote that move the posterior alike
-    kinds: tuple[tuple[float, float], ...] = field(init=False, repr=False, compare=False)
+    def _features(self, text: str) -> list[str]:
+        units = words(text)  # BM25's units: for text without spaces, its character bigrams
+        grams = units + [f"{a} {b}" for a, b in itertools.pairwise(units)]
+        padded = (
+            " "
+            + " ".join(_WORD.findall(unicodedata.normalize("NFKC", text).casefold().replace("_", " ")))
+            + " "
+        )
+        grams += [padded[i : i + n] for n in (3, 4, 5) for i in range(len(padded) - n + 1)]
+        return grams
+
+    def embed(self, texts: Sequence[str]) -> np.ndarray:
+        """Hashed n-gram counts per text, unit length."""
+        out = np.zeros((len(texts), self.dim), dtype=np.float32)
+        for row, text in enumerate(texts):
+            hashes = np.fromiter((zlib.crc32(g.encode()) for g in self._features(text)), dtype=np.uint32)
+            if len(hashes):
+                signs = np.where(hashes & 0x80000000, -1.0, 1.0)
+                out[row] = np.bincount(hashes % self.dim, weights=signs, minlength=self.dim)
+        return unit_rows(out)
+
+
+@dataclass(frozen=True)
+class DedupConfig:
+    """Every threshold of the two-phase dedup (defaults from SPEC section 2)."""
+
+    ingestion_enabled: bool = True
+    similarity_threshold: float = 0.90
+    salience_threshold: float = 0.05
+    salience_boost: bool = True
+    boost_per_near_duplicate: float = 0.15
+    max_salience: float = 1.0
+    boost_mode: str = "logarithmic"  # or "linear"
+    log_base: float = 2.0
+    retrieval_enabled: bool = True
+    retrieval_similarity_threshold: float = 0.90
+    min_relevance_score: float | None = None  # as a fraction of the top result's score
+    warn_ingestion_ratio: float = 0.50
+    warn_retrieval_ratio: float = 0.30
+    warn_boost: float = 0.60
+    block_size: int = 1024  # rows per block of the exact pairwise similarity search
 
     def __post_init__(self) -> None:
-        shares: dict[float, float] = {}
-        for share, ratio in self.outcomes:
-            shares[ratio] = shares.get(ratio, 0.0) + share
-        object.__setattr__(self, "kinds", tuple((share, ratio) for ratio, share in shares.items()))
+        if self.boost_mode not in ("linear", "logarithmic"):
+            raise InputError(f"dedup: boost_mode must be 'linear' or 'logarithmic', got {self.boost_mode!r}")
+        for name in ("similarity_threshold", "retrieval_similarity_threshold", "salience_threshold"):
+            if not -1.0 <= getattr(self, name) <= 1.0:
+                raise InputError(f"dedup: {name} must lie in [-1, 1], got {getattr(self, name)!r}")
+        if self.log_base <= 1 or self.block_size < 1:
+            raise InputError("dedup: log_base must exceed 1 and block_size be positive")
 
-
-def expected_gain(
-    beliefs: Beliefs,
-    n_candidates: int,
-    eta: float,
-    outlook: VoteOutlook,
-    repeatable: Collection[int] = (),
-    posterior: tuple[list[float], float] | None = None,
-) -> float:
-    """The expected drop in P_err from one more vote: a one-step lookahead.
-
-    Under the posterior's own model a vote names the true answer with probability rho and each
-    particular wrong one with (1 - rho) eta; every kind and target of vote is weighted by its
-    predictive probability, and the posterior after it is the one :class:`Beliefs` would reach.
-    It is what the stop rule prices: lambda is the price of one call in units of answer error.
-    ``posterior`` is ``beliefs.probabilities(n_candidates)`` when the caller has it already.
-    """
-    probs, residual = posterior if posterior is not None else beliefs.probabilities(n_candidates)
-    return _gain(_Now.of(beliefs, probs, residual), eta, outlook, repeatable)
-
-
-class _Now(NamedTuple):
-    """What every action's lookahead reads from one posterior, worked out once per decision.
-
-    Per candidate: its probability, the leader's or runner-up's probability it must beat, and
-    its log weight with whether a vote favours it (under ``floored``, None under ``spec``).
-    """
-
-    beliefs: Beliefs
-    probs: list[float]
-    residual: float
-    best: float
-    others: list[float]
-    log_w: list[float]
-    favoured: list[bool] | None
+    def boost(self, near_duplicates: int) -> float:
+        """Salience added to a segment that absorbed ``near_duplicates`` others."""
+        if not self.salience_boost or near_duplicates == 0:
+            return 0.0
+        if self.boost_mode == "linear":
+            return self.boost_per_near_duplicate * near_duplicates
+        return self.boost_per_near_duplicate * math.log(1 + near_duplicates, self.log_base)
 
     @classmethod
-    def of(cls, beliefs: Beliefs, probs: list[float], residual: float) -> _Now:
-        first, best, runner_up = _top_two(probs)
-        others = [best] * len(probs)
-        if first >= 0:
-            others[first] = runner_up
-        log_w = beliefs.log_w
-        fast = beliefs.model.rule == "floored" and len(beliefs.favour) == len(log_w) == len(probs)
-        favoured = [f is not None for f in beliefs.favour] if fast else None
-        return cls(beliefs, probs, residual, best, others, log_w, favoured)
+    def from_json(cls, source: Any) -> DedupConfig:
+        """Read the ``Deduplication`` JSON section (``Ingestion`` / ``Retrieval``).
+
+        An object holding it (``{"DocSummarizer": {"Deduplication": ...}}``) works too; missing
+        keys keep their defaults.
+        """
+        data = read_json(source, "dedup")
+        while isinstance(data, Mapping) and "Ingestion" not in data and "Retrieval" not in data:
+            inner = [v for v in data.values() if isinstance(v, Mapping)]
+            if len(inner) != 1:
+                raise InputError("dedup: no 'Deduplication' section with 'Ingestion' or 'Retrieval'")
+            data = inner[0]
+        if not isinstance(data, Mapping):
+            raise InputError("dedup: expected a JSON object")
+        ing, ret = data.get("Ingestion", {}), data.get("Retrieval", {})
+        names = {
+            "ingestion_enabled": (ing, "Enabled"),
+            "similarity_threshold": (ing, "SimilarityThreshold"),
+            "salience_threshold": (ing, "SalienceThreshold"),
+            "salience_boost": (ing, "EnableSalienceBoost"),
+            "boost_per_near_duplicate": (ing, "BoostPerNearDuplicate"),
+            "max_salience": (ing, "MaxSalienceBoost"),
+            "boost_mode": (ing, "BoostDecayMode"),
+            "log_base": (ing, "LogBase"),
+            "retrieval_enabled": (ret, "Enabled"),
+            "retrieval_similarity_threshold": (ret, "SimilarityThreshold"),
+            "min_relevance_score": (ret, "MinRelevanceScore"),
+        }
+        values = {field: section[key] for field, (section, key) in names.items() if key in section}
+        if isinstance(values.get("boost_mode"), str):
+            values["boost_mode"] = values["boost_mode"].lower()
+        return cls(**values)
 
 
-def _gain(now: _Now, eta: float, outlook: VoteOutlook, repeatable: Collection[int]) -> float:
-    """:func:`expected_gain` from a posterior's :class:`_Now`."""
-    probs, best, others, log_w, favoured = now.probs, now.best, now.others, now.log_w, now.favoured
-    same = outlook.same_ratio
-    same_terms = _vote_terms(same, eta) if same is not None and repeatable else None
-    exp = math.exp
-    expected = (1 - outlook.q) * best
-    for share, ratio in outlook.kinds:
-        rho_new, log_new = _vote_terms(ratio, eta)
-        total, covered = 0.0, 0.0
-        for j, pj in enumerate(probs):
-            if same_terms is not None and j in repeatable:
-                (rho, log_lr), r = same_terms, same
-            else:
-                rho, log_lr, r = rho_new, log_new, ratio
-            chance = pj * rho + (1 - pj) * (1 - rho) * eta  # the vote names candidate j
-            # How much the vote multiplies j's weight, as Beliefs.add would. Floored: a
-            # candidate some vote favours (log_w = its favour) grows by the ratio when it is at
-            # least 1, else not at all; one no vote favours (log_w = its largest log ratio w)
-            # grows to the vote's ratio when that is above e^w. Spelled out, as this loop is
-            # most of a decision's time.
-            if favoured is None:
-                grown = pj * exp(now.beliefs.weight_after(j, log_lr) - log_w[j])
-            elif favoured[j]:
-                grown = pj * r if log_lr >= 0 else pj
-            else:
-                grown = pj * exp(log_lr - log_w[j]) if log_lr > log_w[j] else pj
-            other = others[j]
-            total += chance * (grown if grown > other else other) / (1 - pj + grown)
-            covered += chance
-        fresh = now.residual * ratio * eta  # a vote for an answer not seen yet: its weight
-        total += max(0.0, 1 - covered) * max(best, fresh) / (1 + fresh)
-        # eta is a per-answer likelihood, so with many candidates the chances of naming each
-        # can sum past 1; the outcomes must form a distribution for this to be an expectation
-        expected += outlook.q * share * total / max(1.0, covered)
-    return max(0.0, expected - best)
+@dataclass(frozen=True)
+class IngestionResult:
+    """Phase 1 outcome: what stayed, what went and why, and the salience after boosts."""
+
+    kept: list[int]
+    below_salience: list[int]
+    exact_duplicates: dict[int, int]  # removed -> the kept segment it copies
+    near_duplicates: dict[int, int]  # removed -> the kept segment that absorbed it
+    boosts: dict[int, float]  # kept segment -> salience added
+    salience: dict[int, float]  # kept segment -> final salience
+
+    @property
+    def ratio(self) -> float:
+        """Share of the input segments removed."""
+        removed = len(self.below_salience) + len(self.exact_duplicates) + len(self.near_duplicates)
+        total = len(self.kept) + removed
+        return 1 - len(self.kept) / total if total else 0.0
 
 
-def _vote_terms(ratio: float, eta: float) -> tuple[float, float]:
-    """A vote of likelihood ratio ``ratio``: its reliability ρ = rη / (1 + rη), and ln r."""
-    return ratio * eta / (1 + ratio * eta), math.log(ratio)
+def dedup_ingestion(
+    passages: Sequence[Passage],
+    embeddings: np.ndarray | None,
+    config: DedupConfig = DedupConfig(),
+) -> IngestionResult:
+    """Phase 1, within each document: drop near and exact duplicates, boost what absorbs them.
 
+    Salience filter, stable sort by salience, then keep a segment unless it copies (content
+    hash: dropped, no boost) or nearly matches (cosine at or above the threshold: dropped, boost
+    to the most similar kept one) a segment kept before it.
 
-def _top_two(probs: Sequence[float]) -> tuple[int, float, float]:
-    """The leading candidate (ties: the earliest), its probability, and the runner-up's."""
-    first, best, runner_up = -1, 0.0, 0.0
-    for j, pj in enumerate(probs):
-        if first < 0 or pj > best:
-            if first >= 0:
-                runner_up = best
-            first, best = j, pj
-        elif pj > runner_up:
-            runner_up = pj
-    return first, best, runner_up
-
-
-class Decision(NamedTuple):
-    """One controller decision: the chosen action (None = stop) and why."""
-
-    action: str | None
-    score: float  # expected gain per cost of the best available action (0 when none is left)
-    stop_reason: str | None
-
-
-def choose_action(gain_per_cost: Mapping[str, float], available: Sequence[str], lam: float) -> Decision:
-    """Pick the available action with the highest expected gain per cost; stop at or below lam.
-
-    Ties go to the earlier action in ``available`` so the choice is deterministic. An action
-    with no expected gain is never chosen, whatever lam.
+    Exact: every pair inside a document is compared, in blocks of ``config.block_size`` rows so
+    a 10,000-segment document needs about ``block_size`` x 10,000 floats at a time.
     """
-    best, score = None, -math.inf
-    for action in available:
-        if gain_per_cost[action] > score:
-            best, score = action, gain_per_cost[action]
-    if best is None:
-        return Decision(None, 0.0, "no action left")
-    if score <= 0:
-        return Decision(None, 0.0, "no action left has any expected gain")
-    if score <= lam:
-        return Decision(None, score, f"expected gain {score:.4g} <= lambda {lam:g}")
-    return Decision(best, score, None)
+    below = [i for i, p in enumerate(passages) if p.salience < config.salience_threshold]
+    documents: dict[str, list[int]] = {}
+    kept: list[int] = []
+    for i, p in enumerate(passages):
+        if p.salience < config.salience_threshold:
+            continue
+        if p.title or p.doc_id:
+            documents.setdefault(p.document(i), []).append(i)
+        else:
+            kept.append(i)  # an untitled passage is a document alone: nothing in it to dedup
+    exact: dict[int, int] = {}
+    near: dict[int, int] = {}
+    absorbed: Counter[int] = Counter()
+    for members in documents.values():
+        order = sorted(members, key=lambda i: -passages[i].salience)  # stable: ties keep input order
+        keep = np.zeros(len(order), dtype=bool)
+        first_copy: dict[str, int] = {}
+        vectors = embeddings[order] if embeddings is not None else None
+        for start in range(0, len(order), config.block_size):
+            stop = min(start + config.block_size, len(order))
+            sims = vectors[start:stop] @ vectors[:stop].T if vectors is not None else None
+            for j in range(start, stop):
+                segment = order[j]
+                digest = hashlib.sha256(passages[segment].render().encode()).hexdigest()
+                if digest in first_copy:
+                    exact[segment] = order[first_copy[digest]]
+                    continue
+                if sims is not None:
+                    row = sims[j - start, :j]
+                    hits = np.flatnonzero(keep[:j] & (row >= config.similarity_threshold))
+                    if len(hits):
+                        target = int(hits[np.argmax(row[hits])])  # the most similar kept segment
+                        near[segment] = order[target]
+                        absorbed[order[target]] += 1
+                        continue
+                keep[j] = True
+                first_copy[digest] = j
+        kept += [order[j] for j in np.flatnonzero(keep)]
+    kept.sort()
+    boosts = {i: config.boost(absorbed[i]) for i in kept if absorbed[i]}
+    salience = {i: min(config.max_salience, passages[i].salience + boosts.get(i, 0.0)) for i in kept}
+    return IngestionResult(kept, below, exact, near, boosts, salience)
+
+
+def dedup_ranked(
+    ranked: Sequence[tuple[int, float]],
+    vectors: Mapping[int, np.ndarray] | None,
+    config: DedupConfig = DedupConfig(),
+    k: int | None = None,
+) -> tuple[list[tuple[int, float]], list[int]]:
+    """Phase 2, across documents: drop ranked results that repeat a better-ranked one.
+
+    Walk the ranking, skip a result whose cosine with a result already kept reaches the
+    threshold, drop those under ``min_relevance_score`` (relative to the top score), cut to
+    ``k``. Returns (kept, in rank order; removed duplicates).
+    """
+    floor = None
+    if config.min_relevance_score is not None and ranked:
+        floor = config.min_relevance_score * ranked[0][1]
+    kept: list[tuple[int, float]] = []
+    kept_vectors: list[np.ndarray] = []
+    removed: list[int] = []
+    for pid, score in ranked:
+        if floor is not None and score < floor:
+            continue
+        vector = vectors.get(pid) if vectors is not None else None
+        if vector is not None and kept_vectors:
+            if float(np.max(np.stack(kept_vectors) @ vector)) >= config.retrieval_similarity_threshold:
+                removed.append(pid)
+                continue
+        kept.append((pid, score))
+        if vector is not None:
+            kept_vectors.append(vector)
+        if k is not None and len(kept) == k:
+            break
+    return kept, removed
+
+
+def reciprocal_rank_fusion(rankings: Sequence[Sequence[int]], k: int = 60) -> dict[int, float]:
+    """RRF: each id scores sum over rankings of 1 / (k + rank), rank from 1."""
+    fused: dict[int, float] = {}
+    for ranking in rankings:
+        for rank, item in enumerate(ranking, 1):
+            fused[item] = fused.get(item, 0.0) + 1.0 / (k + rank)
+    return fused
 
 
 # ------------------------------------------------------------------------------------------
@@ -1251,38 +1305,6 @@ class Passage:
     def document(self, position: int) -> str:
         """Its document: the given id, else the title; an untitled passage is a document alone."""
         return self.doc_id or (f"title:{self.title}" if self.title else f"passage:{position}")
-
-
-def _shown(value: Any, width: int = 40) -> str:
-    """A value as an error message may echo it: its repr, cut short."""
-    text = repr(value)
-    return text if len(text) <= width else text[: width - 1] + "…"
-
-
-def parse_json(text: str, what: str) -> Any:
-    """``json.loads`` whose error names ``what`` and the place of the fault."""
-    try:
-        return json.loads(text)
-    except json.JSONDecodeError as err:
-        raise InputError(
-            f"{what}: malformed JSON at line {err.lineno} column {err.colno}: {err.msg}"
-        ) from None
-    except RecursionError:
-        raise InputError(f"{what}: the JSON is nested too deeply") from None
-
-
-def read_json(source: Any, what: str) -> Any:
-    """Data from a JSON string, a file path, or already-parsed data (returned as it is)."""
-    looks_like_json = isinstance(source, str) and source.lstrip().startswith(("{", "["))
-    if isinstance(source, os.PathLike) or (isinstance(source, str) and not looks_like_json):
-        path = Path(source)
-        try:
-            source = path.read_text(encoding="utf-8")
-        except OSError as err:
-            raise InputError(f"{what}: cannot read {path}: {err.strerror}") from None
-        if path.suffix == ".jsonl":
-            source = "[" + ",".join(line for line in source.splitlines() if line.strip()) + "]"
-    return parse_json(source, what) if isinstance(source, str) else source
 
 
 # A title is a label (a file and heading path, an article's name): longer ones are cut here, so
@@ -2078,251 +2100,112 @@ def _remap(result: IngestionResult, ids: Sequence[int]) -> IngestionResult:
 
 
 # ------------------------------------------------------------------------------------------
-# Dedup: embeddings and near-duplicate removal (SPEC section 2)
+# Evidence: what an answer shows about itself, at no extra LLM call
 # ------------------------------------------------------------------------------------------
 
-
-@runtime_checkable
-class Embedder(Protocol):
-    """Texts in, one L2-normalised float32 row per text out."""
-
-    name: str
-
-    def embed(self, texts: Sequence[str]) -> np.ndarray:
-        """Embed ``texts`` as an (n, dim) array of unit rows."""
-        ...
+# What a read's vote carries about its own answer. Calibration picks the feature that best tells
+# right answers from wrong ones on held-out questions and splits the votes into levels by it; a
+# feature a backend cannot give (None) leaves the vote at its action's flat reliability.
+#   answer_p      the model's probability of the answer's tokens (geometric mean)
+#   answer_p_min  the probability of its least likely token
+#   span          1 / rank of the first passage read that holds the answer word for word, else 0
+#   in_question   1 when the question itself holds the answer (a choice it offered), else 0
+EVIDENCE_FEATURES = ("answer_p", "answer_p_min", "span", "in_question")
 
 
-def unit_rows(matrix: Any) -> np.ndarray:
-    """Rows scaled to unit length as float32 (all-zero rows stay zero): what an Embedder returns."""
-    matrix = np.asarray(matrix, dtype=np.float32)
-    norms = np.linalg.norm(matrix, axis=1, keepdims=True)
-    return matrix / np.where(norms == 0, 1, norms)
+_NO_WORD_BEFORE = f"(?<![^\\W{UNSPACED_SCRIPTS}])"  # no letter or digit, but Han, kana…
+_NO_WORD_AFTER = f"(?![^\\W{UNSPACED_SCRIPTS}])"
 
 
-@dataclass(frozen=True)
-class HashingEmbedder:
-    """A model-free embedder: hashed word 1-2-grams and character 3-5-grams.
+def _answer_pattern(answer: str) -> re.Pattern[str] | None:
+    """The answer's words as a case-blind pattern that matches whole words across any spacing.
 
-    Each n-gram goes to one of ``dim`` buckets by CRC-32 (its top bit picks the sign), and the
-    counts are L2-normalised, so paraphrases sharing words and word pieces land close.
+    Characters of scripts written without spaces are no word for a boundary: 内藤多仲 stands
+    in 設計者は内藤多仲です, 1958 in 1958年.
     """
-
-    dim: int = 2048
-    name: str = "hashing"
-
-    def _features(self, text: str) -> list[str]:
-        units = words(text)  # BM25's units: for text without spaces, its character bigrams
-        grams = units + [f"{a} {b}" for a, b in itertools.pairwise(units)]
-        padded = (
-            " "
-            + " ".join(_WORD.findall(unicodedata.normalize("NFKC", text).casefold().replace("_", " ")))
-            + " "
-        )
-        grams += [padded[i : i + n] for n in (3, 4, 5) for i in range(len(padded) - n + 1)]
-        return grams
-
-    def embed(self, texts: Sequence[str]) -> np.ndarray:
-        """Hashed n-gram counts per text, unit length."""
-        out = np.zeros((len(texts), self.dim), dtype=np.float32)
-        for row, text in enumerate(texts):
-            hashes = np.fromiter((zlib.crc32(g.encode()) for g in self._features(text)), dtype=np.uint32)
-            if len(hashes):
-                signs = np.where(hashes & 0x80000000, -1.0, 1.0)
-                out[row] = np.bincount(hashes % self.dim, weights=signs, minlength=self.dim)
-        return unit_rows(out)
+    said = answer.split()
+    if not said:
+        return None
+    before = "" if _UNSPACED.match(answer.lstrip()) else _NO_WORD_BEFORE
+    after = "" if _UNSPACED.match(answer.rstrip()[-1]) else _NO_WORD_AFTER
+    return re.compile(before + r"\s+".join(map(re.escape, said)) + after, re.IGNORECASE)
 
 
-@dataclass(frozen=True)
-class DedupConfig:
-    """Every threshold of the two-phase dedup (defaults from SPEC section 2)."""
+def _find_answer(answer: str, text: str, folded: str | None = None) -> tuple[str, re.Match[str]] | None:
+    """Where ``text`` holds ``answer`` word for word, and the text the match is in.
 
-    ingestion_enabled: bool = True
-    similarity_threshold: float = 0.90
-    salience_threshold: float = 0.05
-    salience_boost: bool = True
-    boost_per_near_duplicate: float = 0.15
-    max_salience: float = 1.0
-    boost_mode: str = "logarithmic"  # or "linear"
-    log_base: float = 2.0
-    retrieval_enabled: bool = True
-    retrieval_similarity_threshold: float = 0.90
-    min_relevance_score: float | None = None  # as a fraction of the top result's score
-    warn_ingestion_ratio: float = 0.50
-    warn_retrieval_ratio: float = 0.30
-    warn_boost: float = 0.60
-    block_size: int = 1024  # rows per block of the exact pairwise similarity search
-
-    def __post_init__(self) -> None:
-        if self.boost_mode not in ("linear", "logarithmic"):
-            raise InputError(f"dedup: boost_mode must be 'linear' or 'logarithmic', got {self.boost_mode!r}")
-        for name in ("similarity_threshold", "retrieval_similarity_threshold", "salience_threshold"):
-            if not -1.0 <= getattr(self, name) <= 1.0:
-                raise InputError(f"dedup: {name} must lie in [-1, 1], got {getattr(self, name)!r}")
-        if self.log_base <= 1 or self.block_size < 1:
-            raise InputError("dedup: log_base must exceed 1 and block_size be positive")
-
-    def boost(self, near_duplicates: int) -> float:
-        """Salience added to a segment that absorbed ``near_duplicates`` others."""
-        if not self.salience_boost or near_duplicates == 0:
-            return 0.0
-        if self.boost_mode == "linear":
-            return self.boost_per_near_duplicate * near_duplicates
-        return self.boost_per_near_duplicate * math.log(1 + near_duplicates, self.log_base)
-
-    @classmethod
-    def from_json(cls, source: Any) -> DedupConfig:
-        """Read the ``Deduplication`` JSON section (``Ingestion`` / ``Retrieval``).
-
-        An object holding it (``{"DocSummarizer": {"Deduplication": ...}}``) works too; missing
-        keys keep their defaults.
-        """
-        data = read_json(source, "dedup")
-        while isinstance(data, Mapping) and "Ingestion" not in data and "Retrieval" not in data:
-            inner = [v for v in data.values() if isinstance(v, Mapping)]
-            if len(inner) != 1:
-                raise InputError("dedup: no 'Deduplication' section with 'Ingestion' or 'Retrieval'")
-            data = inner[0]
-        if not isinstance(data, Mapping):
-            raise InputError("dedup: expected a JSON object")
-        ing, ret = data.get("Ingestion", {}), data.get("Retrieval", {})
-        names = {
-            "ingestion_enabled": (ing, "Enabled"),
-            "similarity_threshold": (ing, "SimilarityThreshold"),
-            "salience_threshold": (ing, "SalienceThreshold"),
-            "salience_boost": (ing, "EnableSalienceBoost"),
-            "boost_per_near_duplicate": (ing, "BoostPerNearDuplicate"),
-            "max_salience": (ing, "MaxSalienceBoost"),
-            "boost_mode": (ing, "BoostDecayMode"),
-            "log_base": (ing, "LogBase"),
-            "retrieval_enabled": (ret, "Enabled"),
-            "retrieval_similarity_threshold": (ret, "SimilarityThreshold"),
-            "min_relevance_score": (ret, "MinRelevanceScore"),
-        }
-        values = {field: section[key] for field, (section, key) in names.items() if key in section}
-        if isinstance(values.get("boost_mode"), str):
-            values["boost_mode"] = values["boost_mode"].lower()
-        return cls(**values)
+    As written, else after NFKC on both sides (full-width ＡＢＣ１２３, half-width kana);
+    ``folded``: the text's NFKC form, when the caller keeps it.
+    """
+    folded = unicodedata.normalize("NFKC", text) if folded is None else folded
+    pairs = [(answer, text), (unicodedata.normalize("NFKC", answer), folded)]
+    for said, within in dict.fromkeys(pairs):  # the folded pair only if it differs
+        pattern = _answer_pattern(said)
+        found = pattern.search(within) if pattern is not None else None
+        if found is not None:
+            return within, found
+    return None
 
 
-@dataclass(frozen=True)
-class IngestionResult:
-    """Phase 1 outcome: what stayed, what went and why, and the salience after boosts."""
+def answer_logprobs(answer: str, tokens: Sequence[tuple[str, float]]) -> list[float]:
+    """The log-probabilities of the tokens that spell ``answer`` where the reply first writes it.
 
-    kept: list[int]
-    below_salience: list[int]
-    exact_duplicates: dict[int, int]  # removed -> the kept segment it copies
-    near_duplicates: dict[int, int]  # removed -> the kept segment that absorbed it
-    boosts: dict[int, float]  # kept segment -> salience added
-    salience: dict[int, float]  # kept segment -> final salience
+    ``tokens`` are a reply's (piece, log-probability) pairs; [] when the reply does not hold the
+    answer as written (a cleaned-up answer, say), so no probability is made up.
+    """
+    text = "".join(piece for piece, _ in tokens)
+    pattern = _answer_pattern(answer)
+    found = pattern.search(text) if pattern is not None else None
+    if found is None:
+        return []
+    start, end = found.span()
+    picked, position = [], 0
+    for piece, logprob in tokens:
+        if position < end and position + len(piece) > start:
+            picked.append(logprob)
+        position += len(piece)
+    return picked
 
-    @property
-    def ratio(self) -> float:
-        """Share of the input segments removed."""
-        removed = len(self.below_salience) + len(self.exact_duplicates) + len(self.near_duplicates)
-        total = len(self.kept) + removed
-        return 1 - len(self.kept) / total if total else 0.0
 
-
-def dedup_ingestion(
+def read_evidence(
+    answer: str,
+    question: str,
     passages: Sequence[Passage],
-    embeddings: np.ndarray | None,
-    config: DedupConfig = DedupConfig(),
-) -> IngestionResult:
-    """Phase 1, within each document: drop near and exact duplicates, boost what absorbs them.
+    tokens: Sequence[tuple[str, float]] | None = None,
+) -> dict[str, float | None]:
+    """The evidence features (``EVIDENCE_FEATURES``) of a read's answer; None where unknown.
 
-    Salience filter, stable sort by salience, then keep a segment unless it copies (content
-    hash: dropped, no boost) or nearly matches (cosine at or above the threshold: dropped, boost
-    to the most similar kept one) a segment kept before it.
-
-    Exact: every pair inside a document is compared, in blocks of ``config.block_size`` rows so
-    a 10,000-segment document needs about ``block_size`` x 10,000 floats at a time.
+    A yes/no answer has no span or question feature: a passage or a question can say "yes" or
+    "no" about anything.
     """
-    below = [i for i, p in enumerate(passages) if p.salience < config.salience_threshold]
-    documents: dict[str, list[int]] = {}
-    kept: list[int] = []
-    for i, p in enumerate(passages):
-        if p.salience < config.salience_threshold:
-            continue
-        if p.title or p.doc_id:
-            documents.setdefault(p.document(i), []).append(i)
-        else:
-            kept.append(i)  # an untitled passage is a document alone: nothing in it to dedup
-    exact: dict[int, int] = {}
-    near: dict[int, int] = {}
-    absorbed: Counter[int] = Counter()
-    for members in documents.values():
-        order = sorted(members, key=lambda i: -passages[i].salience)  # stable: ties keep input order
-        keep = np.zeros(len(order), dtype=bool)
-        first_copy: dict[str, int] = {}
-        vectors = embeddings[order] if embeddings is not None else None
-        for start in range(0, len(order), config.block_size):
-            stop = min(start + config.block_size, len(order))
-            sims = vectors[start:stop] @ vectors[:stop].T if vectors is not None else None
-            for j in range(start, stop):
-                segment = order[j]
-                digest = hashlib.sha256(passages[segment].render().encode()).hexdigest()
-                if digest in first_copy:
-                    exact[segment] = order[first_copy[digest]]
-                    continue
-                if sims is not None:
-                    row = sims[j - start, :j]
-                    hits = np.flatnonzero(keep[:j] & (row >= config.similarity_threshold))
-                    if len(hits):
-                        target = int(hits[np.argmax(row[hits])])  # the most similar kept segment
-                        near[segment] = order[target]
-                        absorbed[order[target]] += 1
-                        continue
-                keep[j] = True
-                first_copy[digest] = j
-        kept += [order[j] for j in np.flatnonzero(keep)]
-    kept.sort()
-    boosts = {i: config.boost(absorbed[i]) for i in kept if absorbed[i]}
-    salience = {i: min(config.max_salience, passages[i].salience + boosts.get(i, 0.0)) for i in kept}
-    return IngestionResult(kept, below, exact, near, boosts, salience)
+    if not answer:
+        return dict.fromkeys(EVIDENCE_FEATURES)
+    picked = answer_logprobs(answer, tokens) if tokens else []
+    evidence: dict[str, float | None] = {
+        "answer_p": math.exp(sum(picked) / len(picked)) if picked else None,
+        "answer_p_min": math.exp(min(picked)) if picked else None,
+        "span": None,
+        "in_question": None,
+    }
+    if normalize_answer(answer) in ("yes", "no"):
+        return evidence
+    rank = next((i for i, p in enumerate(passages, 1) if _find_answer(answer, p.shown())), None)
+    evidence["span"] = 1.0 / rank if rank else 0.0
+    evidence["in_question"] = float(_find_answer(answer, question) is not None)
+    return evidence
 
 
-def dedup_ranked(
-    ranked: Sequence[tuple[int, float]],
-    vectors: Mapping[int, np.ndarray] | None,
-    config: DedupConfig = DedupConfig(),
-    k: int | None = None,
-) -> tuple[list[tuple[int, float]], list[int]]:
-    """Phase 2, across documents: drop ranked results that repeat a better-ranked one.
-
-    Walk the ranking, skip a result whose cosine with a result already kept reaches the
-    threshold, drop those under ``min_relevance_score`` (relative to the top score), cut to
-    ``k``. Returns (kept, in rank order; removed duplicates).
-    """
-    floor = None
-    if config.min_relevance_score is not None and ranked:
-        floor = config.min_relevance_score * ranked[0][1]
-    kept: list[tuple[int, float]] = []
-    kept_vectors: list[np.ndarray] = []
-    removed: list[int] = []
-    for pid, score in ranked:
-        if floor is not None and score < floor:
-            continue
-        vector = vectors.get(pid) if vectors is not None else None
-        if vector is not None and kept_vectors:
-            if float(np.max(np.stack(kept_vectors) @ vector)) >= config.retrieval_similarity_threshold:
-                removed.append(pid)
-                continue
-        kept.append((pid, score))
-        if vector is not None:
-            kept_vectors.append(vector)
-        if k is not None and len(kept) == k:
-            break
-    return kept, removed
-
-
-def reciprocal_rank_fusion(rankings: Sequence[Sequence[int]], k: int = 60) -> dict[int, float]:
-    """RRF: each id scores sum over rankings of 1 / (k + rank), rank from 1."""
-    fused: dict[int, float] = {}
-    for ranking in rankings:
-        for rank, item in enumerate(ranking, 1):
-            fused[item] = fused.get(item, 0.0) + 1.0 / (k + rank)
-    return fused
+def evidence_text(evidence: Mapping[str, float | None]) -> str:
+    """The evidence in words, e.g. ``answer p 0.83 · span of passage 1``."""
+    parts = []
+    if evidence.get("answer_p") is not None:
+        parts.append(f"answer p {evidence['answer_p']:.2f}")
+    span = evidence.get("span")
+    if span is not None:
+        parts.append(f"span of passage {round(1 / span)}" if span else "not in any passage read")
+    if evidence.get("in_question"):
+        parts.append("named in the question")
+    return " · ".join(parts)
 
 
 # ------------------------------------------------------------------------------------------
@@ -2423,7 +2306,7 @@ class Gate:
 
 
 # ------------------------------------------------------------------------------------------
-# Calibration: hyperpriors of the controller
+# Calibration entries: what a calibration holds for each action, and how it is read
 # ------------------------------------------------------------------------------------------
 
 
@@ -2551,76 +2434,6 @@ def _listed(names: Sequence[str]) -> str:
     return ", ".join(names[:-1]) + f" and {names[-1]}" if len(names) > 1 else "".join(names)
 
 
-@dataclass(frozen=True)
-class Calibration:
-    """Population-level hyperpriors: per-action (q, rho), CB levels (pi_g, kappa_g) and eta.
-
-    ``costs``: what each action cost when calibration ran it (None for the hand-set prior and
-    for calibrations fitted before costs were recorded).
-    """
-
-    eta: float
-    actions: dict[str, ActionPrior]
-    m: int
-    meta: dict[str, Any] = field(default_factory=dict)
-    gate: Gate | None = None
-    gate_details: dict[str, Any] = field(default_factory=dict)  # AUCs, n, logistic fit
-    costs: dict[str, ActionCost] | None = None
-
-    def offered(self) -> tuple[Action, ...]:
-        """The table's actions it has an entry for, in table order: the ones a controller offers."""
-        return tuple(a for a in ACTION_TABLE if a.label in self.actions)
-
-    def prior_of(self, action: Action) -> ActionPrior:
-        """An action's entry, or its kind's hand-set prior when it has none (:meth:`VoteKind.prior`)."""
-        found = self.actions.get(action.label)
-        return found if found is not None else action.kind.prior(action, self.m)
-
-    def source_priors(
-        self, m: int, actions: Sequence[Action] | None = None
-    ) -> dict[VoteType, tuple[float, float]]:
-        """Beta(a, b) per vote type of ``actions`` (default: the ones it has), for m samples a call.
-
-        ``R1``, ``R1_weak``, ``R1:hi``… for a read; a hop's as well as ``R2_same``, ``R2_new``
-        and ``R2_new:hi``…; ``CB_1``… ``CB_m`` for samples (:meth:`VoteKind.vote_types`).
-        """
-        priors: dict[VoteType, tuple[float, float]] = {}
-        for action in self.offered() if actions is None else actions:
-            priors.update(action.kind.vote_types(action.label, self.prior_of(action), m, self.m))
-        return priors
-
-    def rates(self, rule: str = "floored", actions: Sequence[Action] | None = None) -> dict[str, float]:
-        """Information rate D of each action (default: the ones it has) in each state it is read in.
-
-        Each action on a strong window first (``R1``, ``R2``, ``CB``); then its other states:
-        a read's weak window (``R1_weak``), and a hop's answers before it (``R2_after_answer``:
-        an earlier read answered, so it may repeat it; ``R2_after_none``: none did).
-        """
-        chosen = self.offered() if actions is None else actions
-        rates = {a.label: a.kind.rate(self.prior_of(a), self.eta, rule) for a in chosen}
-        for a in chosen:
-            rates.update(a.kind.state_rates(a.label, self.prior_of(a), self.eta, rule))
-        return rates
-
-    def to_dict(self) -> dict[str, Any]:
-        """The calibration as JSON-ready data (inverse of ``calibration_from_dict``)."""
-        actions = {a.label: a.kind.entry_dict(self.actions[a.label]) for a in self.offered()}
-        gate = None
-        if self.gate is not None:
-            gate = {"k": self.gate.k, "signals": [asdict(signal) for signal in self.gate.signals]}
-            gate = {**self.gate_details, **gate}
-        costs = {a: asdict(c) for a, c in self.costs.items()} if self.costs is not None else None
-        return {
-            **self.meta,
-            "version": CALIBRATION_VERSION,
-            "m": self.m,
-            "eta": self.eta,
-            "actions": actions,
-            "gate": gate,
-            **({"costs": costs} if costs is not None else {}),
-        }
-
-
 CALIBRATION_VERSION = 1
 
 
@@ -2652,82 +2465,6 @@ def _beta(entry: Any, where: str) -> tuple[float, float]:
     a = _number(entry["a"], f"{where}.a", *_BETA_RANGE)
     b = _number(entry["b"], f"{where}.b", *_BETA_RANGE)
     return a, b
-
-
-def calibration_from_dict(data: Any) -> Calibration:
-    """Validate a calibration object and build a :class:`Calibration`; ValueError names the field."""
-    if not isinstance(data, Mapping):
-        raise CalibrationError(f"calibration: expected a JSON object, got {type(data).__name__}")
-    version = data.get("version")
-    if version != CALIBRATION_VERSION:
-        raise CalibrationError(
-            f"calibration: unsupported version {_shown(version)} (expected {CALIBRATION_VERSION})"
-        )
-    # Below this η the likelihood ratios overflow; no fitted calibration comes near it.
-    eta = _number(data.get("eta"), "eta", _MIN_ETA, 1.0)
-    actions = _actions_from_dict(data.get("actions"))
-    m = _samples_per_call(data, actions)
-    gate, details = _gate_from_dict(data.get("gate"))
-    costs = _costs_from_dict(data.get("costs"), list(actions))
-    meta = {k: v for k, v in data.items() if k not in ("version", "eta", "actions", "m", "gate", "costs")}
-    return Calibration(eta=eta, actions=actions, m=m, meta=meta, gate=gate, gate_details=details, costs=costs)
-
-
-def _actions_from_dict(raw: Any) -> dict[str, ActionPrior]:
-    """Each action's entry, by its kind; any of the table's, at least one (table order kept)."""
-    if not isinstance(raw, Mapping) or not raw:
-        raise CalibrationError(f"calibration: 'actions' must be an object with some of {_listed(ACTIONS)}")
-    unknown = [name for name in raw if name not in ACTIONS]
-    if unknown:
-        raise CalibrationError(
-            f"calibration: actions.{_shown(unknown[0])} is not an action of this BRAG ({_listed(ACTIONS)})"
-        )
-    for name, entry in raw.items():
-        if not isinstance(entry, Mapping):
-            raise CalibrationError(f"calibration: actions.{name} must be an object")
-    return {a.label: a.kind.entry(a.label, raw[a.label]) for a in ACTION_TABLE if a.label in raw}
-
-
-def _samples_per_call(data: Mapping[str, Any], actions: Mapping[str, ActionPrior]) -> int:
-    """m: the agreement levels of its samples actions (which must agree), else its ``m`` field."""
-    counts = {label: prior.levels[-1].g for label, prior in actions.items() if prior.levels}
-    if len(set(counts.values())) > 1:
-        raise CalibrationError(f"calibration: its samples actions have different numbers of levels {counts}")
-    if counts:
-        label, m = next(iter(counts.items()))
-        if "m" in data and data["m"] != m:
-            raise CalibrationError(
-                f"calibration: m = {_shown(data['m'])} but {label} has {m} agreement levels"
-            )
-        return m
-    m = data.get("m", 5)
-    if isinstance(m, bool) or not isinstance(m, int) or not 1 <= m <= _MAX_SAMPLES:
-        raise CalibrationError(
-            f"calibration: m must be a whole number from 1 to {_MAX_SAMPLES}, got {_shown(m)}"
-        )
-    return m
-
-
-def _costs_from_dict(raw: Any, actions: Sequence[str]) -> dict[str, ActionCost] | None:
-    """The measured cost of each of its ``actions``, when the calibration recorded them."""
-    if raw is None:
-        return None
-    if not isinstance(raw, Mapping) or set(raw) != set(actions):
-        raise CalibrationError(f"calibration: costs must give {_listed(actions)}")
-    costs = {}
-    for name in actions:
-        entry = raw[name]
-        if not isinstance(entry, Mapping):
-            raise CalibrationError(f"calibration: costs.{name} must be an object")
-        where = f"costs.{name}"
-        numbers = [
-            _number(entry.get(key), f"{where}.{key}", 0.0, 1e9)
-            for key in ("prompt_tokens", "completion_tokens", "requests")
-        ]
-        seconds = entry.get("seconds")
-        seconds = None if seconds is None else _number(seconds, f"{where}.seconds", 0.0, 1e6)
-        costs[name] = ActionCost(*numbers, seconds)
-    return costs
 
 
 def _read_action(name: str, entry: Mapping[str, Any], *, hop: bool = False) -> ActionPrior:
@@ -2828,112 +2565,191 @@ def _closed_book_from_dict(entry: Mapping[str, Any], name: str) -> ActionPrior:
     return ActionPrior(q, 1.0, 1.0, tuple(levels))
 
 
-def _gate_from_dict(raw: Any) -> tuple[Gate | None, dict[str, Any]]:
-    """The gate section: kept signals with orientation and threshold (the rest is diagnostics)."""
-    if raw is None:
-        return None, {}
-    if not isinstance(raw, Mapping) or not isinstance(raw.get("signals"), list):
-        raise CalibrationError("calibration: gate must be an object with a 'signals' list")
-    signals = []
-    for i, entry in enumerate(raw["signals"]):
-        where = f"gate.signals[{i}]"
-        if not isinstance(entry, Mapping) or not isinstance(entry.get("name"), str):
-            raise CalibrationError(f"calibration: {where} needs a name, an orientation and a threshold")
-        orientation = entry.get("orientation")
-        if orientation not in (1, -1, 1.0, -1.0):
-            raise CalibrationError(f"calibration: {where}.orientation must be 1 or -1")
-        threshold = _number(entry.get("threshold"), f"{where}.threshold", -1e12, 1e12)
-        auc = _number(entry.get("auc", 0.5), f"{where}.auc", 0.0, 1.0)
-        signals.append(GateSignal(entry["name"], float(orientation), threshold, auc))
-    k = raw.get("k", 5)
-    if not isinstance(k, int) or k < 1:
-        raise CalibrationError("calibration: gate.k must be a positive integer")
-    details = {key: value for key, value in raw.items() if key not in ("signals", "k")}
-    return Gate(tuple(signals), k), details
+# ------------------------------------------------------------------------------------------
+# Policy: information rates, choice, stop rule
+# ------------------------------------------------------------------------------------------
 
 
-def load_calibration(
-    source: Calibration | Mapping[str, Any] | str | os.PathLike[str] | None = None,
-) -> Calibration:
-    """A calibration from an object, a JSON string, a file path, or None for the hand-set prior."""
-    if isinstance(source, Calibration):
-        return source
-    if source is None or (isinstance(source, str) and not source.strip()):
-        source = PRIOR_CALIBRATION_PATH
-    source = read_json(source, "calibration")
-    return calibration_from_dict(source)
+def vote_information(rho: float, eta: float, rule: str = "floored") -> float:
+    """d(rho) = (rho - (1 - rho) eta) ln(rho / ((1 - rho) eta)), the KL rate of one vote.
 
-
-def shipped_calibrations() -> dict[str, Calibration]:
-    """Every shipped calibration by name: ``prior``, and each fitted file in ``data/calibrations``."""
-    found = {"prior": load_calibration(PRIOR_CALIBRATION_PATH)}
-    for path in sorted(CALIBRATIONS_DIR.glob("*.json")):
-        found[path.stem] = load_calibration(path)
-    return found
-
-
-def shipped_calibration(
-    model: str, corpus: str | None = None, shipped: Mapping[str, Calibration] | None = None
-) -> Calibration:
-    """The shipped calibration fitted for ``model``, else the hand-set prior.
-
-    For a named ``corpus`` with a fit of its own, that fit, unless the model's pooled fit beat
-    it by cross-validation (the pooled fit ``replaces`` it). Any other corpus (uploaded or pasted
-    documents, a corpus never fitted) gets the pooled fit: every labelled set the model was
-    fitted on, together. Without one, the fit on HotpotQA, else on any corpus; never a fit for
-    another model.
+    ``floored``: 0 at and below rho_0 = eta / (1 + eta), where a vote cannot raise its answer's
+    odds (SPEC's d grows again below rho_0, so a useless source looked informative).
     """
-    shipped = shipped if shipped is not None else shipped_calibrations()
-    fitted = [c for c in shipped.values() if c.meta.get("fitted") and c.meta.get("model") == model]
-    pooled = next((c for c in fitted if c.meta.get("corpus") == POOLED), None)
-    own = next((c for c in fitted if corpus and c.meta.get("corpus") == corpus), None)
-    if own is not None and not (pooled is not None and corpus in pooled.meta.get("replaces", ())):
-        return own
-    for wanted in (POOLED, "HotpotQA"):
-        match = [c for c in fitted if c.meta.get("corpus") == wanted]
-        if match:
-            return match[0]
-    return fitted[0] if fitted else shipped["prior"]
+    rho = min(max(rho, 1e-9), 1 - 1e-9)
+    if rule == "floored" and rho <= uninformative_reliability(eta):
+        return 0.0
+    wrong = (1.0 - rho) * eta
+    return (rho - wrong) * math.log(rho / wrong)
 
 
-POOLED = "pooled"  # the corpus name of a model's fit over every labelled set
+def information_rate(action: ActionPrior, eta: float, rule: str = "floored") -> float:
+    """D_a = q_a d(rho_a); over levels (CB's agreement, a read's evidence), q sum_g pi_g d(rho_g)."""
+    levels = action.levels or (action.evidence.levels if action.evidence is not None else ())
+    if levels:
+        return action.q * sum(level.pi * vote_information(level.mean, eta, rule) for level in levels)
+    return action.q * vote_information(action.mean, eta, rule)
 
 
-def calibration_status(calibration: Calibration, model: str) -> str:
-    """In words: whether ``calibration`` was fitted for ``model``."""
-    meta = {key: _meta_value(value) for key, value in calibration.meta.items()}
-    fitted_for = meta.get("model")
-    if not meta.get("fitted"):
-        return "uncalibrated: a hand-set prior for a capable reader (run /calibrate for this model)"
-    if calibration.meta.get("model") != model:
-        return f"fitted for another model ({fitted_for}), not for this one (run /calibrate for this model)"
-    if meta.get("corpus") == POOLED:
-        pooled = meta.get("pooled_from")
-        sets = ", ".join(map(str, pooled if isinstance(pooled, list) else ())) or "several sets"
-        return f"fitted for this model, pooled over {sets}"
-    return f"fitted for this model on {meta.get('corpus') or 'its corpus'}"
+def _likelihood_ratio(rho: float, eta: float, rule: str = "floored") -> float:
+    """How much a vote multiplies its candidate's odds: rho / ((1 - rho) eta), floored at 1."""
+    rho = min(max(rho, 1e-9), 1 - 1e-9)
+    ratio = rho / ((1 - rho) * eta)
+    return max(1.0, ratio) if rule == "floored" else ratio
 
 
-MAX_META_CHARS = 200  # a calibration's own words (name, corpus, model) as a report repeats them
+@dataclass(frozen=True)
+class VoteOutlook:
+    """What one action's vote can be, for the lookahead.
 
-
-def _meta_value(value: Any) -> Any:
-    """A calibration's description as a report repeats it: short text, plain numbers, short lists.
-
-    A caller may send any calibration: its name could be megabytes, or an integer no JSON
-    encoder takes, and every report would carry it.
+    Whether it answers (q), and the likelihood ratio of each kind of vote with its share (CB:
+    one per agreement level; a read: one per evidence level, or one). For the conditional
+    second hop, ``same_ratio`` is the ratio of a vote repeating an earlier read's answer; the
+    outcomes hold a new answer's.
     """
-    if value is None or isinstance(value, bool):
-        return value
-    if isinstance(value, int):  # compared as an int: a huge one does not convert to float
-        return value if abs(value) <= 10**15 else None
-    if isinstance(value, float):
-        return value if math.isfinite(value) and abs(value) <= 1e15 else None
-    if isinstance(value, str):
-        return value if len(value) <= MAX_META_CHARS else value[: MAX_META_CHARS - 1] + "…"
-    if isinstance(value, list | tuple):
-        return [_meta_value(v) for v in value[:20] if isinstance(v, str | int | float | bool) or v is None]
-    return f"({type(value).__name__})"
+
+    q: float
+    outcomes: tuple[tuple[float, float], ...]
+    same_ratio: float | None = None
+
+    # (summed share, ratio) per distinct ratio: the kinds of vote that move the posterior alike
+    kinds: tuple[tuple[float, float], ...] = field(init=False, repr=False, compare=False)
+
+    def __post_init__(self) -> None:
+        shares: dict[float, float] = {}
+        for share, ratio in self.outcomes:
+            shares[ratio] = shares.get(ratio, 0.0) + share
+        object.__setattr__(self, "kinds", tuple((share, ratio) for ratio, share in shares.items()))
+
+
+def expected_gain(
+    beliefs: Beliefs,
+    n_candidates: int,
+    eta: float,
+    outlook: VoteOutlook,
+    repeatable: Collection[int] = (),
+    posterior: tuple[list[float], float] | None = None,
+) -> float:
+    """The expected drop in P_err from one more vote: a one-step lookahead.
+
+    Under the posterior's own model a vote names the true answer with probability rho and each
+    particular wrong one with (1 - rho) eta; every kind and target of vote is weighted by its
+    predictive probability, and the posterior after it is the one :class:`Beliefs` would reach.
+    It is what the stop rule prices: lambda is the price of one call in units of answer error.
+    ``posterior`` is ``beliefs.probabilities(n_candidates)`` when the caller has it already.
+    """
+    probs, residual = posterior if posterior is not None else beliefs.probabilities(n_candidates)
+    return _gain(_Now.of(beliefs, probs, residual), eta, outlook, repeatable)
+
+
+class _Now(NamedTuple):
+    """What every action's lookahead reads from one posterior, worked out once per decision.
+
+    Per candidate: its probability, the leader's or runner-up's probability it must beat, and
+    its log weight with whether a vote favours it (under ``floored``, None under ``spec``).
+    """
+
+    beliefs: Beliefs
+    probs: list[float]
+    residual: float
+    best: float
+    others: list[float]
+    log_w: list[float]
+    favoured: list[bool] | None
+
+    @classmethod
+    def of(cls, beliefs: Beliefs, probs: list[float], residual: float) -> _Now:
+        first, best, runner_up = _top_two(probs)
+        others = [best] * len(probs)
+        if first >= 0:
+            others[first] = runner_up
+        log_w = beliefs.log_w
+        fast = beliefs.model.rule == "floored" and len(beliefs.favour) == len(log_w) == len(probs)
+        favoured = [f is not None for f in beliefs.favour] if fast else None
+        return cls(beliefs, probs, residual, best, others, log_w, favoured)
+
+
+def _gain(now: _Now, eta: float, outlook: VoteOutlook, repeatable: Collection[int]) -> float:
+    """:func:`expected_gain` from a posterior's :class:`_Now`."""
+    probs, best, others, log_w, favoured = now.probs, now.best, now.others, now.log_w, now.favoured
+    same = outlook.same_ratio
+    same_terms = _vote_terms(same, eta) if same is not None and repeatable else None
+    exp = math.exp
+    expected = (1 - outlook.q) * best
+    for share, ratio in outlook.kinds:
+        rho_new, log_new = _vote_terms(ratio, eta)
+        total, covered = 0.0, 0.0
+        for j, pj in enumerate(probs):
+            if same_terms is not None and j in repeatable:
+                (rho, log_lr), r = same_terms, same
+            else:
+                rho, log_lr, r = rho_new, log_new, ratio
+            chance = pj * rho + (1 - pj) * (1 - rho) * eta  # the vote names candidate j
+            # How much the vote multiplies j's weight, as Beliefs.add would. Floored: a
+            # candidate some vote favours (log_w = its favour) grows by the ratio when it is at
+            # least 1, else not at all; one no vote favours (log_w = its largest log ratio w)
+            # grows to the vote's ratio when that is above e^w. Spelled out, as this loop is
+            # most of a decision's time.
+            if favoured is None:
+                grown = pj * exp(now.beliefs.weight_after(j, log_lr) - log_w[j])
+            elif favoured[j]:
+                grown = pj * r if log_lr >= 0 else pj
+            else:
+                grown = pj * exp(log_lr - log_w[j]) if log_lr > log_w[j] else pj
+            other = others[j]
+            total += chance * (grown if grown > other else other) / (1 - pj + grown)
+            covered += chance
+        fresh = now.residual * ratio * eta  # a vote for an answer not seen yet: its weight
+        total += max(0.0, 1 - covered) * max(best, fresh) / (1 + fresh)
+        # eta is a per-answer likelihood, so with many candidates the chances of naming each
+        # can sum past 1; the outcomes must form a distribution for this to be an expectation
+        expected += outlook.q * share * total / max(1.0, covered)
+    return max(0.0, expected - best)
+
+
+def _vote_terms(ratio: float, eta: float) -> tuple[float, float]:
+    """A vote of likelihood ratio ``ratio``: its reliability ρ = rη / (1 + rη), and ln r."""
+    return ratio * eta / (1 + ratio * eta), math.log(ratio)
+
+
+def _top_two(probs: Sequence[float]) -> tuple[int, float, float]:
+    """The leading candidate (ties: the earliest), its probability, and the runner-up's."""
+    first, best, runner_up = -1, 0.0, 0.0
+    for j, pj in enumerate(probs):
+        if first < 0 or pj > best:
+            if first >= 0:
+                runner_up = best
+            first, best = j, pj
+        elif pj > runner_up:
+            runner_up = pj
+    return first, best, runner_up
+
+
+class Decision(NamedTuple):
+    """One controller decision: the chosen action (None = stop) and why."""
+
+    action: str | None
+    score: float  # expected gain per cost of the best available action (0 when none is left)
+    stop_reason: str | None
+
+
+def choose_action(gain_per_cost: Mapping[str, float], available: Sequence[str], lam: float) -> Decision:
+    """Pick the available action with the highest expected gain per cost; stop at or below lam.
+
+    Ties go to the earlier action in ``available`` so the choice is deterministic. An action
+    with no expected gain is never chosen, whatever lam.
+    """
+    best, score = None, -math.inf
+    for action in available:
+        if gain_per_cost[action] > score:
+            best, score = action, gain_per_cost[action]
+    if best is None:
+        return Decision(None, 0.0, "no action left")
+    if score <= 0:
+        return Decision(None, 0.0, "no action left has any expected gain")
+    if score <= lam:
+        return Decision(None, score, f"expected gain {score:.4g} <= lambda {lam:g}")
+    return Decision(best, score, None)
 
 
 # ------------------------------------------------------------------------------------------
@@ -3577,68 +3393,267 @@ def action_named(label: str) -> Action:
 
 
 # ------------------------------------------------------------------------------------------
-# Runner: BRAG.run -> _Run.loop
+# Calibration: the controller's hyperpriors, loaded, validated and matched to a model
 # ------------------------------------------------------------------------------------------
 
 
-class RunAborted(RuntimeError):
-    """An action failed mid-run (mostly its LLM call); ``report`` holds everything done before.
+@dataclass(frozen=True)
+class Calibration:
+    """Population-level hyperpriors: per-action (q, rho), CB levels (pi_g, kappa_g) and eta.
 
-    ``step`` names what failed (an action's label, ``retrieval``, or ``the run``); the failure
-    itself is the exception's ``__cause__``.
+    ``costs``: what each action cost when calibration ran it (None for the hand-set prior and
+    for calibrations fitted before costs were recorded).
     """
 
-    def __init__(self, message: str, report: dict[str, Any], step: str = "the run") -> None:
-        super().__init__(message)
-        self.report, self.step = report, step
+    eta: float
+    actions: dict[str, ActionPrior]
+    m: int
+    meta: dict[str, Any] = field(default_factory=dict)
+    gate: Gate | None = None
+    gate_details: dict[str, Any] = field(default_factory=dict)  # AUCs, n, logistic fit
+    costs: dict[str, ActionCost] | None = None
+
+    def offered(self) -> tuple[Action, ...]:
+        """The table's actions it has an entry for, in table order: the ones a controller offers."""
+        return tuple(a for a in ACTION_TABLE if a.label in self.actions)
+
+    def prior_of(self, action: Action) -> ActionPrior:
+        """An action's entry, or its kind's hand-set prior when it has none (:meth:`VoteKind.prior`)."""
+        found = self.actions.get(action.label)
+        return found if found is not None else action.kind.prior(action, self.m)
+
+    def source_priors(
+        self, m: int, actions: Sequence[Action] | None = None
+    ) -> dict[VoteType, tuple[float, float]]:
+        """Beta(a, b) per vote type of ``actions`` (default: the ones it has), for m samples a call.
+
+        ``R1``, ``R1_weak``, ``R1:hi``… for a read; a hop's as well as ``R2_same``, ``R2_new``
+        and ``R2_new:hi``…; ``CB_1``… ``CB_m`` for samples (:meth:`VoteKind.vote_types`).
+        """
+        priors: dict[VoteType, tuple[float, float]] = {}
+        for action in self.offered() if actions is None else actions:
+            priors.update(action.kind.vote_types(action.label, self.prior_of(action), m, self.m))
+        return priors
+
+    def rates(self, rule: str = "floored", actions: Sequence[Action] | None = None) -> dict[str, float]:
+        """Information rate D of each action (default: the ones it has) in each state it is read in.
+
+        Each action on a strong window first (``R1``, ``R2``, ``CB``); then its other states:
+        a read's weak window (``R1_weak``), and a hop's answers before it (``R2_after_answer``:
+        an earlier read answered, so it may repeat it; ``R2_after_none``: none did).
+        """
+        chosen = self.offered() if actions is None else actions
+        rates = {a.label: a.kind.rate(self.prior_of(a), self.eta, rule) for a in chosen}
+        for a in chosen:
+            rates.update(a.kind.state_rates(a.label, self.prior_of(a), self.eta, rule))
+        return rates
+
+    def to_dict(self) -> dict[str, Any]:
+        """The calibration as JSON-ready data (inverse of ``calibration_from_dict``)."""
+        actions = {a.label: a.kind.entry_dict(self.actions[a.label]) for a in self.offered()}
+        gate = None
+        if self.gate is not None:
+            gate = {"k": self.gate.k, "signals": [asdict(signal) for signal in self.gate.signals]}
+            gate = {**self.gate_details, **gate}
+        costs = {a: asdict(c) for a, c in self.costs.items()} if self.costs is not None else None
+        return {
+            **self.meta,
+            "version": CALIBRATION_VERSION,
+            "m": self.m,
+            "eta": self.eta,
+            "actions": actions,
+            "gate": gate,
+            **({"costs": costs} if costs is not None else {}),
+        }
 
 
-@dataclass
-class _Candidates:
-    """Distinct answers seen so far; near-identical strings share one index."""
+def calibration_from_dict(data: Any) -> Calibration:
+    """Validate a calibration object and build a :class:`Calibration`; ValueError names the field."""
+    if not isinstance(data, Mapping):
+        raise CalibrationError(f"calibration: expected a JSON object, got {type(data).__name__}")
+    version = data.get("version")
+    if version != CALIBRATION_VERSION:
+        raise CalibrationError(
+            f"calibration: unsupported version {_shown(version)} (expected {CALIBRATION_VERSION})"
+        )
+    # Below this η the likelihood ratios overflow; no fitted calibration comes near it.
+    eta = _number(data.get("eta"), "eta", _MIN_ETA, 1.0)
+    actions = _actions_from_dict(data.get("actions"))
+    m = _samples_per_call(data, actions)
+    gate, details = _gate_from_dict(data.get("gate"))
+    costs = _costs_from_dict(data.get("costs"), list(actions))
+    meta = {k: v for k, v in data.items() if k not in ("version", "eta", "actions", "m", "gate", "costs")}
+    return Calibration(eta=eta, actions=actions, m=m, meta=meta, gate=gate, gate_details=details, costs=costs)
 
-    texts: list[str] = field(default_factory=list)
 
-    def find(self, answer: str) -> int | None:
-        """The index of the candidate ``answer`` names, if any."""
-        return next((i for i, text in enumerate(self.texts) if same_answer(answer, text)), None)
+def _actions_from_dict(raw: Any) -> dict[str, ActionPrior]:
+    """Each action's entry, by its kind; any of the table's, at least one (table order kept)."""
+    if not isinstance(raw, Mapping) or not raw:
+        raise CalibrationError(f"calibration: 'actions' must be an object with some of {_listed(ACTIONS)}")
+    unknown = [name for name in raw if name not in ACTIONS]
+    if unknown:
+        raise CalibrationError(
+            f"calibration: actions.{_shown(unknown[0])} is not an action of this BRAG ({_listed(ACTIONS)})"
+        )
+    for name, entry in raw.items():
+        if not isinstance(entry, Mapping):
+            raise CalibrationError(f"calibration: actions.{name} must be an object")
+    return {a.label: a.kind.entry(a.label, raw[a.label]) for a in ACTION_TABLE if a.label in raw}
 
-    def index(self, answer: str) -> int:
-        """The index of the candidate ``answer`` names, added when new."""
-        found = self.find(answer)
-        if found is not None:
-            return found
-        self.texts.append(answer)
-        return len(self.texts) - 1
+
+def _samples_per_call(data: Mapping[str, Any], actions: Mapping[str, ActionPrior]) -> int:
+    """m: the agreement levels of its samples actions (which must agree), else its ``m`` field."""
+    counts = {label: prior.levels[-1].g for label, prior in actions.items() if prior.levels}
+    if len(set(counts.values())) > 1:
+        raise CalibrationError(f"calibration: its samples actions have different numbers of levels {counts}")
+    if counts:
+        label, m = next(iter(counts.items()))
+        if "m" in data and data["m"] != m:
+            raise CalibrationError(
+                f"calibration: m = {_shown(data['m'])} but {label} has {m} agreement levels"
+            )
+        return m
+    m = data.get("m", 5)
+    if isinstance(m, bool) or not isinstance(m, int) or not 1 <= m <= _MAX_SAMPLES:
+        raise CalibrationError(
+            f"calibration: m must be a whole number from 1 to {_MAX_SAMPLES}, got {_shown(m)}"
+        )
+    return m
 
 
-def closed_book_mode(samples: Sequence[str]) -> tuple[str, int]:
-    """The mode of the closed-book samples (no-answers excluded) and its agreement level g.
+def _costs_from_dict(raw: Any, actions: Sequence[str]) -> dict[str, ActionCost] | None:
+    """The measured cost of each of its ``actions``, when the calibration recorded them."""
+    if raw is None:
+        return None
+    if not isinstance(raw, Mapping) or set(raw) != set(actions):
+        raise CalibrationError(f"calibration: costs must give {_listed(actions)}")
+    costs = {}
+    for name in actions:
+        entry = raw[name]
+        if not isinstance(entry, Mapping):
+            raise CalibrationError(f"calibration: costs.{name} must be an object")
+        where = f"costs.{name}"
+        numbers = [
+            _number(entry.get(key), f"{where}.{key}", 0.0, 1e9)
+            for key in ("prompt_tokens", "completion_tokens", "requests")
+        ]
+        seconds = entry.get("seconds")
+        seconds = None if seconds is None else _number(seconds, f"{where}.seconds", 0.0, 1e6)
+        costs[name] = ActionCost(*numbers, seconds)
+    return costs
 
-    Each sample is parsed like a read's reply, so a chat model's "Answer: Paris" and a
-    completion model's "Paris" are the same candidate.
+
+def _gate_from_dict(raw: Any) -> tuple[Gate | None, dict[str, Any]]:
+    """The gate section: kept signals with orientation and threshold (the rest is diagnostics)."""
+    if raw is None:
+        return None, {}
+    if not isinstance(raw, Mapping) or not isinstance(raw.get("signals"), list):
+        raise CalibrationError("calibration: gate must be an object with a 'signals' list")
+    signals = []
+    for i, entry in enumerate(raw["signals"]):
+        where = f"gate.signals[{i}]"
+        if not isinstance(entry, Mapping) or not isinstance(entry.get("name"), str):
+            raise CalibrationError(f"calibration: {where} needs a name, an orientation and a threshold")
+        orientation = entry.get("orientation")
+        if orientation not in (1, -1, 1.0, -1.0):
+            raise CalibrationError(f"calibration: {where}.orientation must be 1 or -1")
+        threshold = _number(entry.get("threshold"), f"{where}.threshold", -1e12, 1e12)
+        auc = _number(entry.get("auc", 0.5), f"{where}.auc", 0.0, 1.0)
+        signals.append(GateSignal(entry["name"], float(orientation), threshold, auc))
+    k = raw.get("k", 5)
+    if not isinstance(k, int) or k < 1:
+        raise CalibrationError("calibration: gate.k must be a positive integer")
+    details = {key: value for key, value in raw.items() if key not in ("signals", "k")}
+    return Gate(tuple(signals), k), details
+
+
+def load_calibration(
+    source: Calibration | Mapping[str, Any] | str | os.PathLike[str] | None = None,
+) -> Calibration:
+    """A calibration from an object, a JSON string, a file path, or None for the hand-set prior."""
+    if isinstance(source, Calibration):
+        return source
+    if source is None or (isinstance(source, str) and not source.strip()):
+        source = PRIOR_CALIBRATION_PATH
+    source = read_json(source, "calibration")
+    return calibration_from_dict(source)
+
+
+def shipped_calibrations() -> dict[str, Calibration]:
+    """Every shipped calibration by name: ``prior``, and each fitted file in ``data/calibrations``."""
+    found = {"prior": load_calibration(PRIOR_CALIBRATION_PATH)}
+    for path in sorted(CALIBRATIONS_DIR.glob("*.json")):
+        found[path.stem] = load_calibration(path)
+    return found
+
+
+def shipped_calibration(
+    model: str, corpus: str | None = None, shipped: Mapping[str, Calibration] | None = None
+) -> Calibration:
+    """The shipped calibration fitted for ``model``, else the hand-set prior.
+
+    For a named ``corpus`` with a fit of its own, that fit, unless the model's pooled fit beat
+    it by cross-validation (the pooled fit ``replaces`` it). Any other corpus (uploaded or pasted
+    documents, a corpus never fitted) gets the pooled fit: every labelled set the model was
+    fitted on, together. Without one, the fit on HotpotQA, else on any corpus; never a fit for
+    another model.
     """
-    answers = [parse_reading(s)[0] for s in samples]
-    answers = [a for a in answers if not is_no_answer(a)]
-    if not answers:
-        return "", 0
-    groups = _Candidates()
-    counts = Counter(groups.index(a) for a in answers)
-    best = max(counts, key=lambda i: (counts[i], -i))  # ties: the earliest answer
-    return groups.texts[best], counts[best]
+    shipped = shipped if shipped is not None else shipped_calibrations()
+    fitted = [c for c in shipped.values() if c.meta.get("fitted") and c.meta.get("model") == model]
+    pooled = next((c for c in fitted if c.meta.get("corpus") == POOLED), None)
+    own = next((c for c in fitted if corpus and c.meta.get("corpus") == corpus), None)
+    if own is not None and not (pooled is not None and corpus in pooled.meta.get("replaces", ())):
+        return own
+    for wanted in (POOLED, "HotpotQA"):
+        match = [c for c in fitted if c.meta.get("corpus") == wanted]
+        if match:
+            return match[0]
+    return fitted[0] if fitted else shipped["prior"]
 
 
-_SECOND_HOP_MODELS = ("conditional", "independent")
+POOLED = "pooled"  # the corpus name of a model's fit over every labelled set
 
 
-_POLICIES = ("lookahead", "rate")
+def calibration_status(calibration: Calibration, model: str) -> str:
+    """In words: whether ``calibration`` was fitted for ``model``."""
+    meta = {key: _meta_value(value) for key, value in calibration.meta.items()}
+    fitted_for = meta.get("model")
+    if not meta.get("fitted"):
+        return "uncalibrated: a hand-set prior for a capable reader (run /calibrate for this model)"
+    if calibration.meta.get("model") != model:
+        return f"fitted for another model ({fitted_for}), not for this one (run /calibrate for this model)"
+    if meta.get("corpus") == POOLED:
+        pooled = meta.get("pooled_from")
+        sets = ", ".join(map(str, pooled if isinstance(pooled, list) else ())) or "several sets"
+        return f"fitted for this model, pooled over {sets}"
+    return f"fitted for this model on {meta.get('corpus') or 'its corpus'}"
 
 
-# Second-hop reads (R2) a question may take at most; the stop rule decides how many it takes.
-# Two reach both passages of a two-hop question through a bridge the first read could not name,
-# and cost nothing where they do not pay: bench/results/controller.md has the measurements.
-# Calibration runs this many.
-DEFAULT_HOPS = 2
+MAX_META_CHARS = 200  # a calibration's own words (name, corpus, model) as a report repeats them
+
+
+def _meta_value(value: Any) -> Any:
+    """A calibration's description as a report repeats it: short text, plain numbers, short lists.
+
+    A caller may send any calibration: its name could be megabytes, or an integer no JSON
+    encoder takes, and every report would carry it.
+    """
+    if value is None or isinstance(value, bool):
+        return value
+    if isinstance(value, int):  # compared as an int: a huge one does not convert to float
+        return value if abs(value) <= 10**15 else None
+    if isinstance(value, float):
+        return value if math.isfinite(value) and abs(value) <= 1e15 else None
+    if isinstance(value, str):
+        return value if len(value) <= MAX_META_CHARS else value[: MAX_META_CHARS - 1] + "…"
+    if isinstance(value, list | tuple):
+        return [_meta_value(v) for v in value[:20] if isinstance(v, str | int | float | bool) or v is None]
+    return f"({type(value).__name__})"
+
+
+# ------------------------------------------------------------------------------------------
+# Pricing and the policy's tables: what each action costs, what the policy sees per state
+# ------------------------------------------------------------------------------------------
 
 
 # How an action is priced (``BRAG(cost=...)``): every cost is relative to one R1 read, so that
@@ -3788,6 +3803,36 @@ def _offered(calibration: Calibration, extra: Sequence[str]) -> tuple[Action, ..
     if unknown:
         raise InputError(f"extra_actions: {_listed(unknown)} not in the table ({_listed(ACTIONS)})")
     return tuple(a for a in ACTION_TABLE if a.label in calibration.actions or a.label in extra)
+
+
+# ------------------------------------------------------------------------------------------
+# Runner: BRAG.run -> _Run.loop
+# ------------------------------------------------------------------------------------------
+
+
+class RunAborted(RuntimeError):
+    """An action failed mid-run (mostly its LLM call); ``report`` holds everything done before.
+
+    ``step`` names what failed (an action's label, ``retrieval``, or ``the run``); the failure
+    itself is the exception's ``__cause__``.
+    """
+
+    def __init__(self, message: str, report: dict[str, Any], step: str = "the run") -> None:
+        super().__init__(message)
+        self.report, self.step = report, step
+
+
+_SECOND_HOP_MODELS = ("conditional", "independent")
+
+
+_POLICIES = ("lookahead", "rate")
+
+
+# Second-hop reads (R2) a question may take at most; the stop rule decides how many it takes.
+# Two reach both passages of a two-hop question through a bridge the first read could not name,
+# and cost nothing where they do not pay: bench/results/controller.md has the measurements.
+# Calibration runs this many.
+DEFAULT_HOPS = 2
 
 
 @dataclass(frozen=True)
@@ -4417,78 +4462,6 @@ class _Run:
                 },
             },
         }
-
-
-# ------------------------------------------------------------------------------------------
-# Files: data, cache and atomic writes
-# ------------------------------------------------------------------------------------------
-
-
-def data_dir() -> Path | None:
-    """The evaluation data directory: ``BRAG_DATA_DIR``, else ``../shared/data`` when present."""
-    configured = os.environ.get("BRAG_DATA_DIR")
-    if configured:
-        return Path(configured)
-    fallback = _HERE.parent / "shared" / "data"
-    return fallback if fallback.is_dir() else None
-
-
-@contextmanager
-def atomic_file(path: str | os.PathLike[str]) -> Iterator[BinaryIO]:
-    """A file to write that replaces ``path`` only when the block ends without an error.
-
-    It is a temporary file in the same folder, flushed to disk and then renamed over the target,
-    so readers see the old file or the new one, never a part; on an error it is removed.
-    """
-    path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd, temporary = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
-    # mkstemp makes the file private (0600); the result keeps the old file's mode, else 0644
-    try:
-        mode = path.stat().st_mode & 0o777
-    except FileNotFoundError:
-        mode = 0o644
-    try:
-        with os.fdopen(fd, "wb") as out:
-            os.fchmod(out.fileno(), mode)
-            yield out
-            out.flush()
-            os.fsync(out.fileno())
-        os.replace(temporary, path)
-    finally:
-        if os.path.exists(temporary):
-            os.unlink(temporary)
-    directory = os.open(path.parent, os.O_RDONLY)
-    try:
-        os.fsync(directory)  # the rename itself survives a power cut
-    finally:
-        os.close(directory)
-
-
-def write_atomic(path: str | os.PathLike[str], text: str) -> None:
-    """Write ``text`` to ``path`` so that readers see the old file or the new one, never a part."""
-    with atomic_file(path) as out:
-        out.write(text.encode("utf-8"))
-
-
-def package_dir(name: str) -> Path | None:
-    """The folder of an installed package, found without importing it (None when absent)."""
-    try:
-        spec = importlib.util.find_spec(name)
-    except (ImportError, ValueError):
-        return None
-    if spec is None or not spec.submodule_search_locations:
-        return None
-    return Path(next(iter(spec.submodule_search_locations)))
-
-
-def cache_dir() -> Path:
-    """Where BRAG keeps files it builds once: ``BRAG_CACHE_DIR``, else ``~/.cache/brag``."""
-    configured = os.environ.get("BRAG_CACHE_DIR")
-    if configured:
-        return Path(configured).expanduser()
-    base = os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache"
-    return Path(base) / "brag"
 
 
 if __name__ == "__main__":

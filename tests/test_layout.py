@@ -189,3 +189,51 @@ def test_import_llms_still_gives_every_name_it_gave_as_one_file():
     assert [name for name in LLMS_NAMES if not hasattr(llms, name)] == []
     assert set(LLMS_NAMES) <= set(llms.__all__)
     assert all(not name.startswith("_") for name in llms.__all__)
+
+
+def test_each_section_of_brag_uses_only_the_sections_above_it():
+    """Read top to bottom, brag.py never uses a name a later section defines (annotations aside)."""
+    import ast
+
+    source = (ROOT / "brag.py").read_text(encoding="utf-8")
+    lines = source.split("\n")
+    rule = "# " + "-" * 90
+    banners = [i + 1 for i, line in enumerate(lines[:-2]) if line == rule == lines[i + 2]]
+    assert len(banners) >= 12
+
+    def section(lineno: int) -> int:
+        return sum(start < lineno for start in banners)
+
+    tree = ast.parse(source)
+    defined: dict[str, int] = {}
+    for node in tree.body:
+        if isinstance(node, (ast.FunctionDef, ast.ClassDef)):
+            defined[node.name] = section(node.lineno)
+        elif isinstance(node, (ast.Assign, ast.AnnAssign)):
+            targets = node.targets if isinstance(node, ast.Assign) else [node.target]
+            for name in (n for t in targets for n in ast.walk(t) if isinstance(n, ast.Name)):
+                defined[name.id] = section(node.lineno)
+    annotations = {
+        id(n)
+        for node in ast.walk(tree)
+        for a in (
+            [node.returns, *(x.annotation for x in (*node.args.args, *node.args.kwonlyargs))]
+            if isinstance(node, ast.FunctionDef)
+            else [node.annotation]
+            if isinstance(node, ast.AnnAssign)
+            else []
+        )
+        if a is not None
+        for n in ast.walk(a)
+    }
+    later = sorted(
+        {
+            f"{lines[banners[section(node.lineno) - 1]]} uses {n.id}"
+            for node in tree.body
+            for n in ast.walk(node)
+            if isinstance(n, ast.Name)
+            and id(n) not in annotations
+            and defined.get(n.id, 0) > section(node.lineno) > 0
+        }
+    )
+    assert later == []
