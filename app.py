@@ -27,11 +27,11 @@ from starlette.middleware import Middleware
 
 import brag
 import calibrate
-import documents as doc_files
-import llms
-import uploads
-from serving.corpora import DEMO, YOUR_DOCUMENTS
-from serving.guards import (
+from bragkit import documents as doc_files
+from bragkit import llms
+from bragkit.serving import uploads
+from bragkit.serving.corpora import DEMO, YOUR_DOCUMENTS
+from bragkit.serving.guards import (
     Blocks,
     EventShare,
     PublicRoutes,
@@ -40,8 +40,15 @@ from serving.guards import (
     max_request_bytes,
     ui_helper,
 )
-from serving.presentation import STEP_COLUMNS, failed, posterior_svg, render, starting, step_column_widths
-from serving.server import Server, Settings
+from bragkit.serving.presentation import (
+    STEP_COLUMNS,
+    failed,
+    posterior_svg,
+    render,
+    starting,
+    step_column_widths,
+)
+from bragkit.serving.server import Server, Settings
 
 log = logging.getLogger("brag.app")
 

@@ -5,10 +5,10 @@ action whose next vote is expected to lower P(error) the most per unit cost; it 
 gain is worth less than its price ``lam``. It never calls the LLM itself: the actions do.
 
 Sections, each using only those above it (type annotations aside): errors and the LLM
-protocol; files (JSON input, data, cache); text analysis; answers; posterior; dedup; corpus;
+protocol; files (JSON input, the cache); text analysis; answers; posterior; dedup; corpus;
 evidence; gate; calibration entries; policy (rates, lookahead, choice); prompts; actions (the
 vote kinds ``Read``, ``Hop``, ``Samples`` and ``ACTION_TABLE``); calibration; pricing and the
-policy's tables; runner. The command line is ``cli.py``. Three entry points:
+policy's tables; runner. The command line is ``bragkit/cli.py``. Three entry points:
 
 - ``BRAG(llm).run(question, corpus)`` (runner): ``BRAG.stream`` -> ``_Run.loop``, which
   decides (``_Run._decide``) and acts (``_Run._act``) one step at a time;
@@ -25,7 +25,6 @@ from __future__ import annotations
 
 import functools
 import hashlib
-import importlib.util
 import itertools
 import json
 import logging
@@ -35,17 +34,15 @@ import re
 import shutil
 import string
 import sys
-import tempfile
 import time
 import unicodedata
 import zlib
 from array import array
 from collections import Counter
 from collections.abc import Callable, Collection, Iterable, Iterator, Mapping, Sequence
-from contextlib import contextmanager
 from dataclasses import asdict, dataclass, field, fields, is_dataclass, replace
 from pathlib import Path
-from typing import Any, BinaryIO, ClassVar, NamedTuple, Protocol, runtime_checkable
+from typing import Any, ClassVar, NamedTuple, Protocol, runtime_checkable
 
 import bm25s
 import numpy as np
@@ -62,8 +59,6 @@ __all__ = [  # noqa: RUF022
     "llm_name",
     # Files
     "cache_dir",
-    "data_dir",
-    "write_atomic",
     # Text analysis
     "Analyzer",
     "language_of",
@@ -221,7 +216,7 @@ def llm_name(llm: Any) -> str:
 
 
 # ------------------------------------------------------------------------------------------
-# Files: JSON input, data, cache and atomic writes
+# Files: JSON input and the cache
 # ------------------------------------------------------------------------------------------
 
 
@@ -255,64 +250,6 @@ def read_json(source: Any, what: str) -> Any:
         if path.suffix == ".jsonl":
             source = "[" + ",".join(line for line in source.splitlines() if line.strip()) + "]"
     return parse_json(source, what) if isinstance(source, str) else source
-
-
-def data_dir() -> Path | None:
-    """The evaluation data directory: ``BRAG_DATA_DIR``, else ``../shared/data`` when present."""
-    configured = os.environ.get("BRAG_DATA_DIR")
-    if configured:
-        return Path(configured)
-    fallback = _HERE.parent / "shared" / "data"
-    return fallback if fallback.is_dir() else None
-
-
-@contextmanager
-def atomic_file(path: str | os.PathLike[str]) -> Iterator[BinaryIO]:
-    """A file to write that replaces ``path`` only when the block ends without an error.
-
-    It is a temporary file in the same folder, flushed to disk and then renamed over the target,
-    so readers see the old file or the new one, never a part; on an error it is removed.
-    """
-    path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd, temporary = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
-    # mkstemp makes the file private (0600); the result keeps the old file's mode, else 0644
-    try:
-        mode = path.stat().st_mode & 0o777
-    except FileNotFoundError:
-        mode = 0o644
-    try:
-        with os.fdopen(fd, "wb") as out:
-            os.fchmod(out.fileno(), mode)
-            yield out
-            out.flush()
-            os.fsync(out.fileno())
-        os.replace(temporary, path)
-    finally:
-        if os.path.exists(temporary):
-            os.unlink(temporary)
-    directory = os.open(path.parent, os.O_RDONLY)
-    try:
-        os.fsync(directory)  # the rename itself survives a power cut
-    finally:
-        os.close(directory)
-
-
-def write_atomic(path: str | os.PathLike[str], text: str) -> None:
-    """Write ``text`` to ``path`` so that readers see the old file or the new one, never a part."""
-    with atomic_file(path) as out:
-        out.write(text.encode("utf-8"))
-
-
-def package_dir(name: str) -> Path | None:
-    """The folder of an installed package, found without importing it (None when absent)."""
-    try:
-        spec = importlib.util.find_spec(name)
-    except (ImportError, ValueError):
-        return None
-    if spec is None or not spec.submodule_search_locations:
-        return None
-    return Path(next(iter(spec.submodule_search_locations)))
 
 
 def cache_dir() -> Path:
@@ -4465,8 +4402,8 @@ class _Run:
 
 
 if __name__ == "__main__":
-    # ``python -m brag`` runs this file as __main__: the command line is cli.py's, which imports
+    # ``python -m brag`` runs this file as __main__: the command line is bragkit.cli's, which imports
     # this module as ``brag`` (so the loop is at the script's entry, never between modules).
-    from cli import main
+    from bragkit.cli import main
 
     sys.exit(main())

@@ -36,7 +36,8 @@ from typing import Any
 import numpy as np
 
 import brag
-import milvus_corpus
+from bragkit import milvus as milvus_corpus
+from bragkit import storage
 
 MIN_QUESTIONS = 30
 PRIOR_STRENGTH = 4.0  # pseudo-observations pulling each fitted rate toward PRIOR
@@ -1681,7 +1682,7 @@ def main_gate(argv: Sequence[str]) -> int:
     text = json.dumps(result, indent=1) + "\n"
     out = args.out or args.into
     if out:
-        brag.write_atomic(out, text)
+        storage.write_atomic(out, text)
     else:
         sys.stdout.write(text)
     return 0
@@ -1694,7 +1695,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         return main_gate(argv[1:])
     if argv[:1] == ["pool"]:
         return main_pool(argv[1:])
-    import llms
+    from bragkit import llms
 
     args = _parser(llms.CACHE_MODES).parse_args(argv)
     try:
@@ -1702,7 +1703,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     except (ValueError, OSError, llms.LLMError, brag.RunAborted) as err:
         print(f"calibrate: {err}", file=sys.stderr)
         return 2
-    brag.write_atomic(args.out, json.dumps(result, indent=1) + "\n")
+    storage.write_atomic(args.out, json.dumps(result, indent=1) + "\n")
     # The outcomes stay beside the fit, so `calibrate.py pool` can fit them with other sets.
     Path(f"{args.out}.progress.jsonl").replace(outcomes_path(args.out))
     print(
@@ -1735,7 +1736,7 @@ def main_pool(argv: Sequence[str]) -> int:
     except (ValueError, OSError) as err:
         print(f"calibrate pool: {err}", file=sys.stderr)
         return 2
-    brag.write_atomic(args.out, json.dumps(result, indent=1) + "\n")
+    storage.write_atomic(args.out, json.dumps(result, indent=1) + "\n")
     print(
         f"wrote {args.out}: pooled {result['n_questions']} questions from {', '.join(result['pooled_from'])}"
     )
@@ -1800,7 +1801,7 @@ def _calibrate_from_args(args: argparse.Namespace) -> dict[str, Any]:
     """Read the questions and the corpus, run every action with a progress bar, and fit."""
     from tqdm import tqdm
 
-    import llms
+    from bragkit import llms
 
     read = read_questions if args.unlabelled else read_labelled
     items = select(read(args.questions), args.split)

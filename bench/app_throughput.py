@@ -24,7 +24,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT / "tests"))
 
-from app_server import AppProcess, rest_call  # noqa: E402
+from app_server import AppProcess, rest_call
 
 QUESTION = "Where was the architect of the Glass Tower born?"
 

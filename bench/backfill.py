@@ -20,11 +20,14 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(ROOT / "bench"))
 
-from run import DATASETS  # noqa: E402
+from run import DATASETS
 
-import brag  # noqa: E402
-import calibrate  # noqa: E402
-import llms  # noqa: E402
+import brag
+import calibrate
+from bragkit import (
+    llms,
+    storage,
+)
 
 
 def main() -> None:
@@ -34,7 +37,7 @@ def main() -> None:
     parser.add_argument("--datasets", default=",".join(DATASETS))
     parser.add_argument("--cache", default=str(ROOT / "bench" / "cache" / "llm.sqlite"))
     args = parser.parse_args()
-    root = brag.data_dir()
+    root = storage.data_dir()
     assert root is not None, "no evaluation data: set BRAG_DATA_DIR"
     llm = llms.CachedLLM(llms.make_llm("local"), args.cache, mode="backfill")
     schedule = args.actions.split(",")

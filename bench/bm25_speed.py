@@ -23,7 +23,8 @@ from rank_bm25 import BM25Okapi
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from brag import Corpus, data_dir, tokenize
+from brag import Corpus, tokenize
+from bragkit.storage import data_dir
 
 
 def synthetic(n_passages: int, seed: int = 0) -> tuple[list[str], list[str]]:

@@ -30,11 +30,14 @@ sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(ROOT / "bench"))
 sys.path.insert(0, str(ROOT / "tests"))  # app_server: a real app on a loopback port
 
-from run import DATASETS, DEFAULT_LAMBDA  # noqa: E402
+from run import DATASETS, DEFAULT_LAMBDA
 
-import brag  # noqa: E402
-import calibrate  # noqa: E402
-import llms  # noqa: E402
+import brag
+import calibrate
+from bragkit import (
+    llms,
+    storage,
+)
 
 FITS = ("own", "pooled", "loo", "default")
 MODEL_PREFIX = "qwen2.5-coder-0.5b"  # the shipped fits' file names: PREFIX-dataset.json
@@ -159,7 +162,7 @@ def documents_fits(pdf: Path, questions: list[dict[str, Any]], cache: str, folds
     in each fold a fit of the other questions' outcomes (alone: ``own``; with the three
     datasets' calibration outcomes: ``pooled with own``) prices BRAG on the held-out ones.
     """
-    import documents
+    from bragkit import documents
 
     corpus = brag.Corpus(documents.read_file(pdf.name, pdf.read_bytes()))
     items = [calibrate.Labelled(q["id"], q["question"], tuple(q["answer"])) for q in questions]
@@ -298,7 +301,7 @@ def main() -> int:
         args.out.write_text(json.dumps(result, indent=1) + "\n", encoding="utf-8")
         print({k: v for k, v in result.items() if k != "rows"})
         return 0
-    root = brag.data_dir()
+    root = storage.data_dir()
     if root is None:
         print("confidence: set BRAG_DATA_DIR to the shared evaluation data", file=sys.stderr)
         return 2

@@ -25,12 +25,12 @@ import numpy as np
 ROOT = Path(__file__).resolve().parent.parent
 sys.path[:0] = [str(ROOT), str(ROOT / "bench")]
 
-from harness import data_dir_or_exit  # noqa: E402
-from run import DATASETS, LAMBDAS, bootstrap_ci  # noqa: E402
+from harness import data_dir_or_exit
+from run import DATASETS, LAMBDAS, bootstrap_ci
 
-import brag  # noqa: E402
-import calibrate  # noqa: E402
-import llms  # noqa: E402
+import brag
+import calibrate
+from bragkit import llms
 
 DEFAULT_LAM = next(f.default for f in dataclasses.fields(brag.BRAG) if f.name == "lam")
 

@@ -25,9 +25,9 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(ROOT / "bench"))
 
-from harness import write_keeping  # noqa: E402
+from harness import write_keeping
 
-import brag  # noqa: E402
+import brag
 
 ANSWERS = ["Bergen", "Oslo", "NONE", "Lina Berg", "Trondheim"]
 TARGET_US = 13.0  # the seed's reported decision time

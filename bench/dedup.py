@@ -22,9 +22,10 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-import brag
-import embedders
-from brag import DedupConfig, HashingEmbedder, Passage, data_dir, dedup_ingestion
+
+from brag import DedupConfig, HashingEmbedder, Passage, dedup_ingestion
+from bragkit import embedders, storage
+from bragkit.storage import data_dir
 
 CORPORA = {
     "HotpotQA": "hotpotqa/hotpotqa_ircot500_corpus.json",
@@ -86,7 +87,7 @@ def run_semhash(passages: list[Passage], planted: dict[int, int]) -> dict:
     from model2vec import StaticModel
     from semhash import SemHash
 
-    model = StaticModel.from_pretrained(str(brag.package_dir("static_model") / "model"))
+    model = StaticModel.from_pretrained(str(storage.package_dir("static_model") / "model"))
     records = [{"id": str(i), "text": p.render()} for i, p in enumerate(passages)]
     t0 = time.perf_counter()
     semhash = SemHash.from_records(records, columns=["text"], model=model)

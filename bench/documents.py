@@ -3,7 +3,7 @@
 - **Speed.** A 100-page PDF and a Word file of 100 sections (made here with fpdf2 and
   python-docx), and 1,000 Markdown files: each read, cut and indexed in a fresh process, with
   pages (or files) per second, passages per second and that process's peak RSS; then the same
-  files read as the app reads an upload, in a capped worker process (``parse_worker.py``,
+  files read as the app reads an upload, in a capped worker process (``bragkit/serving/parse_worker.py``,
   its start included), in the same run.
 - **Retrieval.** The HotpotQA corpus rebuilt as documents, one per title, cut by
   ``documents.rows_of`` at several sizes; recall@5 of the supporting paragraphs on the
@@ -29,10 +29,10 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(ROOT / "tests"))
 
-from harness import data_dir_or_exit, peak_rss_mb  # noqa: E402
+from harness import data_dir_or_exit, peak_rss_mb
 
-import brag  # noqa: E402
-import documents  # noqa: E402
+import brag
+from bragkit import documents
 
 LOREM = (
     "The river runs north past the old mill and the stone bridge, where the town keeps its market "
@@ -58,7 +58,7 @@ def make_files(kind: str) -> list[tuple[str, bytes]]:
 
 def ingest(kind: str, isolated: bool, queue: Any) -> None:
     """In a fresh process: read (in a worker when ``isolated``), cut and index ``kind``'s files."""
-    import parse_worker
+    from bragkit.serving import parse_worker
 
     files = make_files(kind)
     units = len(files) if kind == "md" else 100  # pages, or sections

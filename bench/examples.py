@@ -20,9 +20,9 @@ from typing import Any
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-import brag  # noqa: E402
-import llms  # noqa: E402
-import serving.corpora  # noqa: E402
+import brag
+import bragkit.serving.corpora
+from bragkit import llms
 
 GOLD = {
     "Where was the architect of the Glass Tower born?": "Bergen",
@@ -68,11 +68,11 @@ def main(argv: list[str] | None = None) -> int:
     import app  # the Demo corpus and examples exactly as the app has them
 
     llm = llms.make_llm(args.model)
-    corpus = brag.Corpus(serving.corpora.DEMO_CORPUS_PATH.read_text(encoding="utf-8"))
+    corpus = brag.Corpus(bragkit.serving.corpora.DEMO_CORPUS_PATH.read_text(encoding="utf-8"))
     controller = brag.BRAG(llm)
     rows = []
     for question, corpus_name in app.EXAMPLES:
-        assert corpus_name == serving.corpora.DEMO and question in GOLD, question
+        assert corpus_name == bragkit.serving.corpora.DEMO and question in GOLD, question
         t0 = time.perf_counter()
         answer, report = controller.run(question, corpus)
         rows.append(row("app Demo", question, GOLD[question], answer, report, time.perf_counter() - t0))

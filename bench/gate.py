@@ -23,8 +23,9 @@ import numpy as np
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 import calibrate
-import embedders
-from brag import Corpus, HashingEmbedder, data_dir, topk_overlap, window_signals
+from brag import Corpus, HashingEmbedder, topk_overlap, window_signals
+from bragkit import embedders
+from bragkit.storage import data_dir
 
 K = 5
 SOURCE_NOTE = {

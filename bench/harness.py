@@ -14,11 +14,12 @@ ROOT = Path(__file__).resolve().parent.parent
 
 
 def data_dir_or_exit(script: str) -> Path:
-    """The shared evaluation data (``brag.data_dir``), or exit 2 saying how to point at it."""
+    """The shared evaluation data (``storage.data_dir``), or exit 2 saying how to point at it."""
     sys.path.insert(0, str(ROOT))
-    import brag
 
-    root = brag.data_dir()
+    from bragkit import storage
+
+    root = storage.data_dir()
     if root is None:
         print(f"{script}: set BRAG_DATA_DIR to the shared evaluation data", file=sys.stderr)
         raise SystemExit(2)

@@ -26,21 +26,21 @@ CODE = Path(sys.argv[sys.argv.index("--code") + 1]) if "--code" in sys.argv else
 sys.path.insert(0, str(ROOT / "tests"))  # app_server: a real app on a loopback port
 sys.path.insert(0, str(CODE))
 
-import argparse  # noqa: E402
-import json  # noqa: E402
-import os  # noqa: E402
-import random  # noqa: E402
-import re  # noqa: E402
-import resource  # noqa: E402
-import shutil  # noqa: E402
-import subprocess  # noqa: E402
-import tempfile  # noqa: E402
-import time  # noqa: E402
-from concurrent.futures import ThreadPoolExecutor  # noqa: E402
-from typing import Any  # noqa: E402
+import argparse
+import json
+import os
+import random
+import re
+import resource
+import shutil
+import subprocess
+import tempfile
+import time
+from concurrent.futures import ThreadPoolExecutor
+from typing import Any
 
-import brag  # noqa: E402
-import documents  # noqa: E402
+import brag
+from bragkit import documents
 
 QUESTIONS_DIR = ROOT / "bench" / "languages"
 RESULTS = ROOT / "bench" / "results"
@@ -231,7 +231,7 @@ def hotpotqa_recall(root: Path) -> float:
 
 def recall(pages: Path, label: str, milvus: bool) -> None:
     """recall@K per language for brag.Corpus (and Milvus Lite), with this checkout's code."""
-    import milvus_corpus
+    from bragkit import milvus as milvus_corpus
 
     rows: dict[str, Any] = {}
     for language in PACKAGES:

@@ -28,10 +28,13 @@ from typing import Any
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-import brag  # noqa: E402
-import calibrate  # noqa: E402
-import llms  # noqa: E402
-from llms import worker as llm_worker  # noqa: E402
+import brag
+import calibrate
+from bragkit import (
+    llms,
+    storage,
+)
+from bragkit.llms import worker as llm_worker
 
 # Calibration questions (the benchmark tests only on later ones) and their corpora.
 DATASETS = {
@@ -46,7 +49,7 @@ PRIORS = ROOT / "tests" / "prior_calibration.json"
 
 
 def load(name: str, n: int) -> tuple[list[calibrate.Labelled], brag.Corpus]:
-    root = brag.data_dir()
+    root = storage.data_dir()
     if root is None:
         raise SystemExit("the shared evaluation data is missing: set BRAG_DATA_DIR")
     questions, corpus = DATASETS[name]

@@ -30,11 +30,11 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(ROOT / "bench"))
 
-from harness import data_dir_or_exit, peak_rss_mb, write_keeping  # noqa: E402
+from harness import data_dir_or_exit, peak_rss_mb, write_keeping
 
-import brag  # noqa: E402
-import calibrate  # noqa: E402
-import milvus_corpus as mc  # noqa: E402
+import brag
+import calibrate
+from bragkit import milvus as mc
 
 K = 5
 QUERIES = 100  # per size: a query takes seconds at a million passages in Milvus Lite
@@ -92,7 +92,7 @@ def agreement(items: list[dict], questions: list[dict], milvus: mc.MilvusCorpus)
 def brag_runs(
     items: list[dict], questions: list[dict], milvus: mc.MilvusCorpus, n: int, mode: str
 ) -> list[str]:
-    import llms
+    from bragkit import llms
 
     # Through the benchmark's cache: a window bm25s also gave is a cache hit; others are live calls,
     # stored, so a second run replays.

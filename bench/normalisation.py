@@ -58,7 +58,7 @@ class TopWordReader:
 def one_case(kind: str, megabytes: float, passage_bytes: int) -> dict[str, float | str]:
     """Index, answer, check: CPU seconds and peak-RSS growth of each, in this process."""
     import brag
-    from serving.policy import Limits, RequestRefused, check_documents
+    from bragkit.serving.policy import Limits, RequestRefused, check_documents
 
     text = text_of(kind, megabytes, passage_bytes)
     usage = resource.getrusage(resource.RUSAGE_SELF)

@@ -21,9 +21,9 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 sys.path[:0] = [str(ROOT), str(ROOT / "tests")]
 
-import brag  # noqa: E402
-import calibrate  # noqa: E402
-import llms  # noqa: E402
+import brag
+import calibrate
+from bragkit import llms
 
 FIELDS = ("eta", "actions", "counts", "diagnostics", "gate")
 

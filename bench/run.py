@@ -32,10 +32,13 @@ import numpy as np
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-import brag  # noqa: E402
-import calibrate  # noqa: E402
-import llms  # noqa: E402
-import milvus_corpus  # noqa: E402
+import brag
+import calibrate
+from bragkit import (
+    llms,
+    storage,
+)
+from bragkit import milvus as milvus_corpus
 
 LAMBDAS = (0.01, 0.02, 0.05, 0.1, 0.2)
 DEFAULT_LAMBDA = 0.05
@@ -561,7 +564,7 @@ def main(argv: list[str] | None = None) -> int:
         served = milvus_corpus.from_arguments(args)
     except ValueError as err:
         parser.error(str(err))
-    root = args.data or brag.data_dir()
+    root = args.data or storage.data_dir()
     if root is None:
         print("run: set BRAG_DATA_DIR to the shared evaluation data", file=sys.stderr)
         return 2

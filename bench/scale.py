@@ -27,7 +27,7 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(ROOT / "bench"))
 
-from harness import peak_rss_mb  # noqa: E402
+from harness import peak_rss_mb
 
 VOCABULARY = 300_000
 ZIPF = 1.15  # the exponent of the word-rank distribution
@@ -61,7 +61,7 @@ def write_collection(n: int, path: Path) -> dict:
 
 def index(docs: Path, out: Path) -> dict:
     """``python -m brag index`` in this process: its time, and this process's peak memory."""
-    import cli
+    from bragkit import cli
 
     started = time.perf_counter()
     if cli.main(["index", str(docs), str(out)]) != 0:

@@ -26,7 +26,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 sys.path[:0] = [str(ROOT), str(ROOT / "tests")]
 
-from security_probes import REQUEST_TIMEOUT, run, start_lab  # noqa: E402
+from security_probes import REQUEST_TIMEOUT, run, start_lab
 
 
 def cell(text: str, width: int = 160) -> str:

@@ -23,12 +23,12 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(ROOT / "bench"))
 
-from harness import data_dir_or_exit, write_keeping  # noqa: E402
-from run import DATASETS  # noqa: E402
+from harness import data_dir_or_exit, write_keeping
+from run import DATASETS
 
-import brag  # noqa: E402
-import calibrate  # noqa: E402
-import llms  # noqa: E402
+import brag
+import calibrate
+from bragkit import llms
 
 HOPS = 2
 NOTES = "## Verdicts"

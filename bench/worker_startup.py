@@ -21,7 +21,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-import llms  # noqa: E402
+from bragkit import llms
 
 
 def rss_mb(pid: int) -> float:
@@ -37,8 +37,8 @@ def worker_module() -> str:
 
     source = inspect.getsource(llms.LocalRunner._start)
     if "worker.py" in source:  # a script run with -P: its imports, without its __main__ block
-        return "import runpy; runpy.run_path('llms/worker.py', run_name='worker')"
-    return "import llm_worker" if "llm_worker" in source else "import llms"
+        return "import runpy; runpy.run_path('bragkit/llms/worker.py', run_name='worker')"
+    return "import llm_worker" if "llm_worker" in source else "from bragkit import llms"
 
 
 def imports_only(module: str) -> tuple[float, float]:

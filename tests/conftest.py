@@ -20,7 +20,8 @@ sys.path.insert(0, str(ROOT))
 # particular reliabilities use these, so refitting data/calibration.json cannot move them.
 PRIORS = ROOT / "tests" / "prior_calibration.json"
 
-import brag  # noqa: E402
+import brag
+from bragkit import storage
 
 
 class ScriptedLLM:
@@ -79,7 +80,7 @@ def last_block(prompt: str) -> str:
 
 @pytest.fixture
 def shared_data() -> Path:
-    path = brag.data_dir()
+    path = storage.data_dir()
     if path is None or not path.is_dir():
         pytest.skip("shared evaluation data not found (set BRAG_DATA_DIR)")
     return path

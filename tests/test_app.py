@@ -29,12 +29,12 @@ from hub_server import FakeHub
 from openai_server import FakeOpenAI, Reply
 
 import brag
-import llms
-import serving.corpora
-import serving.guards
-import serving.policy
-import serving.presentation
-import serving.server
+import bragkit.serving.corpora
+import bragkit.serving.guards
+import bragkit.serving.policy
+import bragkit.serving.presentation
+import bragkit.serving.server
+from bragkit import llms
 
 QUESTION = "Where was the architect of the Glass Tower born?"
 DOC_LINES = "\n".join(
@@ -182,14 +182,23 @@ def test_the_api_names_its_outputs(client):
 def test_pasted_documents_select_your_documents_and_the_result_names_what_was_read(client):
     import app as brag_app
 
-    assert brag_app.use_documents("a passage", "Demo")["value"] == serving.corpora.YOUR_DOCUMENTS
-    assert brag_app.use_documents("", serving.corpora.YOUR_DOCUMENTS)["value"] == serving.corpora.DEMO
+    assert brag_app.use_documents("a passage", "Demo")["value"] == bragkit.serving.corpora.YOUR_DOCUMENTS
+    assert (
+        brag_app.use_documents("", bragkit.serving.corpora.YOUR_DOCUMENTS)["value"]
+        == bragkit.serving.corpora.DEMO
+    )
     assert brag_app.use_documents("  ", "MuSiQue")["value"] == "MuSiQue"
-    assert brag_app.use_documents(["/tmp/gradio/x/a.pdf"], "Demo")["value"] == serving.corpora.YOUR_DOCUMENTS
-    assert brag_app.use_documents([], serving.corpora.YOUR_DOCUMENTS)["value"] == serving.corpora.DEMO
+    assert (
+        brag_app.use_documents(["/tmp/gradio/x/a.pdf"], "Demo")["value"]
+        == bragkit.serving.corpora.YOUR_DOCUMENTS
+    )
+    assert (
+        brag_app.use_documents([], bragkit.serving.corpora.YOUR_DOCUMENTS)["value"]
+        == bragkit.serving.corpora.DEMO
+    )
     answer, report = client.predict(*args(corpus="Your documents"), api_name="/brag")
     assert answer == "Bergen" and report["corpus"] == "your documents"
-    _, headline, *_ = serving.presentation.render(answer, report)
+    _, headline, *_ = bragkit.serving.presentation.render(answer, report)
     # Untitled passages are named by their first words, not by an index.
     assert "Read: The Glass Tower in Oslo was…" in headline and "#0" not in headline
 
@@ -317,8 +326,14 @@ def test_an_uncalibrated_model_gets_the_prior_and_is_told_so(client):
 
 def test_pasted_corpora_stay_within_the_memory_budget():
 
-    one = serving.corpora.CorpusStore(serving.policy.Limits()).documents(DOC_LINES).memory_bytes()
-    store = serving.corpora.CorpusStore(serving.policy.Limits(documents_cache_bytes=int(3.5 * one)))
+    one = (
+        bragkit.serving.corpora.CorpusStore(bragkit.serving.policy.Limits())
+        .documents(DOC_LINES)
+        .memory_bytes()
+    )
+    store = bragkit.serving.corpora.CorpusStore(
+        bragkit.serving.policy.Limits(documents_cache_bytes=int(3.5 * one))
+    )
     for i in range(10):
         store.documents(DOC_LINES + f"\nDocument set number {i}.")
         assert store.cached_bytes() <= store.documents_budget
@@ -330,7 +345,7 @@ def test_pasted_corpora_stay_within_the_memory_budget():
 def test_allow_list_prefixes_match_whole_hosts_ports_and_path_segments(monkeypatch):
 
     monkeypatch.setenv("BRAG_ALLOWED_ENDPOINTS", "http://10.0.0.5:8000/v1, https://api.example.com")
-    policy = serving.policy.EndpointPolicy.from_env()
+    policy = bragkit.serving.policy.EndpointPolicy.from_env()
     assert policy.listed("http://10.0.0.5:8000/v1")
     assert policy.listed("http://10.0.0.5:8000/v1/")
     assert policy.listed("https://api.example.com/anything/v1")
@@ -346,7 +361,7 @@ def test_allow_list_prefixes_match_whole_hosts_ports_and_path_segments(monkeypat
     ):
         assert not policy.listed(url), url
     monkeypatch.setenv("BRAG_ALLOWED_ENDPOINTS", "*")
-    assert serving.policy.EndpointPolicy.from_env().allow_all
+    assert bragkit.serving.policy.EndpointPolicy.from_env().allow_all
 
 
 @pytest.mark.parametrize(
@@ -357,7 +372,7 @@ def test_a_bad_limit_in_the_environment_stops_the_app_with_a_clear_message(env, 
 
     monkeypatch.setenv(env, value)
     with pytest.raises(SystemExit, match=f"{env} must be a positive number"):
-        serving.server.Settings.from_env()
+        bragkit.serving.server.Settings.from_env()
 
 
 def fake_report(finished: bool = True) -> dict:
@@ -408,8 +423,8 @@ def fake_report(finished: bool = True) -> dict:
 
 def test_the_steps_table_shows_why_each_action_was_chosen():
 
-    frame = serving.presentation.steps_frame(fake_report())
-    assert list(frame.columns) == serving.presentation.STEP_COLUMNS
+    frame = bragkit.serving.presentation.steps_frame(fake_report())
+    assert list(frame.columns) == bragkit.serving.presentation.STEP_COLUMNS
     first, last = frame.iloc[0], frame.iloc[1]
     assert (first["R1"], first["R2"], first["CB"]) == ("0.900 ✓", "—", "0.020")  # λ = 0.05
     assert first["What it read"] == "The Glass Tower in Oslo…" and first["Answer"] == "Bergen"
@@ -417,21 +432,23 @@ def test_the_steps_table_shows_why_each_action_was_chosen():
     assert first["Evidence"] == "answer p 0.83 · span of passage 1 · level R1:hi"
     assert last["Action"] == "stop" and last["What it read"].startswith("expected gain")
     assert last["Evidence"] == ""
-    running = serving.presentation.steps_frame(fake_report(finished=False)).iloc[1]
+    running = bragkit.serving.presentation.steps_frame(fake_report(finished=False)).iloc[1]
     assert running["Action"] == "CB" and running["Answer"] == "running…"
 
 
 def test_progress_and_headline_while_running_and_when_done():
 
-    progress, headline, _, table, totals = serving.presentation.render("Bergen", fake_report(finished=False))
+    progress, headline, _, table, totals = bragkit.serving.presentation.render(
+        "Bergen", fake_report(finished=False)
+    )
     assert progress.startswith("**Running · step 2 · CB: closed-book samples…**")
     assert "1 LLM call so far · 2.0 s" in progress
     assert headline == "### Best so far: Bergen" and totals == "" and table["visible"] is True
-    progress, headline, *_ = serving.presentation.render("Bergen", fake_report())
+    progress, headline, *_ = bragkit.serving.presentation.render("Bergen", fake_report())
     assert progress == "✔ Done: 1 LLM call in 2.0 s."
     assert "## Bergen" in headline and "Read: The Glass Tower in Oslo…" in headline
     assert "Calibration: uncalibrated" in headline
-    assert serving.presentation.render("", None)[3] == {
+    assert bragkit.serving.presentation.render("", None)[3] == {
         "__type__": "update",
         "visible": False,
     }  # no empty table
@@ -439,7 +456,9 @@ def test_progress_and_headline_while_running_and_when_done():
 
 def test_the_calibration_table_has_a_row_per_action_and_case(tmp_path):
 
-    frame = serving.presentation.calibration_frame(json.dumps(brag.shipped_calibrations()["prior"].to_dict()))
+    frame = bragkit.serving.presentation.calibration_frame(
+        json.dumps(brag.shipped_calibrations()["prior"].to_dict())
+    )
     assert list(frame["Case"]) == [
         "strong window",
         "weak window",
@@ -451,7 +470,7 @@ def test_the_calibration_table_has_a_row_per_action_and_case(tmp_path):
     low, high = frame.iloc[0]["ρ 95 % interval"].split(" – ")
     assert float(low) < float(frame.iloc[0]["ρ (right)"]) < float(high)
     # The tab shows the fit the server kept, found by the name in /calibrate's JSON.
-    server = serving.server.Server(serving.server.Settings(cache_dir=tmp_path))
+    server = bragkit.serving.server.Server(bragkit.serving.server.Settings(cache_dir=tmp_path))
     fit = server.shipped["prior"].to_dict()
     name = server.kept.keep(fit)
     kept = tmp_path / "calibrations"
@@ -484,10 +503,10 @@ def test_posterior_chart_draws_one_line_per_candidate_plus_the_residual():
             },
         ]
     }
-    svg = serving.presentation.posterior_svg(report)
+    svg = bragkit.serving.presentation.posterior_svg(report)
     assert svg.count('class="series"') == 3 and "A&lt;b&gt;" in svg and "<b>" not in svg
     assert "3·stop" in svg
-    assert "appears here" in serving.presentation.posterior_svg({})
+    assert "appears here" in bragkit.serving.presentation.posterior_svg({})
 
 
 # ---------------------------------------------------------------------------------- concurrency
@@ -886,13 +905,13 @@ def test_a_guess_is_said_plainly_in_the_headline_with_its_runner_up():
         "summary": "a guess: 19%; runner-up: Bergen (12%); no passage read contains this answer: "
         "the corpus does not seem to hold it",
     }
-    _, headline, *_ = serving.presentation.render("Oslo", report)
+    _, headline, *_ = bragkit.serving.presentation.render("Oslo", report)
     shown = as_html(headline)
     assert "<h2>Oslo</h2>" in shown
     assert "<strong>A guess: 19%; runner-up: Bergen (12%); no passage read contains this answer: " in shown
     assert "the corpus does not seem to hold it</strong>" in shown
     report["confidence"] = {**report["confidence"], "guess": False, "summary": "P(correct) ≈ 81%"}
-    _, headline, *_ = serving.presentation.render("Oslo", report)
+    _, headline, *_ = bragkit.serving.presentation.render("Oslo", report)
     shown = as_html(headline)
     assert "P(correct) ≈ 81% · corpus:" in shown and "<strong>" not in shown
 
@@ -973,7 +992,7 @@ def test_files_are_uploaded_over_gradio_client_and_rest_read_and_deleted(client,
 )
 def test_one_address_never_holds_every_worker(concurrency, setting, expected):
 
-    assert serving.policy.Limits(per_address=setting).address_share(concurrency) == expected
+    assert bragkit.serving.policy.Limits(per_address=setting).address_share(concurrency) == expected
 
 
 def test_document_and_model_text_is_shown_as_written_never_as_markup():
@@ -982,7 +1001,7 @@ def test_document_and_model_text_is_shown_as_written_never_as_markup():
         '<img src=x onerror="alert(1)"> <form><input name=pw></form> [link](javascript:alert(1)) '
         "![img](http://t.example/i.png) **bold** # heading `code` www.example.com a@b.example $$x$$ | -"
     )
-    shown = as_html(serving.presentation.as_text(hostile))
+    shown = as_html(bragkit.serving.presentation.as_text(hostile))
     assert "<img" not in shown and "<form" not in shown and "<a " not in shown and "<strong>" not in shown
     assert "<code>" not in shown and "<h1>" not in shown
     assert html.unescape(shown.removeprefix("<p>").removesuffix("</p>\n")) == hostile
@@ -1023,7 +1042,7 @@ def test_a_body_naming_more_files_than_a_request_may_hold_is_refused_before_it_i
         await send({"type": "http.response.start", "status": status, "headers": []})
         await send({"type": "http.response.body", "body": answer})
 
-    guard = serving.guards.RequestSizeLimit(fastapi_like, max_bytes=20_000_000, max_files=10)
+    guard = bragkit.serving.guards.RequestSizeLimit(fastapi_like, max_bytes=20_000_000, max_files=10)
 
     def body(files: int, question: str = "q") -> bytes:
         items = [{"path": f"/tmp/x{i}", "meta": {"_type": "gradio.FileData"}} for i in range(files)]

@@ -13,8 +13,8 @@ from conftest import ROOT, without
 
 import brag
 import calibrate
-import llms
 from brag import BRAG, Completion, Corpus
+from bragkit import llms, storage
 
 TRUTH = {
     "q": {"R1": 0.8, "R2": 0.65, "CB": 0.95},
@@ -234,11 +234,11 @@ def test_calibration_output_is_written_atomically(tmp_path):
         f"""
         import resource, signal, sys
         sys.path.insert(0, {str(ROOT)!r})
-        import brag
+        from bragkit import storage
         signal.signal(signal.SIGXFSZ, signal.SIG_IGN)
         resource.setrlimit(resource.RLIMIT_FSIZE, (10_000, 10_000))
         try:
-            brag.write_atomic({str(out)!r}, "x" * 50_000)
+            storage.write_atomic({str(out)!r}, "x" * 50_000)
         except OSError as err:
             print("failed:", err.strerror)
         """
@@ -247,17 +247,17 @@ def test_calibration_output_is_written_atomically(tmp_path):
     assert "failed: File too large" in result.stdout, result.stderr
     assert out.read_text() == '{"good": "previous"}'
     assert [p.name for p in tmp_path.iterdir()] == ["calibration.json"]  # no temporary file left
-    brag.write_atomic(out, "new")
+    storage.write_atomic(out, "new")
     assert out.read_text() == "new"
 
 
 def test_an_atomic_write_keeps_the_files_mode_and_is_readable_when_new(tmp_path):
     fresh, kept = tmp_path / "fresh.json", tmp_path / "kept.json"
-    brag.write_atomic(fresh, "{}")
+    storage.write_atomic(fresh, "{}")
     assert fresh.stat().st_mode & 0o777 == 0o644  # not the temporary file's private 0600
     kept.write_text("{}")
     kept.chmod(0o640)
-    brag.write_atomic(kept, "[]")
+    storage.write_atomic(kept, "[]")
     assert kept.stat().st_mode & 0o777 == 0o640 and kept.read_text() == "[]"
 
 

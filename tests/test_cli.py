@@ -1,4 +1,4 @@
-"""The command line (cli.py): ``python -m brag index``, the same as the ``brag`` command."""
+"""The command line (bragkit/cli.py): ``python -m brag index``, the same as the ``brag`` command."""
 
 from __future__ import annotations
 
@@ -47,7 +47,9 @@ def test_the_index_command_needs_only_brags_three_packages(tmp_path):
     docs = tmp_path / "docs.json"
     docs.write_text(json.dumps(["alpha rivers", "beta lakes", "gamma hills"]))
     # tqdm is absent on the minimal install (numpy, scipy, bm25s): importing it must fail here.
-    blocked = "import sys; sys.modules['tqdm'] = None; import cli; sys.exit(cli.main(sys.argv[1:]))"
+    blocked = (
+        "import sys; sys.modules['tqdm'] = None; from bragkit import cli; sys.exit(cli.main(sys.argv[1:]))"
+    )
     result = subprocess.run(
         [sys.executable, "-c", blocked, "index", str(docs), str(tmp_path / "out")],
         cwd=ROOT,

@@ -317,7 +317,7 @@ UNRELATED = [
 
 
 def embedders():
-    import embedders as module
+    from bragkit import embedders as module
 
     out = [pytest.param(HashingEmbedder, id="hashing")]
     for name in ("model2vec", "minilm"):

@@ -14,8 +14,8 @@ from conftest import ROOT
 from document_files import docx_bytes, docx_with_body, pdf_bytes, raw_pdf
 
 import brag
-import documents
-from documents import Cut, DocumentError, FileLimits, TooLarge, read_file, read_files
+from bragkit import documents
+from bragkit.documents import Cut, DocumentError, FileLimits, TooLarge, read_file, read_files
 
 WORDS = " ".join(f"w{i}" for i in range(400))  # 400 distinct words: overlaps are countable
 

@@ -172,7 +172,7 @@ def test_levels_make_a_sure_read_stop_and_a_doubtful_one_look_again():
 
 
 def test_a_replay_from_the_cache_gives_every_vote_the_evidence_and_level_the_live_run_gave(tmp_path):
-    import llms
+    from bragkit import llms
 
     path = tmp_path / "cache.sqlite"
     question = "Who designed the Glass Tower, and was it Lina Berg?"

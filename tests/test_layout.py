@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import ast
 import sys
+from collections.abc import Collection
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -15,12 +16,13 @@ MAX_FUNCTION_LINES = 60
 def project_modules() -> dict[str, Path]:
     """Every module of the product (not the tests or the benchmarks), by its dotted name."""
     found = {p.stem: p for p in ROOT.glob("*.py")}
-    for init in ROOT.glob("*/__init__.py"):
-        package = init.parent
-        if package.name in ("tests", "bench"):
+    for init in ROOT.rglob("__init__.py"):
+        package = init.parent.relative_to(ROOT)
+        if package.parts[0] in ("tests", "bench", "data", "build") or package.parts[0].startswith("."):
             continue
-        found[package.name] = init
-        found |= {f"{package.name}.{p.stem}": p for p in package.glob("*.py") if p.stem != "__init__"}
+        dotted = ".".join(package.parts)
+        found[dotted] = init
+        found |= {f"{dotted}.{p.stem}": p for p in init.parent.glob("*.py") if p.stem != "__init__"}
     return found
 
 
@@ -28,8 +30,12 @@ def _is_main_block(node: ast.AST) -> bool:
     return isinstance(node, ast.If) and "__main__" in ast.unparse(node.test)
 
 
-def imported_names(path: Path, module: str) -> set[str]:
-    """The dotted names a module imports, anywhere in it but its ``if __name__ == "__main__"``."""
+def imported_names(path: Path, module: str, modules: Collection[str] = ()) -> set[str]:
+    """The dotted names a module imports, anywhere in it but its ``if __name__ == "__main__"``.
+
+    ``from package import name`` imports the module ``package.name`` when it is one of
+    ``modules``, and the package itself only for the names that are not modules.
+    """
     tree = ast.parse(path.read_text(encoding="utf-8"))
     package = module if path.name == "__init__.py" else module.rpartition(".")[0]
     names: set[str] = set()
@@ -45,7 +51,10 @@ def imported_names(path: Path, module: str) -> set[str]:
             if node.level:
                 parts = package.split(".")[: len(package.split(".")) - node.level + 1]
                 base = ".".join([*parts, base] if base else parts)
-            names |= {base} | {f"{base}.{alias.name}" for alias in node.names}
+            inner = {f"{base}.{alias.name}" for alias in node.names}
+            names |= inner
+            if not inner <= set(modules):
+                names.add(base)
         stack.extend(ast.iter_child_nodes(node))
     return names
 
@@ -53,7 +62,7 @@ def imported_names(path: Path, module: str) -> set[str]:
 def import_graph() -> dict[str, set[str]]:
     modules = project_modules()
     return {
-        name: {n for n in imported_names(path, name) if n in modules and n != name}
+        name: {n for n in imported_names(path, name, modules) if n in modules and n != name}
         for name, path in modules.items()
     }
 
@@ -69,7 +78,7 @@ def test_brag_imports_only_the_standard_library_and_its_three_packages():
 
 def test_no_module_imports_itself_back_through_others():
     graph = import_graph()
-    assert "cli" in graph and "brag" in graph["cli"]  # the graph sees real imports
+    assert "bragkit.cli" in graph and "brag" in graph["bragkit.cli"]  # the graph sees real imports
     state: dict[str, str] = {}
 
     def visit(node: str, path: list[str]) -> None:
@@ -120,7 +129,7 @@ def test_pip_install_gives_the_modules_the_data_and_a_brag_command(tmp_path):
     shutil.rmtree(source)  # what runs below comes from the install alone
     env = {"PATH": "/usr/bin:/bin", "PYTHONPATH": str(site), "HOME": str(tmp_path)}
     probe = (
-        "import json, brag, llms, serving.policy, calibrate; "
+        "import json, brag, calibrate, bragkit.serving.policy; from bragkit import llms; "
         "print(json.dumps([brag.__file__, llms.__file__, brag.PRIOR_CALIBRATION_PATH.is_file(), "
         "sorted(brag.shipped_calibrations()), (brag.Path(llms.__file__).parent / 'worker.py').is_file()]))"
     )
@@ -128,7 +137,7 @@ def test_pip_install_gives_the_modules_the_data_and_a_brag_command(tmp_path):
         [sys.executable, "-c", probe], cwd=tmp_path, env=env, capture_output=True, text=True, check=True
     )
     brag_file, llms_file, has_prior, shipped, has_worker = json.loads(found.stdout)
-    assert Path(brag_file).parent == site and Path(llms_file).parent == site / "llms"
+    assert Path(brag_file).parent == site and Path(llms_file).parent == site / "bragkit" / "llms"
     assert has_prior and has_worker
     assert (
         "prior" in shipped and len(shipped) == len(list((ROOT / "data" / "calibrations").glob("*.json"))) + 1
@@ -142,24 +151,16 @@ def test_pip_install_gives_the_modules_the_data_and_a_brag_command(tmp_path):
     assert (tmp_path / "out" / "brag_corpus.json").is_file()
 
 
-def drawn_order(readme: str) -> list[str]:
-    """The modules the layout drawing (docs/layout.md) names, top to bottom, as dotted names."""
+def drawn_order(guide: str) -> list[str]:
+    """The modules the layout drawing (docs/layout.md) names, top to bottom, as dotted names.
+
+    Each line starts with a file's path; a package is its ``__init__.py``.
+    """
     import re
 
-    tree = readme.split("```", 2)[1]  # the first code block is the drawing
-    order: list[str] = []
-    package = ""
-    for line in tree.splitlines():
-        if top := re.match(r"^(\w+)(\.py|/)\s", line):
-            name, package = top.group(1), top.group(1) if top.group(2) == "/" else ""
-            order.append(name)
-        elif package and (inner := re.match(r"^[├└]── (\w+)\.py\s", line)):
-            if inner.group(1) == "__init__":  # the package counts from its __init__
-                order.remove(package)
-                order.append(package)
-            else:
-                order.append(f"{package}.{inner.group(1)}")
-    return order
+    drawing = guide.split("```", 2)[1]  # the first code block is the drawing
+    paths = [m.group(1) for line in drawing.splitlines() if (m := re.match(r"^([\w/]+)\.py\s", line))]
+    return [path.removesuffix("/__init__").replace("/", ".") for path in paths]
 
 
 def test_the_layout_guide_draws_every_module_each_below_what_it_imports():
@@ -184,7 +185,7 @@ token_logprobs weights_file
 
 
 def test_import_llms_still_gives_every_name_it_gave_as_one_file():
-    import llms
+    from bragkit import llms
 
     assert [name for name in LLMS_NAMES if not hasattr(llms, name)] == []
     assert set(LLMS_NAMES) <= set(llms.__all__)

@@ -14,9 +14,9 @@ from conftest import PRIORS, without
 from openai_server import FakeOpenAI, Reply
 
 import brag
-import llms
 from brag import BRAG, Completion, Corpus
-from llms import (
+from bragkit import llms
+from bragkit.llms import (
     CachedLLM,
     CacheMiss,
     EndpointUnreachable,

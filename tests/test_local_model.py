@@ -20,9 +20,9 @@ import pytest
 from conftest import ROOT
 
 import brag
-import llms
 from brag import BRAG, Corpus
-from llms import LocalModel, LocalModelCrashed, LocalWeights, ModelNotFound, WeightPart, make_llm
+from bragkit import llms
+from bragkit.llms import LocalModel, LocalModelCrashed, LocalWeights, ModelNotFound, WeightPart, make_llm
 
 # ------------------------------------------------------------------- joining the weights (no model)
 
@@ -100,7 +100,7 @@ JOIN = textwrap.dedent(
     """
     import json, resource, signal, sys
     sys.path[:0] = [{root!r}, {site!r}, {tests!r}]
-    import llms
+    from bragkit import llms
     from test_local_model import fake_weights_spec
     weights = fake_weights_spec({site!r})
     if {limit}:

@@ -11,8 +11,8 @@ import pytest
 from conftest import PRIORS, ROOT, ScriptedLLM
 
 import brag
-import embedders
-import milvus_corpus as mc
+from bragkit import embedders
+from bragkit import milvus as mc
 
 pytest.importorskip("pymilvus")
 

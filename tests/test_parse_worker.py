@@ -15,10 +15,10 @@ import pytest
 from conftest import ROOT
 from document_files import docx_bytes, pdf_bytes, raw_pdf
 
-import documents
-import parse_worker
-from documents import DocumentError, FileLimits, TooLarge
-from parse_worker import Caps, FileReaders, ReadingAbandoned
+from bragkit import documents
+from bragkit.documents import DocumentError, FileLimits, TooLarge
+from bragkit.serving import parse_worker
+from bragkit.serving.parse_worker import Caps, FileReaders, ReadingAbandoned
 
 FILES = [
     ("report.pdf", pdf_bytes(["The fjord is long.", "Lina Berg was born in Bergen."])),
@@ -172,7 +172,7 @@ def test_the_worker_reads_a_passage_file_without_brag_or_numpy():
     # the server then makes them passages.
     code = (
         "import sys; sys.modules.update(brag=None, numpy=None, scipy=None, bm25s=None)\n"
-        "import documents, json\n"
+        "import json\nfrom bragkit import documents\n"
         "data = json.dumps(['one', {'title': 'T', 'text': 'two'}]).encode()\n"
         "content = documents.file_content('p.json', data)\n"
         "print(json.dumps([content.rows, content.items]))\n"

@@ -14,7 +14,7 @@ from app_server import AppProcess
 from conftest import ROOT
 from openai_server import FakeOpenAI
 
-import llms
+from bragkit import llms
 
 README = (ROOT / "README.md").read_text(encoding="utf-8")
 
@@ -69,7 +69,7 @@ def test_the_programmatic_example_runs_as_written(tmp_path):
 
 @needs_qwen
 def test_the_backends_example_runs_as_written(tmp_path):
-    (snippet,) = [b for b in blocks("python") if "from llms import make_llm, CachedLLM" in b]
+    (snippet,) = [b for b in blocks("python") if "from bragkit.llms import make_llm, CachedLLM" in b]
     # After each line that makes a backend, what it made (nothing is contacted until used).
     show = "print(type(llm).__name__, getattr(llm, 'model', None), getattr(llm, 'base_url', None))"
     traced = "\n".join(

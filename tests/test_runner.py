@@ -245,7 +245,7 @@ def test_a_perfect_reader_answers_at_least_80_percent_with_the_prior_it_gets(sha
     from perfect_reader import PerfectReader, calls_it_needs
 
     import calibrate
-    from llms import make_llm
+    from bragkit.llms import make_llm
 
     items = calibrate.read_labelled(shared_data / "hotpotqa" / "hotpotqa_ircot500.json")[300:360]
     corpus = Corpus((shared_data / "hotpotqa" / "hotpotqa_ircot500_corpus.json").read_text())
@@ -423,7 +423,7 @@ def test_a_controller_is_frozen_so_its_costs_always_match_its_settings():
 
 def test_a_backend_without_a_name_goes_by_its_class_name_everywhere(tmp_path):
     import calibrate
-    import llms
+    from bragkit import llms
 
     llm = ScriptedLLM(read=two_hop_reader, closed_book=lambda p, n: ["Oslo"] * n)
     assert brag.llm_name(llm) == "ScriptedLLM" and not hasattr(llm, "name")

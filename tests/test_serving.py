@@ -10,8 +10,8 @@ from pathlib import Path
 import gradio as gr
 import pytest
 
-import serving.policy
-import serving.server
+import bragkit.serving.policy
+import bragkit.serving.server
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -19,7 +19,7 @@ ROOT = Path(__file__).resolve().parent.parent
 def test_the_request_policy_imports_and_refuses_without_gradio():
     blocked = (
         "import sys; sys.modules['gradio'] = None\n"
-        "import serving.policy as policy\n"
+        "import bragkit.serving.policy as policy\n"
         "try:\n"
         "    policy.check_question('  ', policy.Limits())\n"
         "except policy.RequestRefused as err:\n"
@@ -32,17 +32,19 @@ def test_the_request_policy_imports_and_refuses_without_gradio():
 
 
 def test_a_refusal_reaches_the_page_as_a_gradio_error(tmp_path):
-    server = serving.server.Server(serving.server.Settings(cache_dir=tmp_path))
+    server = bragkit.serving.server.Server(bragkit.serving.server.Settings(cache_dir=tmp_path))
     with pytest.raises(gr.Error, match="The question is empty") as refused:
         list(server.run_brag("", "Demo", "", 0.05, "local", "", "", ""))
-    assert not isinstance(refused.value, serving.policy.RequestRefused)
+    assert not isinstance(refused.value, bragkit.serving.policy.RequestRefused)
     with pytest.raises(gr.Error, match="λ must lie between 0 and 10"):
         list(server.run_brag("Where?", "Demo", "", 99, "local", "", "", ""))
 
 
 def test_a_refusal_leaves_the_server_escaped_and_without_its_secrets(tmp_path):
-    secrets = serving.policy.Secrets(["sk-owner-secret-1234"])
-    server = serving.server.Server(serving.server.Settings(cache_dir=tmp_path, secrets=secrets))
+    secrets = bragkit.serving.policy.Secrets(["sk-owner-secret-1234"])
+    server = bragkit.serving.server.Server(
+        bragkit.serving.server.Settings(cache_dir=tmp_path, secrets=secrets)
+    )
     calibration = '{"version": "<b>sk-owner-secret-1234</b>"}'
     with pytest.raises(gr.Error) as refused:
         list(server.run_brag("Where?", "Demo", "", 0.05, "local", "", "", calibration))
@@ -52,52 +54,60 @@ def test_a_refusal_leaves_the_server_escaped_and_without_its_secrets(tmp_path):
 
 def test_an_ask_request_is_built_by_keyword():
     with pytest.raises(TypeError):
-        serving.server.AskRequest("Where?", "Demo")  # type: ignore[misc]
-    ask = serving.server.AskRequest(question="Where?", corpus="Demo")
+        bragkit.serving.server.AskRequest("Where?", "Demo")  # type: ignore[misc]
+    ask = bragkit.serving.server.AskRequest(question="Where?", corpus="Demo")
     assert (ask.question, ask.corpus, ask.files) == ("Where?", "Demo", None)
 
 
 # ------------------------------------------------------------- issue 41: the public app, fourth round
 
-import asyncio  # noqa: E402
-import json  # noqa: E402
-from types import SimpleNamespace  # noqa: E402
+import asyncio
+import json
+from types import SimpleNamespace
 
-import orjson  # noqa: E402
-from app_server import call_asgi  # noqa: E402
+import orjson
+from app_server import call_asgi
 
-import serving.guards  # noqa: E402
-import uploads  # noqa: E402
+import bragkit.serving.guards
+from bragkit.serving import uploads
 
 EXPANDS = "\ufdfa"  # NFKC: 18 characters
 
 
 def test_pasted_text_and_questions_are_counted_in_the_form_brag_reads():
-    limits = serving.policy.Limits(documents_bytes=100_000, question_chars=100)
+    limits = bragkit.serving.policy.Limits(documents_bytes=100_000, question_chars=100)
     # Within the byte limit as written (3 bytes each), 18 times over it once normalised.
-    with pytest.raises(serving.policy.RequestRefused, match=r"once normalised .*BRAG_MAX_DOCUMENTS_BYTES"):
-        serving.policy.check_documents(EXPANDS * 20_000, limits)
-    with pytest.raises(serving.policy.RequestRefused, match="once normalised"):  # escaped in JSON, too
-        serving.policy.check_documents(json.dumps([{"title": "t", "text": EXPANDS * 6_000}]), limits)
-    assert len(serving.policy.check_documents("plain words\n" * 8_000, limits)) == 8_000
-    assert serving.policy.check_documents(
+    with pytest.raises(
+        bragkit.serving.policy.RequestRefused, match=r"once normalised .*BRAG_MAX_DOCUMENTS_BYTES"
+    ):
+        bragkit.serving.policy.check_documents(EXPANDS * 20_000, limits)
+    with pytest.raises(
+        bragkit.serving.policy.RequestRefused, match="once normalised"
+    ):  # escaped in JSON, too
+        bragkit.serving.policy.check_documents(json.dumps([{"title": "t", "text": EXPANDS * 6_000}]), limits)
+    assert len(bragkit.serving.policy.check_documents("plain words\n" * 8_000, limits)) == 8_000
+    assert bragkit.serving.policy.check_documents(
         "ﬁle ＡＢＣ １２３ カタカナ" * 100, limits
     )  # NFKC-changed, not grown
-    with pytest.raises(serving.policy.RequestRefused, match="BRAG_MAX_QUESTION_CHARS"):
-        serving.policy.check_question(EXPANDS * 10, limits)
-    assert serving.policy.check_question("Where?" * 10, limits)
+    with pytest.raises(bragkit.serving.policy.RequestRefused, match="BRAG_MAX_QUESTION_CHARS"):
+        bragkit.serving.policy.check_question(EXPANDS * 10, limits)
+    assert bragkit.serving.policy.check_question("Where?" * 10, limits)
 
 
 def test_calibration_questions_and_their_gold_are_bounded_like_a_question():
-    limits = serving.policy.Limits(question_chars=100, labelled_min=2)
+    limits = bragkit.serving.policy.Limits(question_chars=100, labelled_min=2)
     good = [{"question": "Where?", "gold": ["Bergen"]}] * 2
-    assert len(serving.policy.read_labelled(json.dumps(good), limits)) == 2
+    assert len(bragkit.serving.policy.read_labelled(json.dumps(good), limits)) == 2
     long_question = [*good, {"question": "x" * 101, "gold": ["a"]}]
-    with pytest.raises(serving.policy.RequestRefused, match=r"Question 3: 101 characters.*QUESTION_CHARS"):
-        serving.policy.read_labelled(json.dumps(long_question), limits)
+    with pytest.raises(
+        bragkit.serving.policy.RequestRefused, match=r"Question 3: 101 characters.*QUESTION_CHARS"
+    ):
+        bragkit.serving.policy.read_labelled(json.dumps(long_question), limits)
     long_gold = [*good, {"question": "Where?", "gold": ["y" * 5_000]}]
-    with pytest.raises(serving.policy.RequestRefused, match="Question 3: a gold answer of 5,000 characters"):
-        serving.policy.read_labelled(json.dumps(long_gold), limits)
+    with pytest.raises(
+        bragkit.serving.policy.RequestRefused, match="Question 3: a gold answer of 5,000 characters"
+    ):
+        bragkit.serving.policy.read_labelled(json.dumps(long_gold), limits)
 
 
 def test_a_report_is_json_that_any_encoder_takes():
@@ -105,15 +115,15 @@ def test_a_report_is_json_that_any_encoder_takes():
     for _ in range(300):
         nested = [nested]
     hostile = {"name": 2**64, "usage": 2**70, "date": nested, "p": float("nan"), 5: {"x": 10**5000}}
-    safe = serving.policy.json_safe(hostile)
+    safe = bragkit.serving.policy.json_safe(hostile)
     assert json.loads(orjson.dumps(safe)) == json.loads(json.dumps(safe))  # orjson takes it whole
     assert safe["name"] == "(an integer of 65 bits)" and safe["p"] is None and "5" in safe
     depth, value = 0, safe["date"]
     while isinstance(value, list):
         depth, value = depth + 1, value[0]
-    assert depth < serving.policy.MAX_JSON_DEPTH and value == "(nested too deeply)"
+    assert depth < bragkit.serving.policy.MAX_JSON_DEPTH and value == "(nested too deeply)"
     plain = {"answer": "Bergen", "steps": [{"p": 0.5, "calls": 3}], "ok": True, "none": None}
-    assert serving.policy.json_safe(plain) == plain
+    assert bragkit.serving.policy.json_safe(plain) == plain
 
 
 def caller(address: str, session: str):
@@ -121,9 +131,9 @@ def caller(address: str, session: str):
 
 
 def test_an_endpoint_with_slots_of_its_own_gives_each_address_its_share():
-    limits = serving.policy.CallerLimits(per_session=5, per_address=5, shares={"calibrate": 1})
+    limits = bragkit.serving.policy.CallerLimits(per_session=5, per_address=5, shares={"calibrate": 1})
     with limits.slot(caller("198.51.100.1", "a"), "calibrate"):
-        with pytest.raises(serving.policy.RequestRefused, match="1 /calibrate request"):
+        with pytest.raises(bragkit.serving.policy.RequestRefused, match="1 /calibrate request"):
             with limits.slot(caller("198.51.100.1", "b"), "calibrate"):
                 pass
         with limits.slot(caller("198.51.100.1", "c")):  # /brag: the address's other slots
@@ -149,7 +159,7 @@ def asgi_echo(seen: list):
 def test_only_brag_and_calibrate_take_a_body_past_the_helpers_bound():
     seen: list[bytes] = []
     large = lambda fn_index, name: fn_index == 7 or name in ("brag", "calibrate")  # noqa: E731
-    guard = serving.guards.RequestSizeLimit(
+    guard = bragkit.serving.guards.RequestSizeLimit(
         asgi_echo(seen), max_bytes=100_000, max_files=10, helper_bytes=1_000, large=large
     )
     big = {"data": ["x" * 5_000], "session_hash": "s"}
@@ -183,7 +193,7 @@ def queue_of(*addresses: str, running: tuple[str, ...] = ()):
 def test_one_address_holds_at_most_its_share_of_the_queue():
     seen: list[bytes] = []
     blocks = queue_of("192.0.2.9", "192.0.2.9", "198.51.100.1", running=("192.0.2.9",))
-    share = serving.guards.EventShare(asgi_echo(seen), blocks, uploads.Proxies(), limit=3)
+    share = bragkit.serving.guards.EventShare(asgi_echo(seen), blocks, uploads.Proxies(), limit=3)
     status, answer = call_asgi(
         share, "/gradio_api/queue/join", b"{}"
     )  # three already: two waiting, one running
@@ -197,8 +207,8 @@ def test_one_address_holds_at_most_its_share_of_the_queue():
 
 def test_a_cancel_is_recorded_as_it_arrives_and_no_deep_link_is_made():
     seen: list[bytes] = []
-    cancels = serving.server.Cancels(size=2)
-    routes = serving.guards.PublicRoutes(asgi_echo(seen), queue_size=64, cancelled=cancels.add)
+    cancels = bragkit.serving.server.Cancels(size=2)
+    routes = bragkit.serving.guards.PublicRoutes(asgi_echo(seen), queue_size=64, cancelled=cancels.add)
     body = json.dumps({"session_hash": "s", "fn_index": 3, "event_id": "e1"}).encode()
     assert call_asgi(routes, "/gradio_api/cancel", body) == (200, b"ok")
     assert "e1" in cancels and seen == [body]  # recorded, and Gradio still gets the cancel
@@ -212,7 +222,7 @@ def test_a_cancel_is_recorded_as_it_arrives_and_no_deep_link_is_made():
 def test_a_session_keeps_none_of_an_events_values():
     from gradio.state_holder import SessionState
 
-    with serving.guards.Blocks() as demo:
+    with bragkit.serving.guards.Blocks() as demo:
         documents, answer = gr.Textbox(), gr.Textbox()
         documents.submit(lambda text: text[:5], documents, answer)
     state = SessionState(demo)
@@ -224,13 +234,13 @@ def test_a_session_keeps_none_of_an_events_values():
 
 def test_what_the_page_and_the_guards_derive_from_their_source(tmp_path):
     import app as brag_app
-    import serving.presentation
+    import bragkit.serving.presentation
 
-    demo = brag_app.build(serving.server.Settings(cache_dir=tmp_path))
-    optional = {fn.name: serving.guards.optional_inputs(fn) for fn in demo.fns.values()}
+    demo = brag_app.build(bragkit.serving.server.Settings(cache_dir=tmp_path))
+    optional = {fn.name: bragkit.serving.guards.optional_inputs(fn) for fn in demo.fns.values()}
     assert optional["run_brag"] == 4 and optional["run_calibrate"] == 1  # cost, prices, files; files
-    widths = serving.presentation.step_column_widths()
-    assert len(widths) == len(serving.presentation.STEP_COLUMNS)
+    widths = bragkit.serving.presentation.step_column_widths()
+    assert len(widths) == len(bragkit.serving.presentation.STEP_COLUMNS)
     assert abs(sum(float(w.rstrip("%")) for w in widths) - 100) < 0.5
     assert ".jsonl" in brag_app._file_input().label and all(
         s in brag_app._file_input().label for s in brag_app.doc_files.SUFFIXES
@@ -240,36 +250,36 @@ def test_what_the_page_and_the_guards_derive_from_their_source(tmp_path):
 def test_the_pool_reads_a_model_string_as_make_llm_does_and_refuses_what_it_does_not_know(
     tmp_path, monkeypatch
 ):
-    import llms
+    from bragkit import llms
 
-    pool = serving.server.Server(serving.server.Settings(cache_dir=tmp_path)).llms
+    pool = bragkit.serving.server.Server(bragkit.serving.server.Settings(cache_dir=tmp_path)).llms
     for text in ("not a model", "ftp://host/v1", "org/name/extra"):
         with pytest.raises(ValueError) as made:
             llms.make_llm(text)
-        with pytest.raises(serving.policy.RequestRefused) as refused:
+        with pytest.raises(bragkit.serving.policy.RequestRefused) as refused:
             pool.get(text, "", "")
         assert str(refused.value) == str(made.value)  # one parser, one message
     # A kind the parser learns later is refused here until the pool knows whose keys it may use.
     built = []
     monkeypatch.setattr(llms, "parse_model", lambda text: llms.ModelSpec(text, "future"))
     monkeypatch.setattr(llms, "make_llm", lambda *a, **k: built.append(a))
-    with pytest.raises(serving.policy.RequestRefused, match="future models are not offered"):
+    with pytest.raises(bragkit.serving.policy.RequestRefused, match="future models are not offered"):
         pool.get("future:thing", "", "")
     assert built == []
 
 
 def test_only_brags_own_errors_and_the_backends_reach_a_caller_with_their_text():
     import brag
-    import llms
+    from bragkit import llms
 
     for err, shown in (
         (brag.InputError("question is empty"), "question is empty"),
         (brag.CalibrationError("calibration: eta must be a number"), "calibration: eta must be a number"),
         (llms.RateLimited("rate limited by x (HTTP 429)"), "rate limited by x (HTTP 429)"),
     ):
-        assert str(serving.server._failure(err)) == shown
+        assert str(bragkit.serving.server._failure(err)) == shown
     for bug in (ValueError("/srv/app/secret.json: bad"), json.JSONDecodeError("Expecting", "/etc/x", 0)):
-        message = str(serving.server._failure(bug))
+        message = str(bragkit.serving.server._failure(bug))
         assert message.startswith("Internal error (") and "/srv" not in message and "/etc" not in message
     report = {"totals": {"llm_calls": 1}, "answer": ""}
     for cause, shown in (
@@ -279,5 +289,5 @@ def test_only_brags_own_errors_and_the_backends_reach_a_caller_with_their_text()
         try:
             raise brag.RunAborted(f"R1 failed: {cause}", report, "R1") from cause
         except brag.RunAborted as aborted:
-            message = str(serving.server._failure(aborted))
+            message = str(bragkit.serving.server._failure(aborted))
         assert message.startswith("R1 failed") and shown in message and ("/tmp/k" not in message)

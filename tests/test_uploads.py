@@ -1,4 +1,4 @@
-"""The upload store's ledger, the routes that use it, and the files input check (uploads.py)."""
+"""The upload store's ledger, its routes, and the files input check (bragkit/serving/uploads.py)."""
 
 from __future__ import annotations
 
@@ -8,8 +8,8 @@ from pathlib import Path
 import pytest
 from app_server import call_asgi
 
-import uploads
-from uploads import Proxies, UploadLedger, UploadRoutes, check_file_data, disk_charge
+from bragkit.serving import uploads
+from bragkit.serving.uploads import Proxies, UploadLedger, UploadRoutes, check_file_data, disk_charge
 
 MB = 1_000_000
 

@@ -25,8 +25,8 @@ import gradio as gr
 
 import brag
 import calibrate
-import llms
-import uploads
+from bragkit import llms
+from bragkit.serving import uploads
 
 from .corpora import YOUR_DOCUMENTS, CorpusStore, MilvusSettings, own_index
 from .policy import (

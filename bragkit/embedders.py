@@ -15,7 +15,8 @@ from pathlib import Path
 
 import numpy as np
 
-from brag import Embedder, HashingEmbedder, InputError, package_dir, unit_rows
+from brag import Embedder, HashingEmbedder, InputError, unit_rows
+from bragkit.storage import package_dir
 
 PACKAGES = {
     "model2vec": ("static_model", "model2vec"),

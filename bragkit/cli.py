@@ -18,8 +18,8 @@ from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
-import documents  # the standard library alone at import; its PDF and HTML readers load when used
 from brag import BM25_VARIANTS, Corpus, InputError, Passage, parse_json, parse_passages, read_json
+from bragkit import documents  # the standard library alone at import; its PDF and HTML readers load when used
 
 
 def _read_collection(path: Path) -> list[Any]:
@@ -43,7 +43,7 @@ def _read_collection(path: Path) -> list[Any]:
 
 
 def _read_documents(paths: Sequence[Path]) -> list[Any]:
-    """Passages from document files and folders (``documents.py``), each file reported as it goes.
+    """Passages from document files and folders (``bragkit/documents.py``), each file reported as it goes.
 
     A file that cannot be read is reported with the reason and skipped; the rest are indexed.
     """
@@ -101,13 +101,13 @@ def _read_inputs(docs: Sequence[Path]) -> list[Any]:
 
 def _index_into_milvus(args: argparse.Namespace) -> int:
     """``index ... --milvus URI``: the same passages and ingestion dedup, into a collection."""
-    import milvus_corpus  # an optional engine beside this module: pymilvus
+    from bragkit import milvus as milvus_corpus  # an optional engine beside this module: pymilvus
 
     try:
         passages = _read_inputs(args.paths)
         embedder = None
         if args.dense:
-            import embedders
+            from bragkit import embedders
 
             embedder = embedders.make_embedder(args.dense)
         client = milvus_corpus.connect(args.milvus, args.token)

@@ -32,7 +32,7 @@ work it guards (each is a :class:`FileLimits` field):
     .json .jsonl   a nesting too deep for the parser is an error, not a crash
 
 The app also reads every uploaded file in a worker process whose memory and CPU time are
-capped (``parse_worker.py``), so a bound that does not hold still cannot hurt the server.
+capped (``bragkit/serving/parse_worker.py``), so a bound that does not hold still cannot hurt the server.
 
     DocumentError (ValueError)      a file that cannot be read: its name and why
     └── TooLarge                    a file, or all of them, past a limit

@@ -20,7 +20,7 @@ from typing import Any
 
 import gradio as gr
 
-import uploads
+from bragkit.serving import uploads
 
 from .policy import Limits, Secrets, env_number
 

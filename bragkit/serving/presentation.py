@@ -15,7 +15,7 @@ import gradio as gr
 import pandas as pd
 
 import brag
-import llms
+from bragkit import llms
 
 # What the progress line says while an action runs, e.g. "R1: reading the top passages".
 ACTION_TEXT = {a.label: f"{a.label}: {a.does}" for a in brag.ACTION_TABLE}

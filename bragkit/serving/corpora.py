@@ -18,12 +18,13 @@ from pathlib import Path
 from typing import Any
 
 import brag
-import parse_worker
+from bragkit import storage
+from bragkit.serving import parse_worker
 
 from .policy import Limits, check_documents, documents_from_files, refused, too_big
 
 log = logging.getLogger("brag.app")
-HERE = Path(__file__).resolve().parent.parent  # the checkout (or site-packages): data/ is there
+HERE = storage.CHECKOUT  # the checkout (or site-packages): data/ is there
 
 
 DEMO = "Demo"
@@ -56,7 +57,7 @@ def corpus_file(name: str) -> Path:
     if name == DEMO:
         return DEMO_CORPUS_PATH
     folder, local_names, hub_name = CORPORA[name]
-    root = brag.data_dir()
+    root = storage.data_dir()
     if root is not None:
         for candidate in (root / folder / f for f in local_names):
             if candidate.is_file():
@@ -97,7 +98,7 @@ class MilvusSettings:
 
 def open_milvus(settings: MilvusSettings, collection: str) -> Any:
     """A Milvus collection as the corpus (``milvus_corpus.py``); a clear error when it cannot be."""
-    import milvus_corpus
+    from bragkit import milvus as milvus_corpus
 
     try:
         return milvus_corpus.open_corpus(settings.uri, collection, settings.token)

@@ -447,7 +447,7 @@ def open_corpus(uri: str, collection: str, token: str = "") -> MilvusCorpus:
     """A collection as BRAG's corpus, with the embedder its dense vectors came from, if any."""
     corpus = MilvusCorpus(uri, collection, token=token)
     if corpus.embedder_name is not None:  # the collection named it: no mismatch to check
-        import embedders
+        from bragkit import embedders
 
         corpus.embedder = embedders.embedder_named(corpus.embedder_name)
     return corpus

