@@ -159,7 +159,7 @@ class InputError(ValueError):
         └── InputError            a question, passages, a corpus, JSON, a setting
             └── CalibrationError  a calibration, by the field that is wrong
 
-    The app shows these messages (and the backends' ``llms.LLMError``) to the caller; any other
+    The app shows these messages (and the backends' ``bragkit.llms.LLMError``) to the caller; any other
     exception is a fault of its own, whose text stays in the server's log.
     """
 
