@@ -4263,7 +4263,10 @@ class _Run:
 
     def after_read(self, seen: dict[str, Any], passage_ids: list[int]) -> None:
         """Remember what was read and find the next hop's window with the new follow-up query."""
-        self.read_ids += [i for i in passage_ids if i not in self.read_ids]  # a focused read adds none
+        added = [i for i in passage_ids if i not in self.read_ids]
+        self.read_ids += added
+        if not added and self.next_hop is not None:
+            return  # a read of passages already read (a focused one) leaves the next hop as it was
         self.follow_up = seen["follow_up_query"]
         # Only passages not read yet, and none that repeats one read: a hop must bring new
         # evidence. Its window is known now, so the gate can judge it before R2 is scored.

@@ -1260,6 +1260,13 @@ def _checked(items: Sequence[Labelled], actions: Sequence[str] | None) -> tuple[
     if not chosen or isinstance(actions, str) or not set(chosen) <= set(brag.ACTIONS):
         table = ", ".join(brag.ACTIONS)
         raise brag.InputError(f"actions must be labels of the table ({table}), got {actions!r}")
+    ordered = [a for a in brag.ACTION_TABLE if a.label in chosen]  # the order calibration runs them in
+    for i, action in enumerate(ordered):
+        if action.kind.needs_new and not any(isinstance(a.kind, brag.Read) for a in ordered[:i]):
+            raise brag.InputError(
+                f"actions: {action.label} reads what a read before it found, so it needs a read "
+                "action before it in the table (R1)"
+            )
     if len(items) < MIN_QUESTIONS:
         raise brag.InputError(f"calibration needs at least {MIN_QUESTIONS} questions, got {len(items)}")
     if len({i.id for i in items}) != len(items):
@@ -1370,6 +1377,12 @@ def pool(
                 )
         if not all(o.labelled for o in outcomes):
             raise brag.InputError(f"pool: {calibration.get('name')} has questions without gold answers")
+        mine, theirs = (sorted(c.get("actions") or {}) for c in (calibration, first))
+        if mine != theirs:
+            raise brag.InputError(
+                f"pool: {calibration.get('name')} fitted the actions {', '.join(mine)}, {first.get('name')} "
+                f"{', '.join(theirs)}; pool fits of the same actions"
+            )
     m, hops = int(first["m"]), int(first["hops"])
     together = without_gate([o for _, outcomes in sets for o in outcomes])
     fitted = fit(together, m, hops)

@@ -680,3 +680,18 @@ def test_an_outcome_saved_before_actions_were_kinds_reads_as_its_first_actions()
     assert outcome.evidence == {"R1": evidence} and outcome.answers == old["answers"]
     again = calibrate.Outcome.from_dict(json.loads(json.dumps(dataclasses.asdict(outcome))))
     assert again == outcome  # what observe saves now reads back the same
+
+
+def test_a_hop_without_a_read_before_it_and_pools_of_other_actions_are_refused(tmp_path):
+    with pytest.raises(brag.InputError, match="R2 reads what a read before it found"):
+        calibrate.calibrate(labelled(30), CORPUS, SimulatedLLM(TRUTH), k=2, actions=["R2", "CB"])
+    truth = {**TRUTH, "q": {**TRUTH["q"], "RT": 0.9}, "rho": {**TRUTH["rho"], "RT": 0.75}}
+    outcomes = calibrate.observe(
+        labelled(30), CORPUS, BRAG(SimulatedLLM(truth), lam=0.0, k=2, extra_actions=("RT",))
+    )
+    with_rt = {**calibrate.fit(outcomes, 5, 2), "name": "a", "model": "m", "k": 2, "m": 5, "hops": 2}
+    without_rt = calibrate.fit([dataclasses.replace(o, answers={**o.answers}) for o in outcomes], 5, 2)
+    without_rt["actions"].pop("RT")
+    without_rt = {**without_rt, "name": "b", "model": "m", "k": 2, "m": 5, "hops": 2}
+    with pytest.raises(brag.InputError, match="pool: b fitted the actions CB, R1, R2, a CB, R1, R2, RT"):
+        calibrate.pool([(with_rt, outcomes), (without_rt, outcomes)])

@@ -628,3 +628,15 @@ def test_a_corpus_analyses_each_passage_once(monkeypatch):
     passages = [f"passage number {i} of the corpus, about Bergen" for i in range(50)]
     Corpus(passages)
     assert set(seen) == set(passages) and set(seen.values()) == {1}
+
+
+def test_a_focused_read_after_r1_leaves_the_next_hop_where_r1_put_it():
+    def reader(prompt: str) -> str:
+        one_passage = "[2] " not in last_block(prompt)
+        return "Answer: Bergen\nFollow-up query: " + ("Oslo capital" if one_passage else "Glass Tower Oslo")
+
+    controller = BRAG(ScriptedLLM(read=reader), calibration=PRIORS, lam=0.0, k=2, extra_actions=("RT",))
+    _, report = controller.run("Where was Lina Berg born?", three_passages(), actions=["R1", "RT", "R2"])
+    seen = {s["action"]: s["observation"] for s in report["steps"] if s["action"]}
+    assert seen["RT"]["follow_up_query"] == "Oslo capital"  # its own, as it read one passage
+    assert seen["R2"]["query"] == seen["R1"]["follow_up_query"] == "Glass Tower Oslo"
