@@ -421,10 +421,22 @@ def fake_report(finished: bool = True) -> dict:
     }
 
 
+def test_the_steps_table_has_a_column_for_each_action_the_run_offered():
+    report = fake_report()
+    report["config"] = {**report["config"], "actions": {"offered": ["R1", "R2", "CB", "RT"]}}
+    report["steps"][0]["scores"] = {**report["steps"][0]["scores"], "RT": 0.5}
+    frame = bragkit.serving.presentation.steps_frame(report)
+    assert [c for c in frame.columns if c in brag.ACTIONS] == ["R1", "R2", "CB", "RT"]
+    assert frame.iloc[0]["RT"] == "0.500 ✓" and frame.iloc[1]["RT"] == "—"
+    widths = bragkit.serving.presentation.step_column_widths(list(frame.columns))
+    assert len(widths) == len(frame.columns)
+
+
 def test_the_steps_table_shows_why_each_action_was_chosen():
 
     frame = bragkit.serving.presentation.steps_frame(fake_report())
     assert list(frame.columns) == bragkit.serving.presentation.STEP_COLUMNS
+    assert "RT" not in frame.columns  # an action no calibration offered gets no column
     first, last = frame.iloc[0], frame.iloc[1]
     assert (first["R1"], first["R2"], first["CB"]) == ("0.900 ✓", "—", "0.020")  # λ = 0.05
     assert first["What it read"] == "The Glass Tower in Oslo…" and first["Answer"] == "Bergen"

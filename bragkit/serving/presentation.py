@@ -8,7 +8,7 @@ from __future__ import annotations
 import html
 import json
 import re
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from typing import Any
 
 import gradio as gr
@@ -102,16 +102,14 @@ def posterior_svg(report: dict[str, Any], width: int = 560, height: int = 230) -
     return f'<div id="posterior-chart">{"".join(parts)}<div style="font-size:12px">{legend}</div></div>'
 
 
-STEP_COLUMNS = [
-    "Step",
-    "P(error)",
-    *brag.ACTIONS,  # each action's expected gain per unit cost at that step
-    "Action",
-    "What it read",
-    "Answer",
-    "Evidence",
-    "Follow-up query",
-]
+def step_columns(offered: Sequence[str] | None = None) -> list[str]:
+    """The steps table's columns, one per action ``offered`` (default: those fitted by default)."""
+    actions = [a.label for a in brag.ACTION_TABLE if (a.label in offered if offered else a.fitted)]
+    # Each action's column holds its expected gain per unit cost at that step.
+    return ["Step", "P(error)", *actions, "Action", "What it read", "Answer", "Evidence", "Follow-up query"]
+
+
+STEP_COLUMNS = step_columns()  # the table's columns before any report, and for a calibration's own
 
 
 # Each column's share of the steps table's width, relative to the others (an action's: its own).
@@ -119,26 +117,29 @@ _COLUMN_SHARES = {"Step": 5, "P(error)": 7, "Action": 6, "What it read": 24, "An
 _ACTION_SHARE, _OTHER_SHARE = 7, 16
 
 
-def step_column_widths() -> list[str]:
-    """The steps table's column widths, one per column of ``STEP_COLUMNS``, in percent."""
-    shares = [
-        _ACTION_SHARE if c in brag.ACTIONS else _COLUMN_SHARES.get(c, _OTHER_SHARE) for c in STEP_COLUMNS
-    ]
+def step_column_widths(columns: Sequence[str] = STEP_COLUMNS) -> list[str]:
+    """The steps table's column widths, one per column, in percent."""
+    shares = [_ACTION_SHARE if c in brag.ACTIONS else _COLUMN_SHARES.get(c, _OTHER_SHARE) for c in columns]
     return [f"{100 * share / sum(shares):.1f}%" for share in shares]
 
 
 def steps_frame(report: dict[str, Any]) -> pd.DataFrame:
     """Each decision and why: P(error), each action's expected gain per call against λ, and what it saw.
 
-    A score that beats λ is marked ✓; "—" means the action was not available at that step.
+    One column per action the run offered. A score that beats λ is marked ✓; "—" means the
+    action was not available at that step.
     """
-    lam = report.get("config", {}).get("lam", 0.0)
+    config = report.get("config") or {}
+    offered = (config.get("actions") or {}).get("offered")
+    columns = step_columns(offered if isinstance(offered, list) else None)
+    actions = [c for c in columns if c in brag.ACTIONS]
+    lam = config.get("lam", 0.0)
     rows = []
     for step in report.get("steps", []):
         scores = step.get("scores", {})
         cells = {
             a: (f"{scores[a]:.3f} ✓" if scores[a] > lam else f"{scores[a]:.3f}") if a in scores else "—"
-            for a in brag.ACTIONS
+            for a in actions
         }
         seen = step.get("observation") or {}
         action = step["action"] or "stop"
@@ -152,7 +153,7 @@ def steps_frame(report: dict[str, Any]) -> pd.DataFrame:
         p_err = f"{step['posterior']['p_err']:.3f}"
         follow_up = seen.get("follow_up_query", "")
         rows.append([step["step"], p_err, *cells.values(), action, read, answer, evidence, follow_up])
-    return pd.DataFrame(rows, columns=STEP_COLUMNS)
+    return pd.DataFrame(rows, columns=columns)
 
 
 def totals_markdown(report: dict[str, Any]) -> str:
