@@ -2945,8 +2945,7 @@ class VoteKind:
 
     def step(self, run: _Run, action: Action) -> dict[str, Any]:
         """Read the question's own top passages (as many as the action's prompt holds)."""
-        found, label = run.first_hop, action.label
-        window = [i for i, _ in found.hits][: action.passages or None]
+        found, label, window = run.first_hop, action.label, self.window(run, action)
         seen = run.read(action, window)
         vote_type = self.vote_type(label, run.brag.priors[label], seen, weak=run.weak[label])
         seen["vote_type"] = str(vote_type)
@@ -3093,9 +3092,9 @@ class Hop(VoteKind):
         """Read the passages read so far plus the new ones the latest follow-up query found."""
         assert run.next_hop is not None  # a hop is only available after a read found new passages
         found, fresh, novel = run.next_hop
-        new, label = novel[: run.brag.k], action.label
-        # Old passages first, in the order read, so each hop's prompt extends the last one.
-        seen = run.read(action, run.read_ids + new)
+        window, label = self.window(run, action), action.label
+        new = window[len(run.read_ids) :]
+        seen = run.read(action, window)
         repeats = bool(seen["answer"]) and run.candidates.find(seen["answer"]) in run.read_answers
         conditional = run.brag.second_hop == "conditional"
         prior = run.brag.priors[label]
@@ -3107,11 +3106,14 @@ class Hop(VoteKind):
         seen["new_passages"] = new
         seen["dedup_removed"] = found.removed + [i for i in fresh if i not in novel]
         run.note_answer(seen["candidate"])
-        run.after_read(seen, run.read_ids + new)
+        run.after_read(seen, window)
         return seen
 
     def window(self, run: _Run, action: Action) -> list[int]:
-        """The passages read so far and the new ones: judged once a read found them."""
+        """The passages read so far and the new ones: judged once a read found them.
+
+        Old passages first, in the order read, so each hop's prompt extends the last one.
+        """
         assert run.next_hop is not None
         return run.read_ids + run.next_hop[2][: run.brag.k]
 
@@ -3834,10 +3836,6 @@ class BRAG:
         labels = [a.label for a in offered]
         object.__setattr__(self, "offered", offered)
         object.__setattr__(self, "priors", {a.label: calibration.prior_of(a) for a in offered})
-        # Availability, as each kind rules it, in a form the runner checks at every decision.
-        object.__setattr__(
-            self, "_limits", tuple((a.label, a.kind.uses(self), a.kind.needs_new) for a in offered)
-        )
         if self.costs is None:
             priced, source = action_costs(
                 calibration,
@@ -4086,11 +4084,11 @@ class _Run:
 
     def available(self) -> list[str]:
         """The actions left, as each one's kind says (a read up to ``max_uses``, a hop up to ``hops``)."""
-        uses, ready = self.uses, self.next_hop is not None and bool(self.next_hop[2])  # set by a read
+        ready = self.next_hop is not None and bool(self.next_hop[2])  # set by a read
         return [
-            label
-            for label, limit, needs_new in self.brag._limits
-            if uses[label] < limit and (ready or not needs_new)
+            a.label
+            for a in self.brag.offered
+            if self.uses[a.label] < a.kind.uses(self.brag) and (ready or not a.kind.needs_new)
         ]
 
     def loop(self) -> Iterator[dict[str, Any]]:
