@@ -115,7 +115,7 @@ def build(settings: Settings | None = None) -> Blocks:
             download = _calibrate_tab(server, choices)
     demo.check_files, demo.ledger, demo.downloads = server.check_files, server.ledger, (download,)
     demo.cancels = server.cancels
-    runs = (server.run_brag, server.run_calibrate)
+    runs = (server.run_brag, server.run_calibrate, server.check_documents)
     demo.document_events = frozenset(i for i, fn in demo.fns.items() if fn.fn in runs)
     server.ledger.forget = demo.upload_file_set.discard  # Gradio's record of a deleted upload goes too
     demo.queue(default_concurrency_limit=server.settings.concurrency, max_size=server.limits.queue_size)
@@ -179,6 +179,7 @@ def _ask_tab(server: Server, choices: list[str]) -> None:
                     label="Calibration: empty (the one for this model), a name, or JSON", lines=4
                 )
             ask = gr.Button("Ask", variant="primary")
+            _check_documents(server, [corpus, documents, *model_row, files])
             gr.Examples(EXAMPLES, inputs=[question, corpus])
         with gr.Column(scale=3):
             progress, answer_md, chart, totals = _answer_panel()
@@ -208,6 +209,30 @@ def _ask_tab(server: Server, choices: list[str]) -> None:
         show_progress="hidden",
         trigger_mode="always_last",
     )
+
+
+def _check_documents(server: Server, inputs: list[Any]) -> gr.Markdown:
+    """The "Check these documents" button: a self-test of the chosen corpus, its progress, a cancel."""
+    with gr.Row():
+        check = gr.Button("Check these documents", elem_id="check-documents", scale=2)
+        cancel = gr.Button("Cancel the check", elem_id="cancel-check", variant="stop", scale=1)
+    status = gr.Markdown(
+        "BRAG can write questions from your documents, check its own answers to them and fit how "
+        "sure it should be on them (a few minutes; the answers' P(correct) use it from then on).",
+        elem_id="self-test",
+        latex_delimiters=[],
+    )
+    checking = check.click(
+        server.check_documents,
+        inputs,
+        status,
+        api_visibility="private",
+        concurrency_id="calibrate",  # a self-test counts against the caller's /calibrate share
+        concurrency_limit=server.limits.calibrate_concurrency,
+        show_progress="full",
+    )
+    cancel.click(None, None, None, cancels=[checking], api_visibility="private")
+    return status
 
 
 def _cost_row() -> list[Any]:
@@ -265,7 +290,9 @@ def _calibrate_tab(server: Server, choices: list[str]) -> gr.File:
     limits = server.limits
     gr.Markdown(
         "Fit the controller's reliabilities for your model and corpus from your questions "
-        f"({limits.labelled_min} to {limits.labelled_max}). Give gold answers where you have them: "
+        f"({limits.labelled_min} to {limits.labelled_max}), or with no questions from a self-test: "
+        "questions BRAG writes from the documents and checks against them. Give gold answers where "
+        "you have them: "
         f"questions without gold are fitted by EM only alongside at least {calibrate.MIN_QUESTIONS} "
         "with gold, and the fit says which kind it is. The fit is kept under the name it returns: "
         "give that name (or paste the JSON) as the calibration on the Ask tab."
@@ -278,6 +305,10 @@ def _calibrate_tab(server: Server, choices: list[str]) -> gr.File:
         cal_documents = gr.Textbox(label="Or paste documents (optional)", lines=2)
     cal_files = _file_input()
     model_row = _model_row()
+    self_test = gr.Checkbox(
+        label="Self-test: also write questions from the documents and fit on them (no questions needed)",
+        value=False,
+    )
     fit = gr.Button("Calibrate", variant="primary")
     cal_table = gr.Dataframe(
         label="Fitted, per action and case", wrap=True, visible=False, elem_id="calibration-table"
@@ -289,7 +320,7 @@ def _calibrate_tab(server: Server, choices: list[str]) -> gr.File:
         follow_documents(given, cal_corpus)
     fit.click(
         server.run_calibrate,
-        [labelled, cal_corpus, cal_documents, *model_row, cal_files],
+        [labelled, cal_corpus, cal_documents, *model_row, cal_files, self_test],
         cal_out,
         api_name="calibrate",
         # Its own slots, so an hour-long fit never holds up /brag.

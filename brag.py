@@ -66,6 +66,7 @@ __all__ = [  # noqa: RUF022
     "words",
     # Answers
     "exact_match",
+    "is_correct",
     "normalize_answer",
     "same_answer",
     "token_f1",
@@ -124,6 +125,7 @@ __all__ = [  # noqa: RUF022
     "CALIBRATION_VERSION",
     "Calibration",
     "calibration_status",
+    "self_test_text",
     "load_calibration",
     "shipped_calibration",
     "shipped_calibrations",
@@ -648,6 +650,14 @@ def exact_match(prediction: str, golds: Iterable[str]) -> bool:
     """Normalised exact match with any gold answer."""
     norm = normalize_answer(prediction)
     return bool(norm) and any(norm == normalize_answer(g) for g in golds)
+
+
+def is_correct(answer: str, gold: Iterable[str], f1_threshold: float = 0.8) -> bool:
+    """Normalised exact match with any gold answer, or token F1 >= ``f1_threshold``."""
+    gold = list(gold)
+    if not answer or not gold:
+        return False
+    return exact_match(answer, gold) or max(token_f1(answer, g) for g in gold) >= f1_threshold
 
 
 # "Answer" as readers write it in other languages, which a prompt in English does not rule out.
@@ -3561,11 +3571,24 @@ def calibration_status(calibration: Calibration, model: str) -> str:
         return "uncalibrated: a hand-set prior for a capable reader (run /calibrate for this model)"
     if calibration.meta.get("model") != model:
         return f"fitted for another model ({fitted_for}), not for this one (run /calibrate for this model)"
+    fitted_on = calibration.meta.get("fitted_on")
+    if isinstance(fitted_on, Mapping) and fitted_on.get("kind") == "self-test":
+        return self_test_text(fitted_on)
     if meta.get("corpus") == POOLED:
         pooled = meta.get("pooled_from")
         sets = ", ".join(map(str, pooled if isinstance(pooled, list) else ())) or "several sets"
         return f"fitted for this model, pooled over {sets}"
     return f"fitted for this model on {meta.get('corpus') or 'its corpus'}"
+
+
+def self_test_text(fitted_on: Mapping[str, Any]) -> str:
+    """In words: a fit on questions written from the user's documents (and theirs, if any)."""
+    n, own = fitted_on.get("questions"), fitted_on.get("labelled")
+    n = n if isinstance(n, int) and not isinstance(n, bool) else 0
+    said = f"calibrated on {n} self-test questions from your documents"
+    if isinstance(own, int) and not isinstance(own, bool) and own > 0:
+        said += f" and {own} of your own labelled questions"
+    return said
 
 
 MAX_META_CHARS = 200  # a calibration's own words (name, corpus, model) as a report repeats them

@@ -27,6 +27,7 @@ import math
 import os
 import sys
 import threading
+import time
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import asdict, dataclass, field, replace
@@ -37,7 +38,7 @@ import numpy as np
 
 import brag
 from bragkit import milvus as milvus_corpus
-from bragkit import storage
+from bragkit import selftest, storage
 
 MIN_QUESTIONS = 30
 PRIOR_STRENGTH = 4.0  # pseudo-observations pulling each fitted rate toward PRIOR
@@ -84,14 +85,20 @@ def closed_book_reliabilities(tallies: Sequence[tuple[int, int]]) -> list[float]
     m = len(tallies)
     right_all, votes_all = sum(r for r, _ in tallies), sum(n for _, n in tallies)
     pooled = shrunk(right_all, votes_all, float(np.mean([prior_kappa(g, m) for g in range(1, m + 1)])))
-    blocks = [[shrunk(r, n, pooled), n + PRIOR_STRENGTH, 1] for r, n in tallies]  # value, weight, levels
-    merged: list[list[float]] = []
-    for block in blocks:  # pool adjacent violators: a non-decreasing fit, weighted by evidence
-        merged.append(block)
+    return _non_decreasing(
+        [shrunk(r, n, pooled) for r, n in tallies], [n + PRIOR_STRENGTH for _, n in tallies]
+    )
+
+
+def _non_decreasing(values: Sequence[float], weights: Sequence[float]) -> list[float]:
+    """The weighted least-squares non-decreasing fit of ``values`` (pool adjacent violators)."""
+    merged: list[list[float]] = []  # value, weight, how many values it stands for
+    for value, weight in zip(values, weights, strict=True):
+        merged.append([value, weight, 1])
         while len(merged) > 1 and merged[-2][0] > merged[-1][0]:
             (v1, w1, k1), (v2, w2, k2) = merged[-2], merged.pop()
             merged[-1] = [(v1 * w1 + v2 * w2) / (w1 + w2), w1 + w2, k1 + k2]
-    return [value for value, _, levels in merged for _ in range(int(levels))]
+    return [value for value, _, count in merged for _ in range(int(count))]
 
 
 # ------------------------------------------------------------------------------------------
@@ -187,13 +194,7 @@ def select(items: list[Labelled], split: str) -> list[Labelled]:
 # ------------------------------------------------------------------------------------------
 
 
-def is_correct(answer: str, gold: Iterable[str], f1_threshold: float = 0.8) -> bool:
-    """Normalised exact match with any gold answer, or token F1 >= ``f1_threshold``."""
-    gold = list(gold)
-    if not answer or not gold:
-        return False
-    gold = list(gold)
-    return brag.exact_match(answer, gold) or max(brag.token_f1(answer, g) for g in gold) >= f1_threshold
+is_correct = brag.is_correct  # what calibration counts as right: exact match, or token F1 >= 0.8
 
 
 @dataclass
@@ -1460,6 +1461,302 @@ def vote_losses(calibration: brag.Calibration, outcomes: Sequence[Outcome], hops
 
 
 # ------------------------------------------------------------------------------------------
+# A corpus's own fit: the pooled fit refitted on questions about the corpus
+# ------------------------------------------------------------------------------------------
+
+# Pseudo-observations at the pooled value that each refitted rate gets. Chosen by leaving one
+# labelled real-document set out at a time (bench/selftest.py, bench/results/selftest.md).
+SELF_TEST_STRENGTH = 10.0
+SELF_TEST = "self-test"  # fitted_on.kind, and the name, of a corpus's refit
+
+
+def base_of(pooled: brag.Calibration, action: brag.Action) -> brag.ActionPrior:
+    """What an action's refit starts from: its pooled entry, else the first pooled one of its kind.
+
+    The focused read has no pooled entry (no labelled set ran it); it starts from the read of
+    the whole window, whose evidence score it shares, and its own questions move it from there.
+    """
+    if action.label in pooled.actions:
+        return pooled.actions[action.label]
+    twin = next((a for a in pooled.offered() if type(a.kind) is type(action.kind)), None)
+    return pooled.actions[twin.label] if twin is not None else pooled.prior_of(action)
+
+
+def refit(
+    pooled: brag.Calibration | Mapping[str, Any],
+    outcomes: Sequence[Outcome],
+    strength: float = SELF_TEST_STRENGTH,
+    hops: int = 1,
+) -> dict[str, Any]:
+    """``pooled`` refitted on ``outcomes`` (labelled): a loadable calibration's actions, eta, counts, costs.
+
+    Kept from the pooled fit: eta and each read's evidence score (its discrimination, which
+    transfers between corpora). Refitted, each shrunk toward its pooled value with ``strength``
+    pseudo-observations: every action's q and rho, each evidence level's share and reliability,
+    a hop's branches, each closed-book agreement level's share and reliability
+    (:meth:`KindFit.refit`). Every action the outcomes observed gets an entry.
+    """
+    pooled = brag.load_calibration(pooled)
+    if not outcomes or not all(o.labelled for o in outcomes):
+        raise brag.InputError("a refit needs questions with known answers")
+    observed = observed_actions(outcomes)
+    actions = {
+        a.label: a.kind.entry_dict(
+            fit_of(a).refit(outcomes, a.label, base_of(pooled, a), strength, hops, pooled.eta)
+        )
+        for a in observed
+    }
+    fitted: dict[str, Any] = {
+        "version": brag.CALIBRATION_VERSION,
+        "m": pooled.m,
+        "eta": pooled.eta,
+        "actions": actions,
+        "counts": {a.label: _tally(outcomes, a.label) for a in observed},
+    }
+    costs = fit_costs(outcomes, observed)
+    return {**fitted, "costs": costs} if costs is not None else fitted
+
+
+def self_test_fit(
+    pooled: brag.Calibration | Mapping[str, Any],
+    outcomes: Sequence[Outcome],
+    *,
+    corpus: str,
+    model: str | None = None,
+    strength: float = SELF_TEST_STRENGTH,
+    hops: int = 1,
+    meta: Mapping[str, Any] | None = None,
+) -> dict[str, Any]:
+    """A corpus's calibration: :func:`refit` of the model's pooled fit on its self-test questions.
+
+    ``outcomes``: every action on the self-test questions (ids ``self-N``) and on any questions
+    the user labelled; ``corpus``: the corpus's fingerprint; ``model``: the reader's name
+    (default: the pooled fit's); ``meta``: what the self-test recorded (generator, yield), kept
+    in ``fitted_on``.
+    """
+    base = brag.load_calibration(pooled)
+    fitted = refit(base, outcomes, strength, hops)
+    own = sum(not o.id.startswith("self-") for o in outcomes)
+    result = {
+        "version": brag.CALIBRATION_VERSION,
+        "source": "fitted",
+        "fitted": True,
+        "model": model or base.meta.get("model"),
+        "name": SELF_TEST,
+        "corpus": corpus,
+        "refit_of": base.meta.get("name") or base.meta.get("corpus"),
+        "shrinkage": strength,
+        "k": base.meta.get("k", 5),
+        "m": base.m,
+        "hops": hops,
+        "n_questions": len(outcomes),
+        "f1_threshold": base.meta.get("f1_threshold", 0.8),
+        "note": "the pooled fit refitted on questions written from this corpus (calibrate.self_test_fit)",
+        "date": dt.datetime.now(dt.UTC).strftime("%Y-%m-%d"),
+        **fitted,
+        "fitted_on": {
+            "kind": SELF_TEST,
+            "questions": len(outcomes) - own,
+            "labelled": own,
+            **dict(meta or {}),
+        },
+        "gate": None,
+    }
+    brag.load_calibration(result)
+    return result
+
+
+def self_test_questions(test: selftest.SelfTest) -> list[Labelled]:
+    """A self-test's kept pairs as labelled questions (ids ``self-N``), for :func:`observe`."""
+    return [Labelled(f"self-{i}", p.question, (p.answer,)) for i, p in enumerate(test.pairs)]
+
+
+# What a self-test observes on each kept question: every fitted action and the focused read.
+SELF_TEST_ACTIONS = (*DEFAULT_ACTIONS, "RT")
+SELF_TEST_HOPS = 1  # second-hop reads per question it observes (a calibration on benchmarks runs two)
+MIN_SELF_TEST = 10  # fewer kept questions than this fit nothing: the pooled fit stays
+# The share of a self-test's seconds that writing questions may take; running the actions on
+# them takes the rest.
+SELF_TEST_WRITING_SHARE = 0.5
+
+
+@dataclass(frozen=True)
+class SelfTestPlan:
+    """A self-test's settings and bounds: questions to keep, tries, calls and seconds in all."""
+
+    questions: int = 30
+    tries: int = 120
+    seconds: float = 1800.0
+    strength: float = SELF_TEST_STRENGTH
+    seed: int = 0
+
+    def budget(self) -> selftest.Budget:
+        """The generation's share: its tries, twice as many calls (a question and its roundtrip)."""
+        return selftest.Budget(
+            self.questions, self.tries, 2 * self.tries + 2, self.seconds * SELF_TEST_WRITING_SHARE
+        )
+
+
+def calibrate_corpus(
+    corpus: brag.Retriever,
+    llm: brag.LLM,
+    pooled: brag.Calibration | Mapping[str, Any],
+    *,
+    generator: brag.LLM | None = None,
+    plan: SelfTestPlan = SelfTestPlan(),
+    labelled: Sequence[Labelled] = (),
+    on_progress: Callable[[float, str], None] | None = None,
+    should_stop: Callable[[], bool] | None = None,
+) -> dict[str, Any]:
+    """The self-test calibration of ``corpus`` for ``llm``: write questions, observe, refit.
+
+    ``labelled``: the user's own questions with gold answers, observed and fitted with the
+    self-test's. ``on_progress(fraction, what)`` reports as it goes; ``should_stop()`` cancels
+    (:class:`selftest.Cancelled`), and so does the plan's time running out (an InputError saying so).
+    Too few kept questions is an InputError: the pooled fit stays.
+    """
+    started = time.monotonic()
+    test = _written(corpus, llm, generator, plan, on_progress, should_stop)
+    items = [*self_test_questions(test), *(i for i in labelled if i.gold)]
+
+    def observed(done: int, total: int) -> None:
+        if should_stop is not None and should_stop():
+            raise selftest.Cancelled("self-test cancelled")
+        if time.monotonic() - started > plan.seconds:
+            raise brag.InputError(
+                f"self-test: out of time after {done} of {total} questions ({plan.seconds:g} s allowed)"
+            )
+        if on_progress is not None:
+            on_progress(0.5 + 0.5 * done / total, f"Running every action: question {done} of {total}")
+
+    settings = {"lam": 0.0, "k": 5, "m": brag.load_calibration(pooled).m, "seed": 0, "hops": SELF_TEST_HOPS}
+    controller = _observer(llm, SELF_TEST_ACTIONS, None, settings)
+    outcomes = observe(items, corpus, controller, on_progress=observed)
+    summary = {**test.summary(), "seconds": round(time.monotonic() - started, 1)}
+    return self_test_fit(
+        pooled,
+        outcomes,
+        corpus=corpus.fingerprint(),
+        model=brag.llm_name(llm),
+        strength=plan.strength,
+        hops=SELF_TEST_HOPS,
+        meta=summary,
+    )
+
+
+def _written(
+    corpus: brag.Retriever,
+    llm: brag.LLM,
+    generator: brag.LLM | None,
+    plan: SelfTestPlan,
+    on_progress: Callable[[float, str], None] | None,
+    should_stop: Callable[[], bool] | None,
+) -> selftest.SelfTest:
+    """The self-test's questions, the first half of its progress; an error when too few are kept."""
+
+    def written(kept: int, wanted: int, verdict: str) -> None:
+        if on_progress is not None:
+            on_progress(0.5 * kept / wanted, f"Writing questions: {kept} of {wanted} kept")
+
+    test = selftest.self_test(
+        corpus,
+        llm,
+        generator=generator,
+        budget=plan.budget(),
+        seed=plan.seed,
+        on_progress=written,
+        should_stop=should_stop,
+    )
+    if test.stopped == "cancelled":
+        raise selftest.Cancelled("self-test cancelled")
+    if len(test.pairs) < MIN_SELF_TEST:
+        raise brag.InputError(
+            f"self-test: only {len(test.pairs)} of {test.yield_.tried} questions written from these "
+            f"documents passed the checks (at least {MIN_SELF_TEST} are needed), so BRAG keeps its pooled fit"
+        )
+    return test
+
+
+class KeptSelfTests:
+    """Self-test calibrations by model and corpus fingerprint, one JSON file each, in ``folder``.
+
+    A file's name is a digest of the two, never a caller's text, so no request picks a path.
+    The oldest go first beyond ``limit`` files.
+    """
+
+    def __init__(self, folder: Path, limit: int = 500) -> None:
+        self.folder, self.limit = folder, limit
+
+    def path(self, model: str, fingerprint: str) -> Path:
+        """Where the fit for this model and corpus is kept."""
+        digest = hashlib.sha256(f"{model}\n{fingerprint}".encode()).hexdigest()[:32]
+        return self.folder / f"selftest-{digest}.json"
+
+    def load(self, model: str, fingerprint: str) -> brag.Calibration | None:
+        """The kept fit for this model and corpus, or None (an unreadable one is passed over)."""
+        path = self.path(model, fingerprint)
+        if not path.is_file():
+            return None
+        try:
+            found = brag.load_calibration(path)
+        except (OSError, ValueError):
+            return None
+        same = found.meta.get("model") == model and found.meta.get("corpus") == fingerprint
+        return found if same else None
+
+    def keep(self, fitted: Mapping[str, Any]) -> Path:
+        """Write ``fitted`` (a :func:`calibrate_corpus` result) where :meth:`load` finds it."""
+        path = self.path(str(fitted["model"]), str(fitted["corpus"]))
+        self.folder.mkdir(parents=True, exist_ok=True)
+        storage.write_atomic(path, json.dumps(fitted, indent=1))
+        kept = sorted(self.folder.glob("selftest-*.json"), key=lambda p: p.stat().st_mtime)
+        for old in kept[: max(0, len(kept) - self.limit)]:
+            old.unlink(missing_ok=True)
+        return path
+
+
+def kept_self_tests(cache: Path | None = None) -> KeptSelfTests:
+    """The kept self-test fits under ``BRAG_CACHE_DIR`` (or ``cache``)."""
+    return KeptSelfTests((cache or brag.cache_dir()) / "selftest")
+
+
+def _toward(successes: float, trials: float, base: float, strength: float) -> float:
+    """:func:`shrunk` toward ``base``; ``base`` itself when there is nothing to go on."""
+    return base if trials + strength <= 0 else shrunk(successes, trials, base, strength)
+
+
+def _beta_pair(mean: float) -> tuple[float, float]:
+    beta = _beta(min(max(mean, 1e-4), 1 - 1e-4))
+    return beta["a"], beta["b"]
+
+
+def _refit_levels(split: brag.EvidenceSplit, votes: Sequence[Vote], strength: float) -> brag.EvidenceSplit:
+    """``split``'s score and threshold, with its levels' shares and reliabilities from ``votes``.
+
+    ``hi`` stays at least as reliable as ``lo``: where the votes say otherwise the two levels
+    share their weighted mean.
+    """
+    tallies = {level.name: [0, 0.0] for level in split.levels}
+    for features, right in votes:
+        level = split.level(features)
+        if level is not None:
+            tallies[level.name][0] += 1
+            tallies[level.name][1] += right
+    total = sum(n for n, _ in tallies.values())
+    shares = [_toward(tallies[lv.name][0], total, lv.pi, strength) for lv in split.levels]
+    rhos = [_toward(tallies[lv.name][1], tallies[lv.name][0], lv.mean, strength) for lv in split.levels]
+    weights = [tallies[lv.name][0] + strength for lv in split.levels]
+    lo_first = _non_decreasing(rhos[::-1], weights[::-1])
+    hi_rho, lo_rho = lo_first[1], lo_first[0]
+    hi_pi = shares[0] / sum(shares)
+    return replace(
+        split,
+        hi=brag.EvidenceLevel("hi", round(hi_pi, 6), *_beta_pair(hi_rho)),
+        lo=brag.EvidenceLevel("lo", round(1 - hi_pi, 6), *_beta_pair(lo_rho)),
+    )
+
+
+# ------------------------------------------------------------------------------------------
 # What calibration observes of each vote kind, and how it fits it
 # ------------------------------------------------------------------------------------------
 
@@ -1506,6 +1803,22 @@ class KindFit:
         """Its votes on one question, typed under ``calibration``, with right/wrong."""
         raise NotImplementedError
 
+    def refit(
+        self,
+        outcomes: Sequence[Outcome],
+        label: str,
+        base: brag.ActionPrior,
+        strength: float,
+        hops: int,
+        eta: float,
+    ) -> brag.ActionPrior:
+        """``base`` refitted on ``outcomes``: each value shrunk toward base's with ``strength``.
+
+        ``strength`` counts pseudo-observations at base's values (0: this corpus's own rates;
+        large: base unchanged); ``eta`` is the calibration's, which a hop's branches are read at.
+        """
+        raise NotImplementedError
+
 
 class ReadFit(KindFit):
     """A read: its answer, its evidence features; q and rho (per gate verdict), evidence levels."""
@@ -1548,6 +1861,27 @@ class ReadFit(KindFit):
         seen = {"evidence": outcome.evidence.get(label) or {}}
         vote_type = action.kind.vote_type(label, calibration.actions[label], seen, weak=weak)
         return [(vote_type, outcome.correct[label])]
+
+    def refit(
+        self,
+        outcomes: Sequence[Outcome],
+        label: str,
+        base: brag.ActionPrior,
+        strength: float,
+        hops: int,
+        eta: float,
+    ) -> brag.ActionPrior:
+        """Q and rho toward base's; its evidence levels' shares and reliabilities under base's score."""
+        tally = _tally(outcomes, label)
+        rho = _toward(tally["correct"], tally["answered"], base.mean, strength)
+        evidence = base.evidence
+        if evidence is not None:
+            evidence = _refit_levels(evidence, self.evidence_votes(outcomes, label, hops) or [], strength)
+        return brag.ActionPrior(
+            round(_toward(tally["answered"], tally["n"], base.q, strength), 6),
+            *_beta_pair(rho),
+            evidence=evidence,
+        )
 
 
 class HopFit(ReadFit):
@@ -1617,6 +1951,42 @@ class HopFit(ReadFit):
             if hop["answer"] and not hop["repeats"]
         ]
 
+    def refit(
+        self,
+        outcomes: Sequence[Outcome],
+        label: str,
+        base: brag.ActionPrior,
+        strength: float,
+        hops: int,
+        eta: float,
+    ) -> brag.ActionPrior:
+        """A read's refit, and its branches: how often it repeats, how often a new answer is right.
+
+        The ``same`` branch's reliability encodes a likelihood ratio, not a rate of right
+        answers, so its refit is a weighted mean of base's and this corpus's own (its weight
+        the reads after an answer, against ``strength``).
+        """
+        read = super().refit(outcomes, label, base, strength, hops, eta)
+        if base.same is None or base.new is None:
+            return read
+        reads = [h for o in outcomes for h in o.hops.get(label, [])[:hops]]
+        answered_after = [h for h in reads if h["after_answer"] and h["answer"]]
+        news = [h for h in reads if h["answer"] and not h["repeats"]]
+        own_same, _, _ = fit_second_hop(outcomes, label, hops, eta)
+        weight = len(answered_after) / (len(answered_after) + strength) if strength else 1.0
+        own_odds = own_same["rho"]["a"] / own_same["rho"]["b"]  # the likelihood ratio times eta
+        base_odds = base.same.mean / (1 - base.same.mean)
+        odds = math.exp(weight * math.log(own_odds) + (1 - weight) * math.log(base_odds))
+        same_pi = _toward(
+            sum(h["repeats"] for h in answered_after), len(answered_after), base.same.pi, strength
+        )
+        new_rho = _toward(sum(h["correct"] for h in news), len(news), base.new.mean, strength)
+        return replace(
+            read,
+            same=brag.Branch(round(same_pi, 6), *_beta_pair(odds / (1 + odds))),
+            new=brag.Branch(base.new.pi, *_beta_pair(new_rho)),
+        )
+
 
 class SamplesFit(KindFit):
     """Closed-book samples: their mode and agreement level; q and each level's share and reliability."""
@@ -1650,6 +2020,35 @@ class SamplesFit(KindFit):
         seen = {"agreement": min(g, calibration.m)}
         vote_type = action.kind.vote_type(action.label, calibration.actions[action.label], seen)
         return [(vote_type, outcome.correct[action.label])]
+
+    def refit(
+        self,
+        outcomes: Sequence[Outcome],
+        label: str,
+        base: brag.ActionPrior,
+        strength: float,
+        hops: int,
+        eta: float,
+    ) -> brag.ActionPrior:
+        """q, and per agreement level its share and reliability toward base's (non-decreasing in g)."""
+        tally = _tally(outcomes, label)
+        answered = [o for o in outcomes if o.answers[label]]
+        shares, reliabilities, weights = [], [], []
+        for level in base.levels:
+            at_g = [o for o in answered if o.agreement.get(label) == level.g]
+            right = sum(o.correct[label] for o in at_g)
+            shares.append(_toward(len(at_g), len(answered), level.pi, strength))
+            reliabilities.append(_toward(right, len(at_g), level.mean, strength))
+            weights.append(len(at_g) + strength)
+        total = sum(shares)
+        levels = tuple(
+            brag.Level(level.g, round(pi / total, 6), *_beta_pair(kappa))
+            for level, pi, kappa in zip(
+                base.levels, shares, _non_decreasing(reliabilities, weights), strict=True
+            )
+        )
+        q = round(_toward(tally["answered"], tally["n"], base.q, strength), 6)
+        return brag.ActionPrior(q, base.a, base.b, levels=levels)
 
 
 FITS: dict[type[brag.VoteKind], KindFit] = {
@@ -1708,6 +2107,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         return main_gate(argv[1:])
     if argv[:1] == ["pool"]:
         return main_pool(argv[1:])
+    if argv[:1] == ["self-test"]:
+        return main_self_test(argv[1:])
     from bragkit import llms
 
     args = _parser(llms.CACHE_MODES).parse_args(argv)
@@ -1753,6 +2154,55 @@ def main_pool(argv: Sequence[str]) -> int:
     print(
         f"wrote {args.out}: pooled {result['n_questions']} questions from {', '.join(result['pooled_from'])}"
     )
+    return 0
+
+
+def main_self_test(argv: Sequence[str]) -> int:
+    """``calibrate.py self-test FILE... --out FIT.json``: a corpus's fit from questions written from it."""
+    from bragkit import documents, llms
+
+    parser = argparse.ArgumentParser(
+        prog="calibrate.py self-test",
+        description="Calibrate BRAG on documents without labels: it writes questions from them, checks "
+        "them, runs every action and refits the model's pooled fit. The fit is also kept for the model "
+        "and corpus (BRAG_CACHE_DIR), where the app finds it.",
+    )
+    parser.add_argument("files", nargs="+", help="documents (PDF, HTML, Word, Markdown, text)")
+    parser.add_argument(
+        "--model", default="local", help="make_llm spec of the reader (default: the embedded model)"
+    )
+    parser.add_argument(
+        "--generator", help="make_llm spec of the model that writes the questions (default: the reader)"
+    )
+    parser.add_argument("--questions", help="your own labelled questions, added to the self-test's")
+    parser.add_argument("--keep", type=int, default=SelfTestPlan.questions, help="questions to keep")
+    parser.add_argument("--seconds", type=float, default=SelfTestPlan.seconds, help="time allowed in all")
+    parser.add_argument("--cache", default=str(brag.cache_dir() / "llm.sqlite"), help="SQLite response cache")
+    parser.add_argument("--out", required=True)
+    args = parser.parse_args(argv)
+    try:
+        passages = [p for f in args.files for p in documents.read_file(Path(f).name, Path(f).read_bytes())]
+        corpus = brag.Corpus(passages)
+        llm = llms.CachedLLM(llms.make_llm(args.model), args.cache)
+        writer = llms.CachedLLM(llms.make_llm(args.generator), args.cache) if args.generator else None
+        own = read_labelled(args.questions) if args.questions else []
+        plan = SelfTestPlan(questions=args.keep, tries=4 * args.keep, seconds=args.seconds)
+        pooled = brag.shipped_calibration(brag.llm_name(llm))
+        result = calibrate_corpus(
+            corpus,
+            llm,
+            pooled,
+            generator=writer,
+            plan=plan,
+            labelled=own,
+            on_progress=lambda fraction, what: print(f"{fraction:4.0%} {what}", file=sys.stderr),
+        )
+    except (ValueError, OSError, llms.LLMError, brag.RunAborted, selftest.Cancelled) as err:
+        print(f"calibrate self-test: {err}", file=sys.stderr)
+        return 2
+    storage.write_atomic(args.out, json.dumps(result, indent=1) + "\n")
+    kept = kept_self_tests().keep(result)
+    print(f"wrote {args.out} (kept as {kept}): {brag.self_test_text(result['fitted_on'])}")
     return 0
 
 

@@ -20,6 +20,7 @@ from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import pytest
+import selftest_reader
 from app_server import AppProcess, call_asgi, rest_call, rest_events, upload_over_rest
 from conftest import PRIORS, ROOT
 from document_files import pdf_bytes, raw_pdf
@@ -176,7 +177,7 @@ def test_the_api_names_its_outputs(client):
         "files",
     ]
     assert [r["label"] for r in endpoints["/calibrate"]["returns"]] == ["calibration"]
-    assert [p["parameter_name"] for p in endpoints["/calibrate"]["parameters"]][-1] == "files"
+    assert [p["parameter_name"] for p in endpoints["/calibrate"]["parameters"]][-2:] == ["files", "self_test"]
 
 
 def test_pasted_documents_select_your_documents_and_the_result_names_what_was_read(client):
@@ -285,7 +286,7 @@ def test_calibrate_round_trips_into_brag(client, llm_server):
 @pytest.mark.parametrize(
     ("labelled", "message"),
     [
-        ("", "No questions"),
+        ("", "questions written from these documents passed the checks"),  # none: a self-test
         ('[{"question": "q", "gold": ["a"]}]', "at least 30"),
         ("[{", "malformed JSON"),
         ('[{"question": "q", "gold": 5}]', "gold answers are missing"),
@@ -1100,3 +1101,150 @@ def test_a_client_that_cancels_stops_the_reading_of_its_files(client, app, tmp_p
         time.sleep(0.1)
     answer, _ = client.predict(*args(), api_name="/brag")
     assert answer == "Bergen"
+
+
+# ------------------------------------------------------------------------------------------
+# Self-test: /calibrate with no questions, "Check these documents", and /brag using the fit
+# ------------------------------------------------------------------------------------------
+
+SELF_TEST_DOCS = "\n".join(selftest_reader.SENTENCES)
+
+
+def self_test_reader(request: dict) -> Reply:
+    """The self-test reader of tests/selftest_reader.py, its question-writing slowed when asked to."""
+    texts = selftest_reader.replies(request["messages"], int(request.get("n") or 1))
+    slow = "zorch" in request["messages"][-1]["content"] and SLOW_SELF_TEST.is_set()
+    return Reply(texts=texts, delay=2.0 if slow else 0.0)
+
+
+SLOW_SELF_TEST = threading.Event()
+
+
+@pytest.fixture(scope="module")
+def self_test_app():
+    with FakeOpenAI(handler=self_test_reader) as server:
+        env = {
+            "BRAG_MODEL": server.url + "#selftest",
+            "HF_TOKEN": "",
+            "BRAG_ALLOWED_ENDPOINTS": "*",
+            "BRAG_SELF_TEST_QUESTIONS": "10",
+        }
+        with AppProcess(env) as process:
+            yield process, server
+
+
+def test_a_self_test_calibrates_the_documents_and_brag_uses_it_unasked(self_test_app):
+    app, server = self_test_app
+    client = Client(app.url, verbose=False)
+    before = len(server.chat_requests)
+    fitted = json.loads(
+        client.predict("", "", SELF_TEST_DOCS, "", "", "auto", None, True, api_name="/calibrate")
+    )
+    assert fitted["fitted_on"]["kind"] == "self-test" and fitted["fitted_on"]["questions"] == 10
+    assert set(fitted["actions"]) == {"R1", "R2", "CB", "RT"}
+    assert fitted["fitted_on"]["yield"]["kept"] == 10
+    assert len(server.chat_requests) - before >= 10 * 2 + 10 * 4  # writing and checking, then every action
+    question = "Which folder does Garply write a crash report to?"
+    _, report = client.predict(question, "", SELF_TEST_DOCS, 0.05, "", "", "auto", "", api_name="/brag")
+    assert report["calibration"]["status"] == "calibrated on 10 self-test questions from your documents"
+    assert "RT" in report["config"]["actions"]["offered"]
+    # Other documents have no self-test fit: nothing changes for them.
+    other = "\n".join(selftest_reader.SENTENCES[:6])
+    _, elsewhere = client.predict(question, "", other, 0.05, "", "", "auto", "", api_name="/brag")
+    assert "self-test" not in elsewhere["calibration"]["status"]
+    assert elsewhere["config"]["actions"]["offered"] == ["R1", "R2", "CB"]
+
+
+def test_a_self_test_of_too_few_questions_or_when_turned_off_is_a_clear_error(self_test_app, tmp_path):
+    app, _ = self_test_app
+    client = Client(app.url, verbose=False)
+    few = "\n".join(selftest_reader.SENTENCES[:4])
+    with pytest.raises(AppError, match=r"passed the checks .* keeps its pooled fit"):
+        client.predict("", "", few, "", "", "auto", None, True, api_name="/calibrate")
+    server = bragkit.serving.server.Server(
+        bragkit.serving.server.Settings(cache_dir=tmp_path, self_test=False)
+    )
+    with pytest.raises(Exception, match="turned off"):
+        server.run_calibrate("", "Demo", "", "", "", "auto")
+
+
+def test_self_tests_take_turns_and_one_stops_when_cancelled(self_test_app):
+    app, server = self_test_app
+    client = Client(app.url, verbose=False)
+    docs = SELF_TEST_DOCS + "\nZorch keeps its spool below the /srv/zorch directory on every host."
+    SLOW_SELF_TEST.set()
+    try:
+        job = client.submit("", "", docs, "", "", "auto", None, True, api_name="/calibrate")
+        deadline = time.monotonic() + 60
+        while not any("zorch" in r["messages"][-1]["content"] for r in server.chat_requests[-3:]):
+            assert time.monotonic() < deadline and not job.done(), "the self-test never started"
+            time.sleep(0.05)
+        # Self-tests take turns (their own slots): the caller's second one waits in the queue.
+        second = client.submit("", "", docs, "", "", "auto", None, True, api_name="/calibrate")
+        time.sleep(1.0)
+        assert second.status().code.name in ("IN_QUEUE", "STARTING") and not second.done()
+        second.cancel()
+        job.cancel()
+        time.sleep(3.0)  # the call under way ends (its reply is slowed to 2 s), then no other starts
+        made = len(server.chat_requests)
+        time.sleep(3.0)
+        assert len(server.chat_requests) == made
+    finally:
+        SLOW_SELF_TEST.clear()
+    _, report = client.predict(
+        "What does zorch accept?", "", docs, 0.05, "", "", "auto", "", api_name="/brag"
+    )
+    assert "self-test" not in report["calibration"]["status"]  # nothing was kept
+
+
+@pytest.mark.skipif(
+    shutil.which("chromium") is None, reason="Debian chromium not installed (.ci/run installs it)"
+)
+def test_a_real_browser_checks_the_documents_with_progress_then_says_how_it_is_calibrated(self_test_app):
+    from playwright.sync_api import sync_playwright
+
+    app, _ = self_test_app
+    docs = SELF_TEST_DOCS + "\nZorch rotates its logs every 3 days unless the operator says otherwise."
+    SLOW_SELF_TEST.set()  # the zorch question takes its time, so the page shows the self-test under way
+    try:
+        with sync_playwright() as p:
+            browser = p.chromium.launch(executable_path=CHROMIUM, args=["--no-sandbox", "--disable-gpu"])
+            page = browser.new_page(viewport={"width": 1280, "height": 900})
+            page.goto(app.url, wait_until="domcontentloaded")
+            page.get_by_role("button", name="Check these documents").wait_for(timeout=30_000)
+            page.get_by_label("Or paste documents", exact=False).first.fill(docs)
+            page.get_by_role("button", name="Check these documents").click()
+            page.get_by_text(re.compile(r"Writing questions: \d+ of 10 kept")).first.wait_for(timeout=60_000)
+            status = page.locator("#self-test")
+            status.filter(has_text="calibrated on 10 self-test questions from your documents").wait_for(
+                timeout=120_000
+            )
+            # The next answer over these documents says so too.
+            page.get_by_label("Question").first.fill(
+                "How many days does zorch keep its logs before rotating?"
+            )
+            page.get_by_role("button", name="Ask").click()
+            page.get_by_text("calibrated on 10 self-test questions from your documents").nth(1).wait_for(
+                timeout=60_000
+            )
+            browser.close()
+    finally:
+        SLOW_SELF_TEST.clear()
+
+
+def test_a_self_test_with_a_callers_own_labels_is_returned_but_not_kept_for_others(self_test_app):
+    app, _ = self_test_app
+    client = Client(app.url, verbose=False)
+    docs = SELF_TEST_DOCS + "\nPlugh caches its answers for 90 minutes before it asks again."
+    labels = json.dumps([{"question": "How long does plugh cache its answers?", "gold": ["42 hours"]}])
+    fitted = json.loads(client.predict(labels, "", docs, "", "", "auto", None, True, api_name="/calibrate"))
+    assert fitted["fitted_on"]["labelled"] == 1 and fitted["fitted_on"]["questions"] == 10
+    _, report = client.predict(
+        "How long does plugh cache?", "", docs, 0.05, "", "", "auto", "", api_name="/brag"
+    )
+    assert "self-test" not in report["calibration"]["status"]
+    # The caller can still use it, by the name it was kept under.
+    _, named = client.predict(
+        "How long does plugh cache?", "", docs, 0.05, "", "", "auto", fitted["name"], api_name="/brag"
+    )
+    assert "and 1 of your own labelled questions" in named["calibration"]["status"]

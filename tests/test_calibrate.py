@@ -7,9 +7,12 @@ import json
 import random
 import re
 import threading
+from dataclasses import replace
 
+import numpy as np
 import pytest
 from conftest import ROOT, without
+from selftest_reader import PASSAGES, SelfTestReader
 
 import brag
 import calibrate
@@ -695,3 +698,211 @@ def test_a_hop_without_a_read_before_it_and_pools_of_other_actions_are_refused(t
     without_rt = {**without_rt, "name": "b", "model": "m", "k": 2, "m": 5, "hops": 2}
     with pytest.raises(brag.InputError, match="pool: b fitted the actions CB, R1, R2, a CB, R1, R2, RT"):
         calibrate.pool([(with_rt, outcomes), (without_rt, outcomes)])
+
+
+# ------------------------------------------------------------------------------------------
+# A corpus's own fit: the pooled fit refitted on its questions (calibrate.refit)
+# ------------------------------------------------------------------------------------------
+
+
+def _pooled_fit() -> brag.Calibration:
+    return next(c for c in brag.shipped_calibrations().values() if c.meta.get("corpus") == brag.POOLED)
+
+
+def _corpus_outcomes(n: int, right_share: float, seed: int = 0) -> list[calibrate.Outcome]:
+    """Outcomes of R1, R2, CB and RT on n questions; each read right on ``right_share`` of them."""
+    rng = np.random.default_rng(seed)
+    found = []
+    for i in range(n):
+        right = bool(rng.random() < right_share)
+        answer = "gold" if right else f"wrong{i}"
+        evidence = {
+            "answer_p": float(rng.uniform(0.2, 1.0)),
+            "answer_p_min": 0.5,
+            "span": 1.0,
+            "in_question": 0.0,
+        }
+        agreement = int(rng.integers(1, 6))
+        found.append(
+            calibrate.Outcome(
+                id=f"self-{i}",
+                answers={"R1": answer, "R2": answer, "CB": "cb", "RT": answer},
+                correct={"R1": right, "R2": right, "CB": False, "RT": right},
+                agreement={"CB": agreement},
+                hops={
+                    "R2": [
+                        {
+                            "answer": answer,
+                            "correct": right,
+                            "repeats": True,
+                            "after_answer": True,
+                            "after_right": right,
+                            "evidence": evidence,
+                        }
+                    ]
+                },
+                evidence={"R1": evidence, "RT": evidence},
+            )
+        )
+    return found
+
+
+def test_a_planted_corpus_effect_is_recovered_and_the_evidence_score_kept():
+    pooled = _pooled_fit()
+    outcomes = _corpus_outcomes(60, 0.85)
+    refitted = brag.load_calibration(calibrate.refit(pooled, outcomes, strength=5.0))
+    assert pooled.actions["R1"].mean < 0.3 < 0.7 < refitted.actions["R1"].mean <= 0.86
+    # Discrimination is the pooled fit's: the same score and threshold, the levels re-weighed.
+    before, after = pooled.actions["R1"].evidence, refitted.actions["R1"].evidence
+    assert (after.weights, after.intercept, after.threshold) == (
+        before.weights,
+        before.intercept,
+        before.threshold,
+    )
+    assert after.hi.mean >= after.lo.mean and after.hi.mean > before.hi.mean
+    # The focused read has no pooled entry: it starts from R1's and gets its evidence score.
+    assert refitted.actions["RT"].evidence.weights == before.weights
+    # Closed-book was never right here: every agreement level trusts it less, still rising with g.
+    kappas = [level.mean for level in refitted.actions["CB"].levels]
+    assert kappas == sorted(kappas)
+    assert all(
+        a.mean <= b.mean
+        for a, b in zip(refitted.actions["CB"].levels, pooled.actions["CB"].levels, strict=True)
+    )
+    assert refitted.eta == pooled.eta
+
+
+def test_a_strong_prior_or_a_corpus_like_the_pooled_sets_leaves_the_pooled_fit():
+    pooled = _pooled_fit()
+    outcomes = _corpus_outcomes(60, 0.85)
+    fixed = brag.load_calibration(calibrate.refit(pooled, outcomes, strength=1e6))
+    for label in ("R1", "R2", "CB"):
+        assert fixed.actions[label].mean == pytest.approx(pooled.actions[label].mean, abs=1e-3)
+    assert fixed.actions["R1"].evidence.hi.mean == pytest.approx(
+        pooled.actions["R1"].evidence.hi.mean, abs=1e-3
+    )
+    # Reads right as often as the pooled fit says (noise around it): the refit stays near it.
+    alike = _corpus_outcomes(60, pooled.actions["R1"].mean, seed=3)
+    near = brag.load_calibration(calibrate.refit(pooled, alike, strength=calibrate.SELF_TEST_STRENGTH))
+    assert abs(near.actions["R1"].mean - pooled.actions["R1"].mean) < 0.08
+    # A handful of questions moves it a little, not all the way.
+    few = brag.load_calibration(calibrate.refit(pooled, outcomes[:3], strength=calibrate.SELF_TEST_STRENGTH))
+    assert few.actions["R1"].mean < 0.5
+
+
+def test_a_self_test_fit_is_a_loadable_calibration_that_says_what_it_is():
+    fitted = calibrate.self_test_fit(
+        _pooled_fit(), _corpus_outcomes(30, 0.6), corpus="abc", model="m", meta={"generator": "g"}
+    )
+    cal = brag.load_calibration(fitted)
+    assert cal.meta["fitted_on"] == {"kind": "self-test", "questions": 30, "labelled": 0, "generator": "g"}
+    assert {a.label for a in cal.offered()} == {"R1", "R2", "CB", "RT"}
+    assert brag.calibration_status(cal, "m") == "calibrated on 30 self-test questions from your documents"
+    with pytest.raises(brag.InputError, match="known answers"):
+        calibrate.refit(_pooled_fit(), [replace(o, labelled=False) for o in _corpus_outcomes(5, 0.5)])
+
+
+def test_the_shipped_calibrations_are_unchanged_by_refits():
+    # The shipped files load as before and still say what they are.
+    for name, cal in brag.shipped_calibrations().items():
+        assert cal.meta.get("fitted_on", {}).get("kind") != "self-test", name
+    assert "pooled over" in brag.calibration_status(_pooled_fit(), _pooled_fit().meta["model"])
+
+
+def _self_test_corpus() -> brag.Corpus:
+    return brag.Corpus(PASSAGES)
+
+
+# ------------------------------------------------------------------------------------------
+# The corpus's calibration, and where it is kept
+# ------------------------------------------------------------------------------------------
+
+
+def test_calibrate_corpus_fits_every_action_and_records_the_self_test():
+    reader = SelfTestReader()
+    plan = calibrate.SelfTestPlan(questions=10, tries=20)
+    progress: list[float] = []
+    fitted = calibrate.calibrate_corpus(
+        _self_test_corpus(), reader, _pooled_fit(), plan=plan, on_progress=lambda f, _: progress.append(f)
+    )
+    assert set(fitted["actions"]) == set(calibrate.SELF_TEST_ACTIONS)
+    assert fitted["fitted_on"]["kind"] == "self-test" and fitted["fitted_on"]["questions"] == 10
+    assert fitted["fitted_on"]["generator"] == "selftest-reader"
+    assert fitted["fitted_on"]["yield"]["kept"] == 10
+    assert fitted["corpus"] == _self_test_corpus().fingerprint() and fitted["model"] == "selftest-reader"
+    assert progress == sorted(progress) and progress[-1] == 1.0
+    cal = brag.load_calibration(fitted)
+    # Every read was right on these questions: the refit trusts R1 more than the pooled fit does.
+    assert cal.actions["R1"].mean > _pooled_fit().actions["R1"].mean
+    assert brag.calibration_status(cal, "selftest-reader") == (
+        "calibrated on 10 self-test questions from your documents"
+    )
+
+
+def test_too_few_kept_questions_keep_the_pooled_fit():
+    with pytest.raises(brag.InputError, match="pooled fit"):
+        calibrate.calibrate_corpus(
+            _self_test_corpus(), SelfTestReader(wrong="x"), _pooled_fit(), plan=calibrate.SelfTestPlan(10, 20)
+        )
+
+
+def test_user_labels_are_added_to_the_self_test():
+    own = [
+        calibrate.Labelled(f"mine-{i}", f"Which variable configures {t}?", (f"{t.upper()}_CONF",))
+        for i, t in enumerate(["frobnicate", "quuxify", "blarg"])
+    ]
+    fitted = calibrate.calibrate_corpus(
+        _self_test_corpus(),
+        SelfTestReader(),
+        _pooled_fit(),
+        plan=calibrate.SelfTestPlan(10, 20),
+        labelled=own,
+    )
+    assert fitted["fitted_on"]["labelled"] == 3 and fitted["n_questions"] == 13
+    assert "and 3 of your own labelled questions" in brag.calibration_status(
+        brag.load_calibration(fitted), "selftest-reader"
+    )
+
+
+def test_a_fit_is_kept_by_model_and_fingerprint_and_read_back(tmp_path):
+    fitted = calibrate.calibrate_corpus(
+        _self_test_corpus(), SelfTestReader(), _pooled_fit(), plan=calibrate.SelfTestPlan(10, 20)
+    )
+    kept = calibrate.kept_self_tests(tmp_path)
+    path = kept.keep(fitted)
+    assert path.parent == tmp_path / "selftest" and re.fullmatch(r"selftest-[0-9a-f]{32}\.json", path.name)
+    again = kept.load("selftest-reader", _self_test_corpus().fingerprint())
+    assert (
+        again is not None and again.to_dict()["actions"] == brag.load_calibration(fitted).to_dict()["actions"]
+    )
+    assert kept.load("another-model", _self_test_corpus().fingerprint()) is None
+    assert kept.load("selftest-reader", brag.Corpus(PASSAGES[:3]).fingerprint()) is None
+    path.write_text("{not json", encoding="utf-8")  # a damaged file is passed over, not an error
+    assert kept.load("selftest-reader", _self_test_corpus().fingerprint()) is None
+    # A file whose content names another corpus is not taken for this one.
+    path.write_text(json.dumps({**fitted, "corpus": "elsewhere"}), encoding="utf-8")
+    assert kept.load("selftest-reader", _self_test_corpus().fingerprint()) is None
+
+
+def test_the_command_line_self_test_fits_a_documents_file_and_keeps_it(tmp_path, monkeypatch, capsys):
+    from openai_server import FakeOpenAI, Reply
+    from selftest_reader import SENTENCES, replies
+
+    monkeypatch.setenv("BRAG_CACHE_DIR", str(tmp_path / "cache"))
+    notes = tmp_path / "tools.md"
+    notes.write_text(
+        "".join(f"## Part {i}\n\n{text}\n\n" for i, text in enumerate(SENTENCES)), encoding="utf-8"
+    )
+    handler = lambda request: Reply(texts=replies(request["messages"], int(request.get("n") or 1)))  # noqa: E731
+    with FakeOpenAI(handler=handler) as server:
+        out = tmp_path / "fit.json"
+        args = ["self-test", str(notes), "--model", server.url + "#reader", "--keep", "10", "--out", str(out)]
+        assert calibrate.main([*args, "--cache", str(tmp_path / "llm.sqlite")]) == 0
+    fitted = brag.load_calibration(out)
+    assert fitted.meta["fitted_on"]["kind"] == "self-test" and fitted.meta["fitted_on"]["questions"] == 10
+    assert "calibrated on 10 self-test questions" in capsys.readouterr().out
+    kept = calibrate.kept_self_tests(tmp_path / "cache").load(fitted.meta["model"], fitted.meta["corpus"])
+    assert kept is not None
+    # A file that cannot be read is a clear message, not a trace.
+    assert calibrate.main(["self-test", str(tmp_path / "missing.pdf"), "--out", str(out)]) == 2
+    assert "calibrate self-test:" in capsys.readouterr().err

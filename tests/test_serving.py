@@ -238,7 +238,9 @@ def test_what_the_page_and_the_guards_derive_from_their_source(tmp_path):
 
     demo = brag_app.build(bragkit.serving.server.Settings(cache_dir=tmp_path))
     optional = {fn.name: bragkit.serving.guards.optional_inputs(fn) for fn in demo.fns.values()}
-    assert optional["run_brag"] == 4 and optional["run_calibrate"] == 1  # cost, prices, files; files
+    assert (
+        optional["run_brag"] == 4 and optional["run_calibrate"] == 2
+    )  # cost, prices, files; files, self_test
     widths = bragkit.serving.presentation.step_column_widths()
     assert len(widths) == len(bragkit.serving.presentation.STEP_COLUMNS)
     assert abs(sum(float(w.rstrip("%")) for w in widths) - 100) < 0.5
@@ -291,3 +293,29 @@ def test_only_brags_own_errors_and_the_backends_reach_a_caller_with_their_text()
         except brag.RunAborted as aborted:
             message = str(bragkit.serving.server._failure(aborted))
         assert message.startswith("R1 failed") and shown in message and ("/tmp/k" not in message)
+
+
+def test_the_owner_turns_self_tests_off_or_bounds_them(monkeypatch):
+    monkeypatch.setenv("BRAG_SELF_TEST", "off")
+    monkeypatch.setenv("BRAG_SELF_TEST_QUESTIONS", "12")
+    monkeypatch.setenv("BRAG_SELF_TEST_SECONDS", "300")
+    monkeypatch.setenv("BRAG_SELF_TEST_MODEL", "local")
+    settings = bragkit.serving.server.Settings.from_env()
+    assert settings.self_test is False and settings.self_test_model == "local"
+    assert (settings.limits.self_test_questions, settings.limits.self_test_seconds) == (12, 300.0)
+    monkeypatch.setenv("BRAG_SELF_TEST", "sometimes")
+    with pytest.raises(SystemExit, match="BRAG_SELF_TEST must be on or off"):
+        bragkit.serving.server.Settings.from_env()
+    monkeypatch.setenv("BRAG_SELF_TEST", "on")
+    monkeypatch.setenv("BRAG_SELF_TEST_QUESTIONS", "0")
+    with pytest.raises(SystemExit, match="BRAG_SELF_TEST_QUESTIONS"):
+        bragkit.serving.server.Settings.from_env()
+
+
+def test_a_self_test_needs_no_questions_and_takes_labelled_ones_beside_it():
+    limits = bragkit.serving.policy.Limits()
+    assert bragkit.serving.policy.read_labelled("", limits, self_test=True) == []
+    one = '[{"question": "Which port?", "gold": ["8421"]}]'
+    assert [i.gold for i in bragkit.serving.policy.read_labelled(one, limits, self_test=True)] == [("8421",)]
+    with pytest.raises(bragkit.serving.policy.RequestRefused, match="at least 30"):
+        bragkit.serving.policy.read_labelled(one, limits)

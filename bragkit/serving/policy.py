@@ -172,6 +172,8 @@ class Limits:
     helper_bytes: int = 1_000_000  # BRAG_MAX_HELPER_BYTES: a request to one of the page's helpers
     sessions: int = 1_000  # BRAG_MAX_SESSIONS: browser and API sessions whose state Gradio keeps
     calibrate_concurrency: int = 1  # BRAG_CALIBRATE_CONCURRENCY: /calibrate runs at once (own slots)
+    self_test_questions: int = 30  # BRAG_SELF_TEST_QUESTIONS: a self-test keeps at most this many
+    self_test_seconds: float = 1_800.0  # BRAG_SELF_TEST_SECONDS: one self-test, writing and running
     files: int = 10  # BRAG_MAX_FILES: uploaded files per request
     file_bytes: int = 5_000_000  # BRAG_MAX_FILE_BYTES: bytes per uploaded file
     files_bytes: int = 10_000_000  # BRAG_MAX_FILES_BYTES: bytes of all of a request's files
@@ -238,6 +240,8 @@ class Limits:
             "helper_bytes": "BRAG_MAX_HELPER_BYTES",
             "sessions": "BRAG_MAX_SESSIONS",
             "calibrate_concurrency": "BRAG_CALIBRATE_CONCURRENCY",
+            "self_test_questions": "BRAG_SELF_TEST_QUESTIONS",
+            "self_test_seconds": "BRAG_SELF_TEST_SECONDS",
             "files": "BRAG_MAX_FILES",
             "file_bytes": "BRAG_MAX_FILE_BYTES",
             "files_bytes": "BRAG_MAX_FILES_BYTES",
@@ -349,8 +353,14 @@ def read_calibration(
         raise refused(str(err)) from None
 
 
-def read_labelled(text: Any, limits: Limits) -> list[calibrate.Labelled]:
-    """Questions, with or without gold, from JSON or JSON Lines text (never a path), within limits."""
+def read_labelled(text: Any, limits: Limits, self_test: bool = False) -> list[calibrate.Labelled]:
+    """Questions, with or without gold, from JSON or JSON Lines text (never a path), within limits.
+
+    With ``self_test`` they are added to a self-test's questions: none is fine, and those
+    without gold are left out.
+    """
+    if self_test and (text is None or (isinstance(text, str) and not text.strip())):
+        return []
     if not isinstance(text, str) or not text.strip():
         raise refused(
             f'No questions: paste a JSON list of {{"question", "gold": [...]}} objects or of '
@@ -370,7 +380,8 @@ def read_labelled(text: Any, limits: Limits) -> list[calibrate.Labelled]:
         items = calibrate.read_questions(text)
     except brag.InputError as err:
         raise refused(str(err)) from None
-    if not limits.labelled_min <= len(items) <= limits.labelled_max:
+    minimum = 0 if self_test else limits.labelled_min
+    if not minimum <= len(items) <= limits.labelled_max:
         raise refused(
             f"calibration needs at least {limits.labelled_min} and at most {limits.labelled_max} labelled "
             f"questions (BRAG_MIN_LABELLED / BRAG_MAX_LABELLED), got {len(items)}."

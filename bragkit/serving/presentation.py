@@ -277,6 +277,8 @@ def fitted_on_text(calibration: Mapping[str, Any]) -> str:
         return f"a mixed fit on {n} questions, {labelled} with gold answers (EM over the others)"
     if fitted_on.get("kind") == "unlabelled":
         return f"an unlabelled fit on {n} questions (EM)"
+    if fitted_on.get("kind") == "self-test":
+        return brag.self_test_text(fitted_on)
     return f"a labelled fit on {calibration.get('n_questions', n)} questions"
 
 

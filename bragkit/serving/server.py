@@ -11,6 +11,7 @@ import hashlib
 import html
 import json
 import logging
+import os
 import threading
 import time
 import urllib.parse
@@ -25,7 +26,7 @@ import gradio as gr
 
 import brag
 import calibrate
-from bragkit import llms
+from bragkit import llms, selftest
 from bragkit.serving import uploads
 
 from .corpora import YOUR_DOCUMENTS, CorpusStore, MilvusSettings, own_index
@@ -149,6 +150,14 @@ class LLMPool:
         return llms.make_llm(spec, token, provider, secrets_from_env=False)
 
 
+def self_test_setting() -> bool:
+    """``BRAG_SELF_TEST``: on (the default) or off."""
+    value = os.environ.get("BRAG_SELF_TEST", "on").strip().lower()
+    if value not in ("on", "off", "1", "0", "true", "false"):
+        raise SystemExit(f"BRAG_SELF_TEST must be on or off, got {value!r}")
+    return value in ("on", "1", "true")
+
+
 def _failure(err: Exception) -> RequestRefused:
     """The message a user sees for a failed request; never a stack trace, never the token."""
     if isinstance(err, brag.RunAborted):
@@ -188,6 +197,10 @@ class Settings:
     milvus: MilvusSettings | None = None  # BRAG_MILVUS_URI: the owner's collections
     concurrency: int = 16
     cache_dir: Path = field(default_factory=brag.cache_dir)
+    self_test: bool = True  # BRAG_SELF_TEST=off turns "Check these documents" and /calibrate's self-test off
+    self_test_model: str = (
+        ""  # BRAG_SELF_TEST_MODEL: the model that writes self-test questions (the reader's)
+    )
 
     @classmethod
     def from_env(cls) -> Settings:
@@ -207,6 +220,8 @@ class Settings:
             milvus=MilvusSettings.from_env(),
             concurrency=concurrency(),
             cache_dir=brag.cache_dir(),
+            self_test=self_test_setting(),
+            self_test_model=os.environ.get("BRAG_SELF_TEST_MODEL", "").strip(),
         )
 
 
@@ -249,6 +264,9 @@ class Server:
         # models. A request names one, names one that /calibrate kept, or sends JSON.
         self.shipped = brag.shipped_calibrations()
         self.kept = KeptCalibrations(settings.cache_dir / "calibrations")
+        # Each corpus's self-test fit, by model and corpus fingerprint: /brag uses it unasked.
+        self.self_tests = calibrate.kept_self_tests(settings.cache_dir)
+        self._generator: llms.LLM | None = None
         self.store = CorpusStore(settings.limits, settings.own_index, settings.milvus)
         self.llms = LLMPool(settings.endpoints, settings.models)
         limits = settings.limits
@@ -391,11 +409,17 @@ class Server:
             ask.corpus, ask.documents, ask.files, ask.session, ask.gone, ask.caller
         )
         backend = self.llms.get(ask.model, ask.hf_token, ask.provider)
-        cal = read_calibration(
+        cal = self._own_fit(ask.calibration, chosen, backend) or read_calibration(
             ask.calibration, label, brag.llm_name(backend), self.shipped, self.kept, self.limits
         )
         unit, prices = pricing
         return chosen, label, brag.BRAG(backend, calibration=cal, lam=lam, cost=unit, prices=prices)
+
+    def _own_fit(self, named: Any, corpus: brag.Retriever, backend: llms.LLM) -> brag.Calibration | None:
+        """The corpus's self-test fit for this model, when the request names no calibration."""
+        if (isinstance(named, str) and named.strip()) or (named and not isinstance(named, str)):
+            return None
+        return self.self_tests.load(brag.llm_name(backend), corpus.fingerprint())
 
     def run_calibrate(
         self,
@@ -406,13 +430,26 @@ class Server:
         hf_token: str,
         provider: str,
         files: list[str] | None = None,
+        self_test: bool = False,
         progress: gr.Progress = gr.Progress(),  # noqa: B008 (Gradio's own idiom)
         request: gr.Request = None,  # type: ignore[assignment]  # Gradio passes it; not an API input
     ) -> str:
-        """Fit a calibration for a model and corpus from labelled questions (JSON out; kept by name)."""
+        """Fit a calibration for a model and corpus (JSON out; kept by name).
+
+        From labelled questions; or, with ``self_test`` (or no questions at all), from questions
+        BRAG writes from the documents, with any labelled ones added (:mod:`bragkit.selftest`).
+        A self-test's fit (without labels) is kept for the model and corpus, and /brag then uses
+        it unasked.
+        """
         gone = caller_gone(self.cancels)
         with self._scrubbed_errors(), self.callers.slot(request, "calibrate"):
-            items = read_labelled(labelled_json, self.limits)
+            empty = labelled_json is None or (isinstance(labelled_json, str) and not labelled_json.strip())
+            self_test = self_test is True or empty
+            if self_test and not self.settings.self_test:
+                raise refused(
+                    "Self-tests are turned off on this server (BRAG_SELF_TEST=off): give labelled questions."
+                )
+            items = read_labelled(labelled_json, self.limits, self_test=self_test)
             try:
                 # One call, no yields inside: the deadline and the cancel check hold for all of it,
                 # for every LLM call and between questions.
@@ -421,13 +458,87 @@ class Server:
                     caller = self.callers.address(request) if request is not None else ""
                     chosen, label = self.pick_corpus(corpus, documents, files, session, gone, caller)
                     backend = self.llms.get(model, hf_token, provider)
-                    result = _fit(items, chosen, label, backend, model, progress)
+                    if self_test:
+                        result = self._self_test(items, chosen, label, backend, model, progress, gone)
+                    else:
+                        result = _fit(items, chosen, label, backend, model, progress)
             except RequestRefused:
                 raise
+            except selftest.Cancelled:
+                raise refused("The self-test was cancelled; nothing was kept.") from None
             except Exception as err:
                 raise _failure(err) from None
+            if self_test and not items:
+                # Only a self-test of the documents alone is kept for everyone who asks over them:
+                # a caller's own labels (right or not) shape only the fit returned to that caller.
+                self.self_tests.keep(result)
             name = self.kept.keep(result)
             return self.secrets.scrub(json.dumps({**result, "name": name}, indent=1))
+
+    def check_documents(
+        self,
+        corpus: str,
+        documents: str,
+        model: str,
+        hf_token: str,
+        provider: str,
+        files: list[str] | None = None,
+        progress: gr.Progress = gr.Progress(),  # noqa: B008 (Gradio's own idiom)
+        request: gr.Request = None,  # type: ignore[assignment]
+    ) -> str:
+        """The page's "Check these documents": a self-test of the Ask tab's corpus, in words."""
+        fitted = json.loads(
+            self.run_calibrate(
+                "", corpus, documents, model, hf_token, provider, files, True, progress, request
+            )
+        )
+        return f"✓ {brag.calibration_status(brag.load_calibration(fitted), str(fitted.get('model')))}. " + (
+            "Your questions over these documents use it from now on."
+        )
+
+    def _self_test(
+        self,
+        items: list[calibrate.Labelled],
+        corpus: brag.Corpus,
+        label: str,
+        backend: llms.LLM,
+        model: Any,
+        progress: gr.Progress,
+        gone: Callable[[], bool],
+    ) -> dict[str, Any]:
+        """A self-test of ``corpus`` within the server's bounds, refitting the model's shipped fit."""
+        limits = self.limits
+        plan = calibrate.SelfTestPlan(
+            questions=limits.self_test_questions,
+            tries=4 * limits.self_test_questions,
+            seconds=min(limits.self_test_seconds, limits.calibrate_timeout),
+        )
+        progress(0.0, desc="Writing questions from your documents")
+
+        def on_progress(fraction: float, what: str) -> None:
+            llms.time_left()  # raises once the caller has gone or the deadline passed
+            progress(fraction, desc=what)
+
+        fitted = calibrate.calibrate_corpus(
+            corpus,
+            backend,
+            brag.shipped_calibration(brag.llm_name(backend), label, self.shipped),
+            generator=self._self_test_writer(),
+            plan=plan,
+            labelled=items,
+            on_progress=on_progress,
+            should_stop=gone,
+        )
+        return {**fitted, "model_spec": model_label(model), "corpus_label": label}
+
+    def _self_test_writer(self) -> llms.LLM | None:
+        """The owner's model for writing self-test questions (BRAG_SELF_TEST_MODEL), else None: the reader."""
+        spec = self.settings.self_test_model
+        if not spec:
+            return None
+        if self._generator is None:
+            self._generator = llms.make_llm(llms.parse_model(spec))
+        return self._generator
 
     def show_calibration(self, text: Any) -> tuple[Any, Any]:
         """The calibration tab's table and its file to download, for the fit /calibrate just kept.

@@ -1,0 +1,472 @@
+"""Self-test questions: questions with known answers, written from a corpus's own passages.
+
+A user's documents are not the benchmarks BRAG was calibrated on, and users rarely label
+questions. So BRAG writes its own (docs/calibration.md, "Your documents"):
+
+1. **Passages** drawn over the whole corpus: every document, every part of it (:func:`draw`).
+2. **An answer span first**, chosen in the passage by its shape: an option, a variable, a
+   path, a function, a number, a name (:func:`answer_spans`). A model asked for a question
+   *and* its answer gives answers that are wrong, long or cut by a line break; a span taken
+   from the text is the passage's own words.
+3. **A question for that span**, from the generator model (the reader by default), in the
+   passage's language, worded as a user would ask rather than copied (:func:`question_messages`).
+4. **Checks**, each refusing a pair and counted in the :class:`Yield`: the question names the
+   span, or is a near-duplicate of one kept; the question does not find its passage among the
+   top ``FIND_WITHIN`` retrieved (it is too vague to be asked of the corpus); a read of the
+   passage alone does not give the span back (the roundtrip of Alberti et al., 2019).
+
+:func:`self_test` returns the kept pairs; ``calibrate.calibrate_corpus`` runs every action on
+them and refits the model's pooled fit (``calibrate.self_test_fit``).
+Every call goes through the LLM handed in (a cache, a budget) and the :class:`Budget` here
+bounds tries, calls and seconds; ``should_stop`` cancels between calls.
+"""
+
+from __future__ import annotations
+
+import random
+import re
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import asdict, dataclass, field
+from typing import Any
+
+import brag
+
+# A question must find its passage this deep in the ranking to be asked of the corpus at all.
+FIND_WITHIN = 20
+# Two questions this similar (Jaccard of their words) ask the same thing.
+NEAR_DUPLICATE = 0.6
+MAX_SPAN_CHARS = 60
+DRAW_POOL = 4  # positions looked at per passage drawn (a collection is never read whole)
+PASSAGES_PER_TRY = 8  # passages drawn per try the budget allows: many have no answer of a known shape
+SPANS_PER_PASSAGE = 2
+RARE_SHARE = 0.02  # an answer's rarest word stands in at most this share of the passages
+QUESTION_TOKENS = 48
+
+
+@dataclass(frozen=True)
+class Budget:
+    """What one self-test may spend: questions to keep, pairs to try, LLM calls, seconds."""
+
+    questions: int = 30
+    tries: int = 75
+    calls: int = 160  # generation and roundtrip calls together
+    seconds: float = 600.0
+
+    def __post_init__(self) -> None:
+        if not (1 <= self.questions <= self.tries and self.calls >= 2 and self.seconds > 0):
+            raise brag.InputError("self-test budget: 1 <= questions <= tries, calls >= 2, seconds > 0")
+
+
+@dataclass
+class Yield:
+    """How many pairs each check refused, and how many were kept, of those tried."""
+
+    tried: int = 0  # questions asked of the generator
+    no_span: int = 0  # passages passed over: no rare answer span of a known shape
+    no_question: int = 0  # the generator wrote nothing usable
+    names_answer: int = 0
+    duplicate: int = 0
+    vague: int = 0  # the question does not find its passage
+    roundtrip: int = 0  # a read of the passage alone does not give the span back
+    kept: int = 0
+
+    def as_dict(self) -> dict[str, Any]:
+        """Its counts, and the share of tries kept."""
+        return {**asdict(self), "rate": round(self.kept / self.tried, 4) if self.tried else 0.0}
+
+
+@dataclass(frozen=True)
+class Pair:
+    """A kept question, its answer span, and the passage it was written from."""
+
+    question: str
+    answer: str
+    passage: int
+    source: str  # the passage's label (file and heading)
+
+
+@dataclass
+class SelfTest:
+    """The kept pairs, the filter's yield, and what writing them cost."""
+
+    pairs: list[Pair]
+    yield_: Yield
+    generator: str
+    language: str
+    calls: int = 0
+    seconds: float = 0.0
+    stopped: str = ""  # why it ended before keeping enough: "budget", "time", "cancelled", "passages"
+    pairs_tried: list[dict[str, Any]] = field(default_factory=list)  # every try and its verdict
+
+    def summary(self) -> dict[str, Any]:
+        """What a calibration records of it (``fitted_on``)."""
+        return {
+            "generator": self.generator,
+            "language": self.language,
+            "yield": self.yield_.as_dict(),
+            "generation_calls": self.calls,
+            "generation_seconds": round(self.seconds, 1),
+            **({"stopped": self.stopped} if self.stopped else {}),
+        }
+
+
+# ------------------------------------------------------------------------------------------
+# Passages and answer spans
+# ------------------------------------------------------------------------------------------
+
+
+def draw(corpus: brag.Retriever, n: int, seed: int = 0) -> list[int]:
+    """``n`` passage ids spread over the corpus: documents in turn, each at evenly spaced parts.
+
+    At most ``DRAW_POOL`` times ``n`` positions, evenly spaced over the whole corpus, are looked
+    at (a large collection is never read whole); they are grouped by document
+    (:meth:`brag.Passage.document`) in corpus order, each document gives passages at evenly
+    spaced positions with a seeded offset, and documents take turns, so a corpus of many files
+    is covered before any file is read twice.
+    """
+    rng = random.Random(seed)
+    size = len(corpus)
+    looked = min(size, DRAW_POOL * max(1, n))
+    stride = size / looked if looked else 1.0
+    start = rng.random() * stride if looked < size else 0.0
+    groups: dict[str, list[int]] = {}
+    for i in dict.fromkeys(min(size - 1, int(start + j * stride)) for j in range(looked)):
+        groups.setdefault(corpus[i].document(i), []).append(i)
+    per_doc = -(-n // max(1, len(groups)))
+    spread: list[list[int]] = []
+    for ids in groups.values():
+        step = max(1.0, len(ids) / per_doc)
+        offset = rng.random() * step
+        picked = list(dict.fromkeys(ids[min(len(ids) - 1, int(offset + j * step))] for j in range(per_doc)))
+        rng.shuffle(picked)
+        spread.append(picked)
+    rng.shuffle(spread)
+    order = [ids[j] for j in range(per_doc) for ids in spread if j < len(ids)]
+    return order[:n]
+
+
+# Answer shapes, most specific first: the order is the preference when a sentence has several.
+_SHAPES: tuple[re.Pattern[str], ...] = (
+    re.compile(r"(?<![\w-])--?[A-Za-z][\w-]*[A-Za-z0-9](?:=[\w./-]+)?"),  # an option
+    re.compile(r"(?<![\w/])(?:~|\.)?/(?:[\w.-]+/)*[\w.-]*\w|~/\.?[\w.-]+"),  # a path
+    re.compile(r"\b[A-Za-z_][\w.]*\(\)"),  # a function
+    re.compile(r"\b[A-Z][A-Z0-9]*_[A-Z0-9_]+\b|\b[A-Z]{4,}[0-9]*\b"),  # a variable or constant
+    re.compile(r"\b[a-z][a-z0-9]*(?:_[a-z0-9]+)+\b"),  # an identifier
+    re.compile(r"(?:(?<=\bnamed )|(?<=\bcalled ))\w[\w.-]*\w"),  # a named thing
+    re.compile(r"(?<![\w.])\d+(?:[.,]\d+)?(?![\w.]|[.,]\d)"),  # a number
+    # A name in the middle of a sentence (a capitalised run after a lower-case word).
+    re.compile(r"(?<=[a-z,] )[A-Z][a-z]+(?: (?:[A-Z][a-z]+|de|von|van|of))* [A-Z][a-z]+\b(?! [A-Z])"),
+    re.compile(r"[\"“‘`]([^\"”’`\n]{2,40})[\"”’`]"),  # a quoted term
+)
+# Numbers that label the text rather than say something: years in a copyright line, section numbers.
+_LABEL_LIKE = re.compile(r"^(?:19|20)\d\d$|^\d+\.\d+\.")
+# A cross-reference names a page or a section: "Section 3.8 [Shell Scripts], page 91".
+_REFERENCE = re.compile(r"(?:page|pages|p\.|section|chapter|seite|abschnitt|kapitel)\s*$", re.IGNORECASE)
+_RUNNING_HEAD = re.compile(r"(?:Chapter|Kapitel|Chapitre|Appendix|Anhang) [\dA-Z]+: [^.]{0,60}? \d+\b")
+_SENTENCE = re.compile(r"(?<=[.!?。！？])\s+|\n+")
+MIN_SENTENCE_WORDS = 6  # a span is taken from a statement, not from a heading or a list entry
+MAX_SENTENCE_CHARS = 400
+
+
+@dataclass(frozen=True)
+class Span:
+    """A candidate answer, and the sentence of the passage it stands in."""
+
+    text: str
+    sentence: str
+
+    def cloze(self) -> str:
+        """The sentence with the answer blanked out: what the generator turns into a question."""
+        return self.sentence.replace(self.text, "____", 1)
+
+
+def is_listing(text: str) -> bool:
+    """Whether a passage is a table of contents or an index: leader dots, or mostly numbers."""
+    tokens = text.split()
+    numbers = sum(token.rstrip(".,;").isdigit() for token in tokens)
+    return text.count(". . .") >= 3 or (len(tokens) >= 20 and numbers >= 0.2 * len(tokens))
+
+
+def answer_spans(text: str, title: str = "") -> list[Span]:
+    """Short answer spans in ``text``, best first, each with its sentence.
+
+    A span must stand once in the passage (so the question has one answer there), in a
+    sentence of at least ``MIN_SENTENCE_WORDS`` words (headings and index entries are not
+    statements; a PDF's line breaks are gone by then), not be a page or section reference, a
+    bracketed title or a word cut by a hyphen, nor part of the title (a question about the
+    heading is answered by the heading), and be at most ``MAX_SPAN_CHARS`` long. A table of
+    contents or an index gives none. Shapes come in the order of ``_SHAPES``; within one,
+    earlier in the passage first.
+    """
+    if is_listing(text):
+        return []
+    sentences = [
+        " ".join(part.split())
+        for part in _SENTENCE.split(text)
+        if len(part.split()) >= MIN_SENTENCE_WORDS and len(part) <= MAX_SENTENCE_CHARS
+    ]
+    folded_title = title.casefold()
+    found: dict[str, Span] = {}
+    for pattern in _SHAPES:
+        for sentence in sentences:
+            if _RUNNING_HEAD.search(sentence):  # a PDF page's running head holds its page number
+                sentence = _RUNNING_HEAD.sub(" ", sentence)
+            for match in pattern.finditer(sentence):
+                span = (match.group(1) if match.groups() else match.group(0)).strip(" .,;:")
+                if _is_reference(sentence, match.start(), match.end()) or span in found:
+                    continue
+                if _usable(span, text, folded_title):
+                    found[span] = Span(span, sentence)
+    return list(found.values())
+
+
+def _is_reference(line: str, start: int, end: int) -> bool:
+    """A page or section reference, a bracketed title, a heading's number, or a word cut by a hyphen."""
+    before, after = line[max(0, start - 12) : start], line[end : end + 3]
+    if _REFERENCE.search(before) or before.endswith("[") or after.startswith(("]", "-", "- ")):
+        return True
+    return bool(re.fullmatch(r"\d+(?:\.\d+)+", line[start:end])) and after[1:2].isupper()
+
+
+def _usable(span: str, text: str, folded_title: str) -> bool:
+    if not 2 <= len(span) <= MAX_SPAN_CHARS or _LABEL_LIKE.search(span):
+        return False
+    if span.casefold() in folded_title or len(re.findall(re.escape(span), " ".join(text.split()))) != 1:
+        return False
+    return bool(brag.normalize_answer(span)) and not brag.is_no_answer(span)
+
+
+# ------------------------------------------------------------------------------------------
+# The generator's prompt, and the checks
+# ------------------------------------------------------------------------------------------
+
+# The generator sees the sentence with its answer blanked out, and neither the passage nor the
+# answer: a small model shown a passage asks about something else in it, and one shown the
+# answer puts it in the question. A sentence is a short prompt, too.
+_QUESTION_INSTRUCTIONS = (
+    "You turn a fill-in-the-blank sentence from a manual into a question whose answer is what "
+    "fills the blank (____). Write one short question, as a user of the manual would ask it, in "
+    "your own words rather than the sentence's. Name what it is about (the program, command, "
+    "option or setting), so that it can be understood without the sentence."
+)
+_QUESTION_EXAMPLES: tuple[tuple[str, str], ...] = (
+    (
+        "With --tries=number, wget retries a failed download; the default is to retry ____ times.",
+        "Question: How many times does wget retry a failed download by default?",
+    ),
+    (
+        "Options are also taken from the environment variable ____, which less reads when it starts.",
+        "Question: Which environment variable can hold default options for less?",
+    ),
+    ("Lake Orla lies in ____ and covers 12 square kilometres.", "Question: In which country is Lake Orla?"),
+)
+
+
+def _question_turn(cloze: str) -> str:
+    return f"Sentence: {cloze}"
+
+
+def question_messages(passage: brag.Passage, span: Span) -> list[dict[str, str]]:
+    """The generator's prompt: worked examples, then the passage's source and the blanked sentence.
+
+    For a passage in another language, the question is asked for in that language.
+    """
+    language = brag.language_of(passage.shown())
+    named = brag.LANGUAGE_NAMES.get(language, "the language of the sentence")
+    said = "" if language == "en" else f" Write the question in {named}, the language of the sentence."
+    messages = [{"role": "system", "content": _QUESTION_INSTRUCTIONS + said}]
+    for cloze, reply in _QUESTION_EXAMPLES:
+        messages += [
+            {"role": "user", "content": _question_turn(cloze)},
+            {"role": "assistant", "content": reply},
+        ]
+    return [*messages, {"role": "user", "content": _question_turn(span.cloze())}]
+
+
+def parse_question(text: str) -> str:
+    """The question in a generator's reply: its ``Question:`` line, else its first line ending in ?."""
+    lines = [line.strip() for line in text.strip().splitlines() if line.strip()]
+    for line in lines:
+        label, colon, rest = line.partition(":")
+        if colon and label.strip().casefold() in ("question", "frage", "question posée", "pregunta", "问题"):
+            line = rest.strip()
+        if line.endswith(("?", "？")) and 3 <= len(line.split()) <= 40:
+            return " ".join(line.split())
+    return ""
+
+
+def names_answer(question: str, span: str) -> bool:
+    """Whether the question holds the span (by words, so "--quiet" is found in "the quiet flag")."""
+    asked = f" {brag.normalize_answer(question)} "
+    return f" {brag.normalize_answer(span)} " in asked
+
+
+def _words(text: str) -> frozenset[str]:
+    return frozenset(brag.tokenize(text))
+
+
+def is_near_duplicate(question: str, kept: Sequence[str]) -> bool:
+    """Whether ``question`` shares at least ``NEAR_DUPLICATE`` of its words with a kept one."""
+    mine = _words(question)
+    for other in kept:
+        theirs = _words(other)
+        if mine and theirs and len(mine & theirs) / len(mine | theirs) >= NEAR_DUPLICATE:
+            return True
+    return False
+
+
+def roundtrip(reader: brag.LLM, question: str, passage: brag.Passage, span: str) -> tuple[bool, str]:
+    """Whether a read of the passage alone answers ``question`` with ``span``, and its answer."""
+    reply = reader.complete(
+        brag.read_messages(question, [passage]), max_tokens=48, stop=brag.READ_STOP, temperature=0.0
+    )
+    answer, _ = brag.parse_reading(reply.texts[0] if reply.texts else "")
+    return brag.is_correct(answer, [span]), answer
+
+
+# ------------------------------------------------------------------------------------------
+# The self-test
+# ------------------------------------------------------------------------------------------
+
+
+class Cancelled(RuntimeError):
+    """The caller asked the self-test to stop."""
+
+
+def self_test(
+    corpus: brag.Retriever,
+    reader: brag.LLM,
+    *,
+    generator: brag.LLM | None = None,
+    budget: Budget = Budget(),
+    seed: int = 0,
+    on_progress: Callable[[int, int, str], None] | None = None,
+    should_stop: Callable[[], bool] | None = None,
+) -> SelfTest:
+    """Write up to ``budget.questions`` checked questions from ``corpus``.
+
+    ``generator`` writes the questions (default: the ``reader``); the reader makes the
+    roundtrip check, as it will answer them. Ends when enough are kept, or the budget's tries,
+    calls or seconds run out, or ``should_stop()`` says so (checked before every call): what was
+    kept so far is returned, with ``stopped`` saying why.
+    """
+    if len(corpus) == 0:
+        raise brag.InputError("self-test: the corpus has no passages")
+    writer = generator or reader
+    sample = " ".join(corpus[i].shown() for i in draw(corpus, 20, seed))
+    result = SelfTest([], Yield(), brag.llm_name(writer), brag.language_of(sample[:20_000]))
+    started = time.monotonic()
+
+    def spend() -> None:
+        if should_stop is not None and should_stop():
+            raise Cancelled("self-test cancelled")
+        if result.calls >= budget.calls:
+            raise _OutOfBudget("budget")
+        if time.monotonic() - started > budget.seconds:
+            raise _OutOfBudget("time")
+        result.calls += 1
+
+    try:
+        for passage_id in draw(corpus, min(len(corpus), PASSAGES_PER_TRY * budget.tries), seed):
+            if len(result.pairs) >= budget.questions:
+                break
+            if result.yield_.tried >= budget.tries:
+                raise _OutOfBudget("budget")
+            verdict = _try(corpus, passage_id, reader, writer, result.pairs, spend, result)
+            if on_progress is not None and verdict != "no_span":
+                on_progress(len(result.pairs), budget.questions, verdict)
+        else:
+            if len(result.pairs) < budget.questions:
+                result.stopped = "passages"
+    except _OutOfBudget as out:
+        result.stopped = str(out)
+    except Cancelled:
+        result.stopped = "cancelled"
+    result.seconds = time.monotonic() - started
+    result.yield_.kept = len(result.pairs)
+    return result
+
+
+class _OutOfBudget(Exception):
+    pass
+
+
+def _rare(corpus: brag.Retriever, span: str) -> bool:
+    """Whether a span's rarest word stands in few passages: a common one makes the question ambiguous."""
+    tokens = brag.tokenize(span, getattr(corpus, "analyzer", None))
+    limit = max(RARE_SHARE, 2 / max(1, len(corpus)))
+    return bool(tokens) and min(corpus.document_share(t) for t in tokens) <= limit
+
+
+def _try(
+    corpus: brag.Retriever,
+    passage_id: int,
+    reader: brag.LLM,
+    writer: brag.LLM,
+    kept: list[Pair],
+    spend: Callable[[], None],
+    result: SelfTest,
+) -> str:
+    """One passage: its spans in turn until a question for one is worth checking; the verdict.
+
+    A question that names its answer, or no question at all, says the span was hard to ask
+    for, so the passage's next span gets a try (``SPANS_PER_PASSAGE`` in all).
+    """
+    passage = corpus[passage_id]
+    spans = [span for span in answer_spans(passage.shown_body(), passage.title) if _rare(corpus, span.text)]
+    if not spans:
+        result.yield_.no_span += 1
+        result.pairs_tried.append({"passage": passage_id, "source": passage.label(), "verdict": "no_span"})
+        return "no_span"
+    verdict = "no_span"
+    for span in spans[:SPANS_PER_PASSAGE]:
+        verdict = _try_span(corpus, passage_id, span, reader, writer, kept, spend, result)
+        if verdict not in ("names_answer", "no_question"):
+            break
+    return verdict
+
+
+def _try_span(
+    corpus: brag.Retriever,
+    passage_id: int,
+    span: Span,
+    reader: brag.LLM,
+    writer: brag.LLM,
+    kept: list[Pair],
+    spend: Callable[[], None],
+    result: SelfTest,
+) -> str:
+    """Ask for a question whose answer is ``span``, check it, count the verdict in the yield."""
+    passage = corpus[passage_id]
+    result.yield_.tried += 1
+    spend()
+    reply = writer.complete(question_messages(passage, span), max_tokens=QUESTION_TOKENS, stop=["\n\n"])
+    question = parse_question(reply.texts[0] if reply.texts else "")
+    tried = {"passage": passage_id, "source": passage.label(), "answer": span.text, "question": question}
+    verdict = _check(corpus, passage_id, question, span.text, kept)
+    if verdict == "ok":
+        spend()
+        right, tried["read"] = roundtrip(reader, question, passage, span.text)
+        verdict = "kept" if right else "roundtrip"
+    if verdict == "kept":
+        result.pairs.append(Pair(question, span.text, passage_id, passage.label()))
+    else:
+        setattr(result.yield_, verdict, getattr(result.yield_, verdict) + 1)
+    result.pairs_tried.append({**tried, "verdict": verdict})
+    return verdict
+
+
+def _check(corpus: brag.Retriever, passage_id: int, question: str, span: str, kept: Sequence[Pair]) -> str:
+    """The first check the question fails, or "ok" (the roundtrip comes after, as it costs a call)."""
+    if not question:
+        return "no_question"
+    if names_answer(question, span):
+        return "names_answer"
+    if is_near_duplicate(question, [p.question for p in kept]) or any(
+        brag.same_answer(p.answer, span) for p in kept
+    ):
+        return "duplicate"
+    if passage_id not in [i for i, score in corpus.retrieve(question, FIND_WITHIN).hits if score > 0]:
+        return "vague"
+    return "ok"
