@@ -435,6 +435,7 @@ COLUMNS = (
     "ece",
     "auroc",
     "brier",
+    "guesses",
     "guess_right",
     "sure_right",
     "calls",
@@ -454,7 +455,9 @@ def _set_table(name: str, found: dict[str, Any]) -> list[str]:
         "|---" * (len(COLUMNS) + 6) + "|",
     ]
     for strategy, s in found["scores"].items():
-        cells = [_f(s.get(c), 0 if c == "tokens" else 3) for c in COLUMNS] + [_f(s.get(c)) for c in LATER]
+        cells = [_f(s.get(c), 0 if c == "tokens" else 2 if c == "seconds" else 3) for c in COLUMNS] + [
+            _f(s.get(c)) for c in LATER
+        ]
         lines.append(f"| {strategy} | {s['n']} | " + " | ".join(cells) + " |")
     return lines
 

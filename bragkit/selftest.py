@@ -23,6 +23,7 @@ bounds tries, calls and seconds; ``should_stop`` cancels between calls.
 
 from __future__ import annotations
 
+import itertools
 import random
 import re
 import time
@@ -40,6 +41,7 @@ MAX_SPAN_CHARS = 60
 DRAW_POOL = 4  # positions looked at per passage drawn (a collection is never read whole)
 PASSAGES_PER_TRY = 8  # passages drawn per try the budget allows: many have no answer of a known shape
 SPANS_PER_PASSAGE = 2
+ROUNDS = 3  # passes over the drawn passages, each with every passage's next span
 RARE_SHARE = 0.02  # an answer's rarest word stands in at most this share of the passages
 QUESTION_TOKENS = 48
 
@@ -196,18 +198,19 @@ def answer_spans(text: str, title: str = "") -> list[Span]:
     statements; a PDF's line breaks are gone by then), not be a page or section reference, a
     bracketed title or a word cut by a hyphen, nor part of the title (a question about the
     heading is answered by the heading), and be at most ``MAX_SPAN_CHARS`` long. A table of
-    contents or an index gives none. Shapes come in the order of ``_SHAPES``; within one,
-    earlier in the passage first.
+    contents or an index gives none. Terms a reference defines on a line of their own come first
+    (:func:`_defined_terms`); then shapes in the order of ``_SHAPES``, within one earlier in the
+    passage first.
     """
     if is_listing(text):
         return []
+    found = _defined_terms(text, title.casefold())
     sentences = [
         " ".join(part.split())
         for part in _SENTENCE.split(text)
         if len(part.split()) >= MIN_SENTENCE_WORDS and len(part) <= MAX_SENTENCE_CHARS
     ]
     folded_title = title.casefold()
-    found: dict[str, Span] = {}
     for pattern in _SHAPES:
         for sentence in sentences:
             if _RUNNING_HEAD.search(sentence):  # a PDF page's running head holds its page number
@@ -219,6 +222,26 @@ def answer_spans(text: str, title: str = "") -> list[Span]:
                 if _usable(span, text, folded_title):
                     found[span] = Span(span, sentence)
     return list(found.values())
+
+
+def _defined_terms(text: str, folded_title: str) -> dict[str, Span]:
+    """Terms a reference defines on a line of their own, each with the sentence under it.
+
+    Option and setting lists put the term alone on a line ("--smarthome", "set afterends") and
+    describe it on the next; the description is the sentence the question is asked from, with
+    the term in front of it ("____: Make the Home key smarter.").
+    """
+    lines = [" ".join(line.split()) for line in text.splitlines()]
+    found: dict[str, Span] = {}
+    for term, described in itertools.pairwise(lines):
+        words = term.split()
+        if not 1 <= len(words) <= 3 or len(described.split()) < MIN_SENTENCE_WORDS:
+            continue
+        shaped = next((m.group(0) for p in _SHAPES[:5] if (m := p.search(term))), None)
+        if shaped is not None and shaped not in found and _usable(shaped, text, folded_title):
+            sentence = described.split(". ")[0].rstrip(".")
+            found[shaped] = Span(shaped, f"{term}: {sentence[:MAX_SENTENCE_CHARS]}.")
+    return found
 
 
 def _is_reference(line: str, start: int, end: int) -> bool:
@@ -367,18 +390,24 @@ def self_test(
             raise _OutOfBudget("time")
         result.calls += 1
 
+    passages = draw(corpus, min(len(corpus), PASSAGES_PER_TRY * budget.tries), seed)
+    asked: dict[int, set[str]] = {}  # the spans each passage has been asked about
     try:
-        for passage_id in draw(corpus, min(len(corpus), PASSAGES_PER_TRY * budget.tries), seed):
-            if len(result.pairs) >= budget.questions:
-                break
-            if result.yield_.tried >= budget.tries:
-                raise _OutOfBudget("budget")
-            verdict = _try(corpus, passage_id, reader, writer, result.pairs, spend, result)
-            if on_progress is not None and verdict != "no_span":
-                on_progress(len(result.pairs), budget.questions, verdict)
-        else:
-            if len(result.pairs) < budget.questions:
-                result.stopped = "passages"
+        # A small corpus runs out of passages first: each later round asks about the next span
+        # of every passage that has one, in the same order.
+        for _ in range(ROUNDS):
+            for passage_id in passages:
+                if len(result.pairs) >= budget.questions:
+                    break
+                if result.yield_.tried >= budget.tries:
+                    raise _OutOfBudget("budget")
+                verdict = _try(
+                    corpus, passage_id, reader, writer, asked.setdefault(passage_id, set()), spend, result
+                )
+                if on_progress is not None and verdict not in ("no_span", "done"):
+                    on_progress(len(result.pairs), budget.questions, verdict)
+        if len(result.pairs) < budget.questions:
+            result.stopped = "passages"
     except _OutOfBudget as out:
         result.stopped = str(out)
     except Cancelled:
@@ -404,24 +433,30 @@ def _try(
     passage_id: int,
     reader: brag.LLM,
     writer: brag.LLM,
-    kept: list[Pair],
+    asked: set[str],
     spend: Callable[[], None],
     result: SelfTest,
 ) -> str:
-    """One passage: its spans in turn until a question for one is worth checking; the verdict.
+    """One passage: its spans not yet ``asked`` in turn until a question for one is worth checking.
 
     A question that names its answer, or no question at all, says the span was hard to ask
-    for, so the passage's next span gets a try (``SPANS_PER_PASSAGE`` in all).
+    for, so the passage's next span gets a try (``SPANS_PER_PASSAGE`` in all). The verdict, or
+    "done" when every span of the passage has been asked about.
     """
     passage = corpus[passage_id]
     spans = [span for span in answer_spans(passage.shown_body(), passage.title) if _rare(corpus, span.text)]
     if not spans:
-        result.yield_.no_span += 1
-        result.pairs_tried.append({"passage": passage_id, "source": passage.label(), "verdict": "no_span"})
+        if not asked:  # counted once, in the first round
+            asked.add("")
+            result.yield_.no_span += 1
+            result.pairs_tried.append(
+                {"passage": passage_id, "source": passage.label(), "verdict": "no_span"}
+            )
         return "no_span"
-    verdict = "no_span"
-    for span in spans[:SPANS_PER_PASSAGE]:
-        verdict = _try_span(corpus, passage_id, span, reader, writer, kept, spend, result)
+    verdict = "done"
+    for span in [span for span in spans if span.text not in asked][:SPANS_PER_PASSAGE]:
+        asked.add(span.text)
+        verdict = _try_span(corpus, passage_id, span, reader, writer, result.pairs, spend, result)
         if verdict not in ("names_answer", "no_question"):
             break
     return verdict

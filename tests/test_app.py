@@ -4,6 +4,7 @@ a real browser."""
 
 from __future__ import annotations
 
+import contextlib
 import html
 import json
 import math
@@ -1111,13 +1112,28 @@ SELF_TEST_DOCS = "\n".join(selftest_reader.SENTENCES)
 
 
 def self_test_reader(request: dict) -> Reply:
-    """The self-test reader of tests/selftest_reader.py, its question-writing slowed when asked to."""
-    texts = selftest_reader.replies(request["messages"], int(request.get("n") or 1))
-    slow = "zorch" in request["messages"][-1]["content"] and SLOW_SELF_TEST.is_set()
-    return Reply(texts=texts, delay=2.0 if slow else 0.0)
+    """The self-test reader of tests/selftest_reader.py; while a test holds the self-test, a call
+    about zorch waits until the test lets it go (so the test sees the self-test under way)."""
+    if HOLD_SELF_TEST.is_set() and "zorch" in request["messages"][-1]["content"].casefold():
+        HELD.set()
+        RELEASE.wait(timeout=120)
+    return Reply(texts=selftest_reader.replies(request["messages"], int(request.get("n") or 1)))
 
 
-SLOW_SELF_TEST = threading.Event()
+HOLD_SELF_TEST, HELD, RELEASE = threading.Event(), threading.Event(), threading.Event()
+
+
+@contextlib.contextmanager
+def held_self_test():
+    """Hold a self-test at its zorch call until the block ends."""
+    HELD.clear()
+    RELEASE.clear()
+    HOLD_SELF_TEST.set()
+    try:
+        yield
+    finally:
+        HOLD_SELF_TEST.clear()
+        RELEASE.set()
 
 
 @pytest.fixture(scope="module")
@@ -1172,25 +1188,26 @@ def test_self_tests_take_turns_and_one_stops_when_cancelled(self_test_app):
     app, server = self_test_app
     client = Client(app.url, verbose=False)
     docs = SELF_TEST_DOCS + "\nZorch keeps its spool below the /srv/zorch directory on every host."
-    SLOW_SELF_TEST.set()
-    try:
+    with held_self_test():
         job = client.submit("", "", docs, "", "", "auto", None, True, api_name="/calibrate")
-        deadline = time.monotonic() + 60
-        while not any("zorch" in r["messages"][-1]["content"] for r in server.chat_requests[-3:]):
-            assert time.monotonic() < deadline and not job.done(), "the self-test never started"
-            time.sleep(0.05)
+        assert HELD.wait(timeout=60), "the self-test never started"
         # Self-tests take turns (their own slots): the caller's second one waits in the queue.
         second = client.submit("", "", docs, "", "", "auto", None, True, api_name="/calibrate")
-        time.sleep(1.0)
-        assert second.status().code.name in ("IN_QUEUE", "STARTING") and not second.done()
+        deadline = time.monotonic() + 30
+        while second.status().code.name not in ("IN_QUEUE", "QUEUE"):
+            assert time.monotonic() < deadline, f"the second self-test is {second.status().code.name}"
+            time.sleep(0.1)
+        assert not second.done()
         second.cancel()
         job.cancel()
-        time.sleep(3.0)  # the call under way ends (its reply is slowed to 2 s), then no other starts
-        made = len(server.chat_requests)
-        time.sleep(3.0)
-        assert len(server.chat_requests) == made
-    finally:
-        SLOW_SELF_TEST.clear()
+        deadline = time.monotonic() + 30
+        while not (job.done() and second.done()):
+            assert time.monotonic() < deadline, "a cancelled self-test went on"
+            time.sleep(0.1)
+    time.sleep(1.0)  # the held call returns once released; the cancelled run makes no other
+    made = len(server.chat_requests)
+    time.sleep(2.0)
+    assert len(server.chat_requests) == made
     _, report = client.predict(
         "What does zorch accept?", "", docs, 0.05, "", "", "auto", "", api_name="/brag"
     )
@@ -1205,31 +1222,27 @@ def test_a_real_browser_checks_the_documents_with_progress_then_says_how_it_is_c
 
     app, _ = self_test_app
     docs = SELF_TEST_DOCS + "\nZorch rotates its logs every 3 days unless the operator says otherwise."
-    SLOW_SELF_TEST.set()  # the zorch question takes its time, so the page shows the self-test under way
-    try:
-        with sync_playwright() as p:
-            browser = p.chromium.launch(executable_path=CHROMIUM, args=["--no-sandbox", "--disable-gpu"])
-            page = browser.new_page(viewport={"width": 1280, "height": 900})
-            page.goto(app.url, wait_until="domcontentloaded")
-            page.get_by_role("button", name="Check these documents").wait_for(timeout=30_000)
-            page.get_by_label("Or paste documents", exact=False).first.fill(docs)
+    with sync_playwright() as p:
+        browser = p.chromium.launch(executable_path=CHROMIUM, args=["--no-sandbox", "--disable-gpu"])
+        page = browser.new_page(viewport={"width": 1280, "height": 900})
+        page.goto(app.url, wait_until="domcontentloaded")
+        page.get_by_role("button", name="Check these documents").wait_for(timeout=30_000)
+        page.get_by_label("Or paste documents", exact=False).first.fill(docs)
+        with held_self_test():  # the page shows the self-test under way while it is held
             page.get_by_role("button", name="Check these documents").click()
-            page.get_by_text(re.compile(r"Writing questions: \d+ of 10 kept")).first.wait_for(timeout=60_000)
-            status = page.locator("#self-test")
-            status.filter(has_text="calibrated on 10 self-test questions from your documents").wait_for(
-                timeout=120_000
-            )
-            # The next answer over these documents says so too.
-            page.get_by_label("Question").first.fill(
-                "How many days does zorch keep its logs before rotating?"
-            )
-            page.get_by_role("button", name="Ask").click()
-            page.get_by_text("calibrated on 10 self-test questions from your documents").nth(1).wait_for(
-                timeout=60_000
-            )
-            browser.close()
-    finally:
-        SLOW_SELF_TEST.clear()
+            assert HELD.wait(timeout=60), "the self-test never started"
+            page.get_by_text(re.compile(r"Writing questions")).first.wait_for(timeout=60_000)
+        status = page.locator("#self-test")
+        status.filter(has_text="calibrated on 10 self-test questions from your documents").wait_for(
+            timeout=120_000
+        )
+        # The next answer over these documents says so too.
+        page.get_by_label("Question").first.fill("How many days does zorch keep its logs before rotating?")
+        page.get_by_role("button", name="Ask").click()
+        page.get_by_text("calibrated on 10 self-test questions from your documents").nth(1).wait_for(
+            timeout=60_000
+        )
+        browser.close()
 
 
 def test_a_self_test_with_a_callers_own_labels_is_returned_but_not_kept_for_others(self_test_app):

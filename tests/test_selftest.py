@@ -148,3 +148,37 @@ def test_draw_never_reads_a_large_collection_whole():
     drawn = selftest.draw(big, 20, seed=2)
     assert len(drawn) == 20 and len(big.read) <= selftest.DRAW_POOL * 20
     assert max(drawn) - min(drawn) > 2500  # still spread over the whole collection
+
+
+def test_a_term_defined_on_a_line_of_its_own_is_asked_for_from_its_description():
+    text = "-A\n--smarthome\nMake the Home key smarter when it is pressed anywhere on a line.\n-B"
+    spans = selftest.answer_spans(text)
+    assert spans[0].text == "--smarthome"
+    assert spans[0].cloze() == "____: Make the Home key smarter when it is pressed anywhere on a line."
+
+
+def test_a_small_corpus_asks_about_each_passages_next_span_in_later_rounds():
+    two_each = [
+        {
+            "title": "part 0",
+            "text": "Set BLIP_MODE to pick how blip runs on a host today. "
+            "The blip tool stores its cache below /var/cache/blip on every host.",
+        },
+        {
+            "title": "part 1",
+            "text": "Quieter output needs the ZAP_LEVEL knob lowered before starting. "
+            "Old reports of zap end up in /srv/zap/cache once a week has passed.",
+        },
+    ]
+    others = [
+        {"title": f"other {i}", "text": f"Unrelated filler text number {i} about gardens."} for i in range(40)
+    ]
+    test = selftest.self_test(
+        brag.Corpus(two_each + others), SelfTestReader(), budget=selftest.Budget(questions=4, tries=10)
+    )
+    assert sorted(p.answer for p in test.pairs) == [
+        "/srv/zap/cache",
+        "/var/cache/blip",
+        "BLIP_MODE",
+        "ZAP_LEVEL",
+    ]
