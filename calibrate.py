@@ -1466,7 +1466,7 @@ def vote_losses(calibration: brag.Calibration, outcomes: Sequence[Outcome], hops
 
 # Pseudo-observations at the pooled value that each refitted rate gets. Chosen by leaving one
 # labelled real-document set out at a time (bench/selftest.py, bench/results/selftest.md).
-SELF_TEST_STRENGTH = 10.0
+SELF_TEST_STRENGTH = 5.0
 SELF_TEST = "self-test"  # fitted_on.kind, and the name, of a corpus's refit
 
 

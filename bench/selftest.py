@@ -1,7 +1,7 @@
 """Self-test calibration on real documents: does a fit on questions BRAG writes itself hold.
 
 Four labelled sets over documentation nobody here wrote (``bench/docs/sets.json``: a PDF, an
-HTML manual, a plain-text one, a German one). For each set, with the embedded model:
+HTML manual, a Markdown one, a German one). For each set, with the embedded model:
 
 - ``observe``: every action (R1, R2 once, CB, RT) on the set's real questions, and a self-test
   of its documents (questions written, checked, every action run on the kept ones). Outcomes,
@@ -406,7 +406,7 @@ def markdown(results: dict[str, Any], command: str) -> list[str]:
             sum(r[key] * r["n"] for r in rows) / n for key in ("accuracy", "calls", "tokens")
         )
         lines.append(f"| {strategy} | {accuracy:.3f} | {calls:.2f} | {tokens:.0f} |")
-    return lines
+    return [*lines, ""]
 
 
 def _set_notes(found: dict[str, Any]) -> list[str]:
