@@ -114,7 +114,7 @@ def build(settings: Settings | None = None) -> Blocks:
         with gr.Tab("Calibrate"):
             download = _calibrate_tab(server, choices)
     demo.check_files, demo.ledger, demo.downloads = server.check_files, server.ledger, (download,)
-    demo.cancels = server.cancels
+    demo.cancels, demo.streams = server.cancels, server.streams
     runs = (server.run_brag, server.run_calibrate, server.check_documents)
     demo.document_events = frozenset(i for i, fn in demo.fns.items() if fn.fn in runs)
     server.ledger.forget = demo.upload_file_set.discard  # Gradio's record of a deleted upload goes too
@@ -363,8 +363,21 @@ def launch_options(settings: Settings, demo: Blocks) -> dict[str, Any]:
                     blocks=demo,
                     proxies=settings.proxies,
                     limit=limits.queued_share(settings.concurrency),
+                    # /calibrate's events (self-tests among them) wait for a slot of their own.
+                    groups={
+                        "calibrate": (
+                            limits.calibrate_share(),
+                            limits.calibrate_concurrency + limits.calibrate_queue,
+                        )
+                    },
+                    group_of=demo.group_of,
                 ),
-                Middleware(PublicRoutes, queue_size=limits.queue_size, cancelled=demo.cancels.add),
+                Middleware(
+                    PublicRoutes,
+                    queue_size=limits.queue_size,
+                    cancelled=demo.cancels.add,
+                    watched=demo.streams.add,
+                ),
                 Middleware(
                     uploads.UploadRoutes, ledger=demo.ledger, served=demo.serves, proxies=settings.proxies
                 ),

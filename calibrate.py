@@ -1589,11 +1589,18 @@ class SelfTestPlan:
     seconds: float = 1800.0
     strength: float = SELF_TEST_STRENGTH
     seed: int = 0
+    prompt_chars: int = selftest.Budget.prompt_chars  # every prompt of the self-test, in all
+    question_chars: int = selftest.Budget.question_chars  # a written question's length at most
 
     def budget(self) -> selftest.Budget:
         """The generation's share: its tries, twice as many calls (a question and its roundtrip)."""
         return selftest.Budget(
-            self.questions, self.tries, 2 * self.tries + 2, self.seconds * SELF_TEST_WRITING_SHARE
+            self.questions,
+            self.tries,
+            2 * self.tries + 2,
+            self.seconds * SELF_TEST_WRITING_SHARE,
+            self.prompt_chars,
+            self.question_chars,
         )
 
 
@@ -1615,7 +1622,12 @@ def calibrate_corpus(
     (:class:`selftest.Cancelled`), and so does the plan's time running out (an InputError saying so).
     Too few kept questions is an InputError: the pooled fit stays.
     """
-    started = time.monotonic()
+    # One meter for all of it: the stop, the clock and the prompt characters are asked before
+    # every call, while writing questions and while running the actions on them.
+    meter = selftest.Meter(plan.seconds, plan.prompt_chars, should_stop)
+    started = meter.started
+    llm = selftest.Metered(llm, meter)
+    generator = selftest.Metered(generator, meter) if generator is not None else None
     test = _written(corpus, llm, generator, plan, on_progress, should_stop)
     items = [*self_test_questions(test), *(i for i in labelled if i.gold)]
 
@@ -1631,7 +1643,17 @@ def calibrate_corpus(
 
     settings = {"lam": 0.0, "k": 5, "m": brag.load_calibration(pooled).m, "seed": 0, "hops": SELF_TEST_HOPS}
     controller = _observer(llm, SELF_TEST_ACTIONS, None, settings)
-    outcomes = observe(items, corpus, controller, on_progress=observed)
+    try:
+        outcomes = observe(items, corpus, controller, on_progress=observed)
+    except brag.RunAborted as err:
+        if isinstance(err.__cause__, selftest.Cancelled):
+            raise selftest.Cancelled("self-test cancelled") from None
+        if isinstance(err.__cause__, selftest.OutOfBudget):
+            raise brag.InputError(
+                f"self-test: out of {err.__cause__} while running the actions on its questions "
+                f"({plan.seconds:g} s and {plan.prompt_chars:,} prompt characters allowed)"
+            ) from None
+        raise
     summary = {**test.summary(), "seconds": round(time.monotonic() - started, 1)}
     return self_test_fit(
         pooled,
@@ -1670,9 +1692,11 @@ def _written(
     if test.stopped == "cancelled":
         raise selftest.Cancelled("self-test cancelled")
     if len(test.pairs) < MIN_SELF_TEST:
+        ran_out = f", then it ran out of {test.stopped}" if test.stopped not in ("", "passages") else ""
         raise brag.InputError(
             f"self-test: only {len(test.pairs)} of {test.yield_.tried} questions written from these "
-            f"documents passed the checks (at least {MIN_SELF_TEST} are needed), so BRAG keeps its pooled fit"
+            f"documents passed the checks{ran_out} (at least {MIN_SELF_TEST} are needed), so BRAG keeps "
+            "its pooled fit"
         )
     return test
 
@@ -2200,8 +2224,9 @@ def main_self_test(argv: Sequence[str]) -> int:
     except (ValueError, OSError, llms.LLMError, brag.RunAborted, selftest.Cancelled) as err:
         print(f"calibrate self-test: {err}", file=sys.stderr)
         return 2
+    result = {**result, "made": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime())}
     storage.write_atomic(args.out, json.dumps(result, indent=1) + "\n")
-    kept = kept_self_tests().keep(result)
+    kept = kept_self_tests().keep(result)  # the owner's: the app uses it for everyone who asks
     print(f"wrote {args.out} (kept as {kept}): {brag.self_test_text(result['fitted_on'])}")
     return 0
 

@@ -27,6 +27,7 @@ import itertools
 import random
 import re
 import time
+import unicodedata
 from collections.abc import Callable, Sequence
 from dataclasses import asdict, dataclass, field
 from typing import Any
@@ -44,6 +45,9 @@ SPANS_PER_PASSAGE = 2
 ROUNDS = 3  # passes over the drawn passages, each with every passage's next span
 RARE_SHARE = 0.02  # an answer's rarest word stands in at most this share of the passages
 QUESTION_TOKENS = 48
+# Candidate spans looked at in one passage: each costs a count over the passage, so a passage
+# of nothing but identifiers must not cost its length squared.
+MAX_CANDIDATES = 64
 
 
 @dataclass(frozen=True)
@@ -54,10 +58,14 @@ class Budget:
     tries: int = 75
     calls: int = 160  # generation and roundtrip calls together
     seconds: float = 600.0
+    prompt_chars: int = 3_000_000  # characters of every prompt sent, in all (:class:`Metered`)
+    question_chars: int = 4_000  # a written question longer than this (as written or NFKC) is refused
 
     def __post_init__(self) -> None:
         if not (1 <= self.questions <= self.tries and self.calls >= 2 and self.seconds > 0):
             raise brag.InputError("self-test budget: 1 <= questions <= tries, calls >= 2, seconds > 0")
+        if self.prompt_chars < 1 or self.question_chars < 1:
+            raise brag.InputError("self-test budget: prompt_chars and question_chars must be positive")
 
 
 @dataclass
@@ -190,7 +198,7 @@ def is_listing(text: str) -> bool:
     return text.count(". . .") >= 3 or (len(tokens) >= 20 and numbers >= 0.2 * len(tokens))
 
 
-def answer_spans(text: str, title: str = "") -> list[Span]:
+def answer_spans(text: str, title: str = "", check: Callable[[], None] = lambda: None) -> list[Span]:
     """Short answer spans in ``text``, best first, each with its sentence.
 
     A span must stand once in the passage (so the question has one answer there), in a
@@ -201,47 +209,86 @@ def answer_spans(text: str, title: str = "") -> list[Span]:
     contents or an index gives none. Terms a reference defines on a line of their own come first
     (:func:`_defined_terms`); then shapes in the order of ``_SHAPES``, within one earlier in the
     passage first.
+
+    The work is linear in the passage: at most ``MAX_CANDIDATES`` distinct candidates are
+    counted, each once; ``check()`` is called as it goes (it raises to stop the work).
     """
     if is_listing(text):
         return []
-    found = _defined_terms(text, title.casefold())
-    sentences = [
-        " ".join(part.split())
-        for part in _SENTENCE.split(text)
-        if len(part.split()) >= MIN_SENTENCE_WORDS and len(part) <= MAX_SENTENCE_CHARS
-    ]
-    folded_title = title.casefold()
-    for pattern in _SHAPES:
-        for sentence in sentences:
-            if _RUNNING_HEAD.search(sentence):  # a PDF page's running head holds its page number
-                sentence = _RUNNING_HEAD.sub(" ", sentence)
-            for match in pattern.finditer(sentence):
-                span = (match.group(1) if match.groups() else match.group(0)).strip(" .,;:")
-                if _is_reference(sentence, match.start(), match.end()) or span in found:
-                    continue
-                if _usable(span, text, folded_title):
-                    found[span] = Span(span, sentence)
+    seen = _Occurrences(text, title.casefold(), check)
+    found: dict[str, Span] = {}
+    try:
+        _defined_terms(text, seen, found)
+        sentences = [
+            " ".join(part.split())
+            for part in _SENTENCE.split(text)
+            if len(part.split()) >= MIN_SENTENCE_WORDS and len(part) <= MAX_SENTENCE_CHARS
+        ]
+        for pattern in _SHAPES:
+            for number, sentence in enumerate(sentences):
+                if number % 64 == 0:
+                    check()
+                if _RUNNING_HEAD.search(sentence):  # a PDF page's running head holds its page number
+                    sentence = _RUNNING_HEAD.sub(" ", sentence)
+                for match in pattern.finditer(sentence):
+                    span = (match.group(1) if match.groups() else match.group(0)).strip(" .,;:")
+                    if _is_reference(sentence, match.start(), match.end()) or span in found:
+                        continue
+                    if seen.usable(span):
+                        found[span] = Span(span, sentence)
+    except _EnoughCandidates:
+        pass
     return list(found.values())
 
 
-def _defined_terms(text: str, folded_title: str) -> dict[str, Span]:
-    """Terms a reference defines on a line of their own, each with the sentence under it.
+class _EnoughCandidates(Exception):
+    """A passage has given ``MAX_CANDIDATES`` candidates: the rest are not looked at."""
+
+
+class _Occurrences:
+    """The candidate spans of one passage, judged against it.
+
+    The passage is flattened once and each candidate counted once, at most ``MAX_CANDIDATES``.
+    """
+
+    def __init__(self, text: str, folded_title: str, check: Callable[[], None]) -> None:
+        self.flat, self.folded_title, self.check = " ".join(text.split()), folded_title, check
+        self.counts: dict[str, int] = {}
+
+    def usable(self, span: str) -> bool:
+        """Whether ``span`` is a short answer that stands once in the passage and not in its title."""
+        if not 2 <= len(span) <= MAX_SPAN_CHARS or _LABEL_LIKE.search(span):
+            return False
+        if span.casefold() in self.folded_title:
+            return False
+        if not brag.normalize_answer(span) or brag.is_no_answer(span):
+            return False
+        if span not in self.counts:
+            if len(self.counts) >= MAX_CANDIDATES:
+                raise _EnoughCandidates
+            self.check()
+            self.counts[span] = self.flat.count(span)
+        return self.counts[span] == 1
+
+
+def _defined_terms(text: str, seen: _Occurrences, found: dict[str, Span]) -> None:
+    """Terms a reference defines on a line of their own, each with the sentence under it, into ``found``.
 
     Option and setting lists put the term alone on a line ("--smarthome", "set afterends") and
     describe it on the next; the description is the sentence the question is asked from, with
     the term in front of it ("____: Make the Home key smarter.").
     """
     lines = [" ".join(line.split()) for line in text.splitlines()]
-    found: dict[str, Span] = {}
-    for term, described in itertools.pairwise(lines):
+    for number, (term, described) in enumerate(itertools.pairwise(lines)):
+        if number % 64 == 0:
+            seen.check()
         words = term.split()
         if not 1 <= len(words) <= 3 or len(described.split()) < MIN_SENTENCE_WORDS:
             continue
         shaped = next((m.group(0) for p in _SHAPES[:5] if (m := p.search(term))), None)
-        if shaped is not None and shaped not in found and _usable(shaped, text, folded_title):
+        if shaped is not None and shaped not in found and seen.usable(shaped):
             sentence = described.split(". ")[0].rstrip(".")
             found[shaped] = Span(shaped, f"{term}: {sentence[:MAX_SENTENCE_CHARS]}.")
-    return found
 
 
 def _is_reference(line: str, start: int, end: int) -> bool:
@@ -250,14 +297,6 @@ def _is_reference(line: str, start: int, end: int) -> bool:
     if _REFERENCE.search(before) or before.endswith("[") or after.startswith(("]", "-", "- ")):
         return True
     return bool(re.fullmatch(r"\d+(?:\.\d+)+", line[start:end])) and after[1:2].isupper()
-
-
-def _usable(span: str, text: str, folded_title: str) -> bool:
-    if not 2 <= len(span) <= MAX_SPAN_CHARS or _LABEL_LIKE.search(span):
-        return False
-    if span.casefold() in folded_title or len(re.findall(re.escape(span), " ".join(text.split()))) != 1:
-        return False
-    return bool(brag.normalize_answer(span)) and not brag.is_no_answer(span)
 
 
 # ------------------------------------------------------------------------------------------
@@ -307,15 +346,21 @@ def question_messages(passage: brag.Passage, span: Span) -> list[dict[str, str]]
     return [*messages, {"role": "user", "content": _question_turn(span.cloze())}]
 
 
-def parse_question(text: str) -> str:
-    """The question in a generator's reply: its ``Question:`` line, else its first line ending in ?."""
+def parse_question(text: str, max_chars: int = Budget.question_chars) -> str:
+    """The question in a generator's reply: its ``Question:`` line, else its first line ending in ?.
+
+    None ("") when that question is longer than ``max_chars``, as written or in the form BRAG
+    reads (NFKC): a written question obeys the limits a caller's question does.
+    """
     lines = [line.strip() for line in text.strip().splitlines() if line.strip()]
     for line in lines:
         label, colon, rest = line.partition(":")
         if colon and label.strip().casefold() in ("question", "frage", "question posée", "pregunta", "问题"):
             line = rest.strip()
         if line.endswith(("?", "？")) and 3 <= len(line.split()) <= 40:
-            return " ".join(line.split())
+            question = " ".join(line.split())
+            fits = len(question) <= max_chars and len(unicodedata.normalize("NFKC", question)) <= max_chars
+            return question if fits else ""
     return ""
 
 
@@ -357,6 +402,55 @@ class Cancelled(RuntimeError):
     """The caller asked the self-test to stop."""
 
 
+class OutOfBudget(Exception):
+    """One of a self-test's bounds ran out; the message names it: budget, time, prompt characters."""
+
+
+@dataclass
+class Meter:
+    """What a self-test has spent against its bounds: seconds, prompt characters, calls.
+
+    One meter is shared by every model a self-test calls (:class:`Metered`), so its bounds
+    hold for everything it does, writing questions and running actions on them alike.
+    """
+
+    seconds: float
+    prompt_chars: int
+    should_stop: Callable[[], bool] | None = None
+    started: float = field(default_factory=time.monotonic)
+    chars: int = 0
+    calls: int = 0
+
+    def check(self) -> None:
+        """:class:`Cancelled` once ``should_stop()`` says so; :class:`OutOfBudget` once the time is spent."""
+        if self.should_stop is not None and self.should_stop():
+            raise Cancelled("self-test cancelled")
+        if time.monotonic() - self.started > self.seconds:
+            raise OutOfBudget("time")
+
+    def charge(self, messages: Sequence[dict[str, Any]]) -> None:
+        """Count one call's prompt, after :meth:`check`; :class:`OutOfBudget` past the characters allowed."""
+        self.check()
+        chars = sum(len(str(message.get("content") or "")) for message in messages)
+        if self.chars + chars > self.prompt_chars:
+            raise OutOfBudget("prompt characters")
+        self.chars += chars
+        self.calls += 1
+
+
+class Metered:
+    """An LLM held to a :class:`Meter`: each call first asks the stop, the clock and the characters left."""
+
+    def __init__(self, llm: brag.LLM, meter: Meter) -> None:
+        self.llm, self.meter = llm, meter
+        self.name = brag.llm_name(llm)  # the same model: its calibration and cached responses
+
+    def complete(self, messages: list[dict[str, str]], **options: Any) -> brag.Completion:
+        """The inner model's completion, once the meter allows the call."""
+        self.meter.charge(messages)
+        return self.llm.complete(messages, **options)
+
+
 def self_test(
     corpus: brag.Retriever,
     reader: brag.LLM,
@@ -371,27 +465,27 @@ def self_test(
 
     ``generator`` writes the questions (default: the ``reader``); the reader makes the
     roundtrip check, as it will answer them. Ends when enough are kept, or the budget's tries,
-    calls or seconds run out, or ``should_stop()`` says so (checked before every call): what was
-    kept so far is returned, with ``stopped`` saying why.
+    calls, seconds or prompt characters run out, or ``should_stop()`` says so (asked before every
+    call, every passage and inside the span finder): what was kept so far is returned, with
+    ``stopped`` saying why.
     """
     if len(corpus) == 0:
         raise brag.InputError("self-test: the corpus has no passages")
-    writer = generator or reader
+    meter = Meter(budget.seconds, budget.prompt_chars, should_stop)
+    writer = Metered(generator or reader, meter)
+    reader = Metered(reader, meter)
     sample = " ".join(corpus[i].shown() for i in draw(corpus, 20, seed))
     result = SelfTest([], Yield(), brag.llm_name(writer), brag.language_of(sample[:20_000]))
-    started = time.monotonic()
 
     def spend() -> None:
-        if should_stop is not None and should_stop():
-            raise Cancelled("self-test cancelled")
+        meter.check()
         if result.calls >= budget.calls:
-            raise _OutOfBudget("budget")
-        if time.monotonic() - started > budget.seconds:
-            raise _OutOfBudget("time")
+            raise OutOfBudget("budget")
         result.calls += 1
 
     passages = draw(corpus, min(len(corpus), PASSAGES_PER_TRY * budget.tries), seed)
     asked: dict[int, set[str]] = {}  # the spans each passage has been asked about
+    spans: dict[int, list[Span]] = {}  # each passage's rare spans, found once for every round
     try:
         # A small corpus runs out of passages first: each later round asks about the next span
         # of every passage that has one, in the same order.
@@ -400,25 +494,23 @@ def self_test(
                 if len(result.pairs) >= budget.questions:
                     break
                 if result.yield_.tried >= budget.tries:
-                    raise _OutOfBudget("budget")
-                verdict = _try(
-                    corpus, passage_id, reader, writer, asked.setdefault(passage_id, set()), spend, result
-                )
+                    raise OutOfBudget("budget")
+                meter.check()
+                if passage_id not in spans:
+                    spans[passage_id] = _rare_spans(corpus, passage_id, meter.check)
+                try_ = _Try(corpus, passage_id, reader, writer, spend, result, budget.question_chars)
+                verdict = try_.passage(spans[passage_id], asked.setdefault(passage_id, set()))
                 if on_progress is not None and verdict not in ("no_span", "done"):
                     on_progress(len(result.pairs), budget.questions, verdict)
         if len(result.pairs) < budget.questions:
             result.stopped = "passages"
-    except _OutOfBudget as out:
+    except OutOfBudget as out:
         result.stopped = str(out)
     except Cancelled:
         result.stopped = "cancelled"
-    result.seconds = time.monotonic() - started
+    result.seconds = time.monotonic() - meter.started
     result.yield_.kept = len(result.pairs)
     return result
-
-
-class _OutOfBudget(Exception):
-    pass
 
 
 def _rare(corpus: brag.Retriever, span: str) -> bool:
@@ -428,68 +520,72 @@ def _rare(corpus: brag.Retriever, span: str) -> bool:
     return bool(tokens) and min(corpus.document_share(t) for t in tokens) <= limit
 
 
-def _try(
-    corpus: brag.Retriever,
-    passage_id: int,
-    reader: brag.LLM,
-    writer: brag.LLM,
-    asked: set[str],
-    spend: Callable[[], None],
-    result: SelfTest,
-) -> str:
-    """One passage: its spans not yet ``asked`` in turn until a question for one is worth checking.
-
-    A question that names its answer, or no question at all, says the span was hard to ask
-    for, so the passage's next span gets a try (``SPANS_PER_PASSAGE`` in all). The verdict, or
-    "done" when every span of the passage has been asked about.
-    """
+def _rare_spans(corpus: brag.Retriever, passage_id: int, check: Callable[[], None]) -> list[Span]:
+    """A passage's answer spans whose words are rare in the corpus, best first."""
     passage = corpus[passage_id]
-    spans = [span for span in answer_spans(passage.shown_body(), passage.title) if _rare(corpus, span.text)]
-    if not spans:
-        if not asked:  # counted once, in the first round
-            asked.add("")
-            result.yield_.no_span += 1
-            result.pairs_tried.append(
-                {"passage": passage_id, "source": passage.label(), "verdict": "no_span"}
-            )
-        return "no_span"
-    verdict = "done"
-    for span in [span for span in spans if span.text not in asked][:SPANS_PER_PASSAGE]:
-        asked.add(span.text)
-        verdict = _try_span(corpus, passage_id, span, reader, writer, result.pairs, spend, result)
-        if verdict not in ("names_answer", "no_question"):
-            break
-    return verdict
+    return [
+        span for span in answer_spans(passage.shown_body(), passage.title, check) if _rare(corpus, span.text)
+    ]
 
 
-def _try_span(
-    corpus: brag.Retriever,
-    passage_id: int,
-    span: Span,
-    reader: brag.LLM,
-    writer: brag.LLM,
-    kept: list[Pair],
-    spend: Callable[[], None],
-    result: SelfTest,
-) -> str:
-    """Ask for a question whose answer is ``span``, check it, count the verdict in the yield."""
-    passage = corpus[passage_id]
-    result.yield_.tried += 1
-    spend()
-    reply = writer.complete(question_messages(passage, span), max_tokens=QUESTION_TOKENS, stop=["\n\n"])
-    question = parse_question(reply.texts[0] if reply.texts else "")
-    tried = {"passage": passage_id, "source": passage.label(), "answer": span.text, "question": question}
-    verdict = _check(corpus, passage_id, question, span.text, kept)
-    if verdict == "ok":
-        spend()
-        right, tried["read"] = roundtrip(reader, question, passage, span.text)
-        verdict = "kept" if right else "roundtrip"
-    if verdict == "kept":
-        result.pairs.append(Pair(question, span.text, passage_id, passage.label()))
-    else:
-        setattr(result.yield_, verdict, getattr(result.yield_, verdict) + 1)
-    result.pairs_tried.append({**tried, "verdict": verdict})
-    return verdict
+@dataclass(frozen=True)
+class _Try:
+    """One passage's turn in a round: what it needs to write, check and count questions."""
+
+    corpus: brag.Retriever
+    passage_id: int
+    reader: brag.LLM
+    writer: brag.LLM
+    spend: Callable[[], None]
+    result: SelfTest
+    question_chars: int
+
+    def passage(self, spans: list[Span], asked: set[str]) -> str:
+        """Its spans not yet ``asked`` in turn until a question for one is worth checking.
+
+        A question that names its answer, or no question at all, says the span was hard to ask
+        for, so the passage's next span gets a try (``SPANS_PER_PASSAGE`` in all). The verdict,
+        or "done" when every span of the passage has been asked about.
+        """
+        if not spans:
+            if not asked:  # counted once, in the first round
+                asked.add("")
+                self.result.yield_.no_span += 1
+                passage = self.corpus[self.passage_id]
+                self.result.pairs_tried.append(
+                    {"passage": self.passage_id, "source": passage.label(), "verdict": "no_span"}
+                )
+            return "no_span"
+        verdict = "done"
+        for span in [span for span in spans if span.text not in asked][:SPANS_PER_PASSAGE]:
+            asked.add(span.text)
+            verdict = self.span(span)
+            if verdict not in ("names_answer", "no_question"):
+                break
+        return verdict
+
+    def span(self, span: Span) -> str:
+        """Ask for a question whose answer is ``span``, check it, count the verdict in the yield."""
+        corpus, passage_id, result = self.corpus, self.passage_id, self.result
+        passage = corpus[passage_id]
+        result.yield_.tried += 1
+        self.spend()
+        reply = self.writer.complete(
+            question_messages(passage, span), max_tokens=QUESTION_TOKENS, stop=["\n\n"]
+        )
+        question = parse_question(reply.texts[0] if reply.texts else "", self.question_chars)
+        tried = {"passage": passage_id, "source": passage.label(), "answer": span.text, "question": question}
+        verdict = _check(corpus, passage_id, question, span.text, result.pairs)
+        if verdict == "ok":
+            self.spend()
+            right, tried["read"] = roundtrip(self.reader, question, passage, span.text)
+            verdict = "kept" if right else "roundtrip"
+        if verdict == "kept":
+            result.pairs.append(Pair(question, span.text, passage_id, passage.label()))
+        else:
+            setattr(result.yield_, verdict, getattr(result.yield_, verdict) + 1)
+        result.pairs_tried.append({**tried, "verdict": verdict})
+        return verdict
 
 
 def _check(corpus: brag.Retriever, passage_id: int, question: str, span: str, kept: Sequence[Pair]) -> str:

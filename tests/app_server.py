@@ -159,12 +159,20 @@ def upload_over_rest(url: str, name: str, data: bytes) -> str:
 
 
 def call_asgi(
-    app, path: str, body: bytes = b"", headers: dict | None = None, client=("192.0.2.9", 1), chunk: int = 0
+    app,
+    path: str,
+    body: bytes = b"",
+    headers: dict | None = None,
+    client=("192.0.2.9", 1),
+    chunk: int = 0,
+    method: str = "POST",
+    query: bytes = b"",
 ):
     """One HTTP request through an ASGI app: its status and body."""
     sent: list[dict] = []
     raw = [(k.encode(), v.encode()) for k, v in (headers or {}).items()]
-    scope = {"type": "http", "path": path, "headers": raw, "client": client, "method": "POST"}
+    scope = {"type": "http", "path": path, "headers": raw, "client": client, "method": method}
+    scope["query_string"] = query
     pieces = [body[i : i + chunk] for i in range(0, len(body), chunk)] if chunk and body else [body]
     messages = [
         {"type": "http.request", "body": p, "more_body": i < len(pieces) - 1} for i, p in enumerate(pieces)

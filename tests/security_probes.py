@@ -36,6 +36,7 @@ from app_server import AppProcess, free_port, rest_call, rest_events, rest_strea
 from document_files import docx_with_body, raw_pdf
 from gradio_client import Client
 from openai_server import FakeOpenAI, Reply
+from selftest_probes import selftest_probes, start_selftest_app
 
 ROOT = Path(__file__).resolve().parent.parent
 SERVER_OPENAI_KEY = "sk-server-secret-openai"
@@ -132,6 +133,8 @@ class Lab:
     release_slow: threading.Event  # lets the slow endpoint answer
     clients: dict[str, Client] = field(default_factory=dict)
     mark: int = 0  # how many requests the attacker endpoint had seen before the current probe
+    selftest: AppProcess | None = None  # the self-test probes' app (selftest_probes.py)
+    st: dict[str, FakeOpenAI] = field(default_factory=dict)  # its endpoints by name
 
     def attacker_auth(self) -> list[str]:
         """The Authorization headers the attacker endpoint received during the current probe."""
@@ -208,7 +211,7 @@ def start_lab(stack: ExitStack) -> Lab:
     )
     milvus = start("milvus", BRAG_REQUEST_TIMEOUT="120", BRAG_MILVUS_URI=milvus_collection(folders, stack))
     marker = f"pwned-{uuid.uuid4().hex[:8]}"
-    return Lab(
+    lab = Lab(
         owner,
         attacker,
         trickle,
@@ -227,6 +230,8 @@ def start_lab(stack: ExitStack) -> Lab:
         release,
         release_slow,
     )
+    lab.selftest, lab.st = start_selftest_app(stack, start, owner_reply)
+    return lab
 
 
 MILVUS_PASSAGES = 3_000
@@ -550,11 +555,11 @@ def via(address: str) -> dict[str, str]:
     return {"X-Forwarded-For": address}
 
 
-def rest_post(url: str, api: str, data: list[Any], headers: dict[str, str]) -> str:
-    """POST a REST call; its event id, or the error the server answered with."""
+def rest_post(url: str, api: str, data: list[Any], headers: dict[str, str], session: str = "") -> str:
+    """POST a REST call (in ``session``, if given); its event id, or the error the server answered with."""
     request = urllib.request.Request(
         f"{url}gradio_api/call/{api}",
-        data=json.dumps({"data": data}).encode(),
+        data=json.dumps({"data": data, **({"session_hash": session} if session else {})}).encode(),
         headers={"Content-Type": "application/json", **headers},
     )
     try:
@@ -2208,6 +2213,7 @@ def probes() -> list[Probe]:
             cancel_returned,
             watch="",
         ),
+        *selftest_probes(),
     ]
 
 

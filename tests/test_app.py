@@ -1144,6 +1144,7 @@ def self_test_app():
             "HF_TOKEN": "",
             "BRAG_ALLOWED_ENDPOINTS": "*",
             "BRAG_SELF_TEST_QUESTIONS": "10",
+            "BRAG_TRUSTED_PROXIES": "127.0.0.1",  # so a test can be two callers
         }
         with AppProcess(env) as process:
             yield process, server
@@ -1162,8 +1163,19 @@ def test_a_self_test_calibrates_the_documents_and_brag_uses_it_unasked(self_test
     assert len(server.chat_requests) - before >= 10 * 2 + 10 * 4  # writing and checking, then every action
     question = "Which folder does Garply write a crash report to?"
     _, report = client.predict(question, "", SELF_TEST_DOCS, 0.05, "", "", "auto", "", api_name="/brag")
-    assert report["calibration"]["status"] == "calibrated on 10 self-test questions from your documents"
+    status = report["calibration"]["status"]
+    assert status.startswith("calibrated on 10 self-test questions from your documents (your self-test of ")
+    assert status.endswith(f"kept as {fitted['name']})") and fitted["made"] in status
     assert "RT" in report["config"]["actions"]["offered"]
+    # It is this caller's: another caller over the same documents keeps the shipped fit ...
+    other = Client(app.url, verbose=False, headers={"X-Forwarded-For": "198.51.100.40"})
+    _, theirs = other.predict(question, "", SELF_TEST_DOCS, 0.05, "", "", "auto", "", api_name="/brag")
+    assert "self-test" not in theirs["calibration"]["status"]
+    # ... unless it names the fit.
+    _, named = other.predict(
+        question, "", SELF_TEST_DOCS, 0.05, "", "", "auto", fitted["name"], api_name="/brag"
+    )
+    assert named["calibration"]["status"] == "calibrated on 10 self-test questions from your documents"
     # Other documents have no self-test fit: nothing changes for them.
     other = "\n".join(selftest_reader.SENTENCES[:6])
     _, elsewhere = client.predict(question, "", other, 0.05, "", "", "auto", "", api_name="/brag")
@@ -1187,12 +1199,16 @@ def test_a_self_test_of_too_few_questions_or_when_turned_off_is_a_clear_error(se
 def test_self_tests_take_turns_and_one_stops_when_cancelled(self_test_app):
     app, server = self_test_app
     client = Client(app.url, verbose=False)
+    other = Client(app.url, verbose=False, headers={"X-Forwarded-For": "198.51.100.41"})
     docs = SELF_TEST_DOCS + "\nZorch keeps its spool below the /srv/zorch directory on every host."
     with held_self_test():
         job = client.submit("", "", docs, "", "", "auto", None, True, api_name="/calibrate")
         assert HELD.wait(timeout=60), "the self-test never started"
-        # Self-tests take turns (their own slots): the caller's second one waits in the queue.
-        second = client.submit("", "", docs, "", "", "auto", None, True, api_name="/calibrate")
+        # One address holds at most its share of the self-test slots: its second is refused at once.
+        with pytest.raises(Exception, match="429"):
+            client.predict("", "", docs, "", "", "auto", None, True, api_name="/calibrate")
+        # Self-tests take turns (their own slots): another caller's waits in the queue.
+        second = other.submit("", "", docs, "", "", "auto", None, True, api_name="/calibrate")
         deadline = time.monotonic() + 30
         while second.status().code.name not in ("IN_QUEUE", "QUEUE"):
             assert time.monotonic() < deadline, f"the second self-test is {second.status().code.name}"

@@ -117,12 +117,11 @@ def test_the_budget_bounds_the_calls_and_a_cancel_stops_before_the_next_call():
     test = selftest.self_test(corpus(), reader, budget=selftest.Budget(questions=5, tries=40, calls=7))
     assert len(reader.calls) == test.calls == 7 and test.stopped == "budget"
     reader = SelfTestReader()
-    asked = []
     test = selftest.self_test(
         corpus(),
         reader,
         budget=selftest.Budget(questions=5, tries=20),
-        should_stop=lambda: asked.append(1) or len(asked) > 3,
+        should_stop=lambda: len(reader.calls) >= 3,
     )
     assert test.stopped == "cancelled" and len(reader.calls) == 3
 
@@ -182,3 +181,103 @@ def test_a_small_corpus_asks_about_each_passages_next_span_in_later_rounds():
         "BLIP_MODE",
         "ZAP_LEVEL",
     ]
+
+
+# ------------------------------------------------------------------------------------------
+# Bounds a public server relies on (issue 50): the finder's work, its stops, the limits
+# ------------------------------------------------------------------------------------------
+
+
+def identifiers(count: int, start: int = 0) -> str:
+    """Sentences of distinct snake_case identifiers, each standing once: every one a candidate."""
+    words = [f"name_{i}_value" for i in range(start, start + count)]
+    return " ".join(f"The tool reads {' and '.join(words[j : j + 4])} today." for j in range(0, count, 4))
+
+
+def test_the_span_finder_counts_each_candidate_once_and_at_most_its_cap():
+    text = identifiers(20_000)  # about 20,000 candidates: counting each over the text is quadratic
+    checks = []
+    spans = selftest.answer_spans(text, check=lambda: checks.append(1))
+    assert len(spans) == selftest.MAX_CANDIDATES  # each stands once; the finder stopped at its cap
+    sentences = text.count(" today.")
+    # One check per candidate counted, one per 64 sentences or lines: never one per occurrence.
+    assert len(checks) <= selftest.MAX_CANDIDATES + len(selftest._SHAPES) * (sentences // 64 + 1) + 2
+    small = (
+        "Set the FOO_BAR variable to change it. FOO_BAR is read once here. The cache holds 250 entries now."
+    )
+    assert [s.text for s in selftest.answer_spans(small)] == ["250"]  # FOO_BAR stands twice
+
+
+def test_a_stop_is_heard_inside_the_span_finder_and_between_passages_with_no_call_due():
+    with pytest.raises(selftest.Cancelled):
+        selftest.answer_spans(identifiers(400), check=lambda: (_ for _ in ()).throw(selftest.Cancelled()))
+    # Passages of identifiers common to all of them: no span is rare, so no call is ever due.
+    common = [{"title": f"p{i}", "text": identifiers(40)} for i in range(60)]
+    reader, asked = SelfTestReader(), []
+    test = selftest.self_test(
+        brag.Corpus(common),
+        reader,
+        budget=selftest.Budget(questions=5, tries=20),
+        should_stop=lambda: asked.append(1) or len(asked) > 10,
+    )
+    assert test.stopped == "cancelled" and reader.calls == [] and len(asked) == 11
+
+
+def test_each_passage_is_searched_for_spans_once_for_every_round(monkeypatch):
+    searched: list[str] = []
+    find = selftest.answer_spans
+    monkeypatch.setattr(
+        selftest,
+        "answer_spans",
+        lambda text, title="", check=None: searched.append(text) or find(text, title),
+    )
+    # Every read is wrong, so every passage is asked again in each of the rounds.
+    test = selftest.self_test(
+        corpus(), SelfTestReader(wrong="Atlantis"), budget=selftest.Budget(questions=30, tries=100)
+    )
+    assert test.yield_.tried > len(PASSAGES)  # more than one round ran
+    assert len(searched) == len(set(searched)) == len(PASSAGES)
+
+
+class LongWriter(SelfTestReader):
+    """Its questions are far over the question limit: as written, or once NFKC expands them."""
+
+    def __init__(self, filler: str) -> None:
+        super().__init__()
+        self.filler = filler
+
+    def complete(self, messages, **options):
+        if messages[0]["content"].startswith("You turn a fill-in-the-blank"):
+            self.calls.append("generate")
+            return brag.Completion([f"Question: Which value is {self.filler} here?"])
+        return super().complete(messages, **options)
+
+
+@pytest.mark.parametrize("filler", ["x" * 900_000, "\ufdfa" * 300])  # U+FDFA is 18 characters in NFKC
+def test_a_written_question_obeys_the_question_limit(filler):
+    test = selftest.self_test(
+        corpus(), LongWriter(filler), budget=selftest.Budget(questions=3, tries=6, question_chars=4_000)
+    )
+    assert test.pairs == [] and test.yield_.no_question == test.yield_.tried == 6
+    assert selftest.parse_question(f"Question: Which value is {filler} here?", 10_000_000)
+
+
+class Counting(SelfTestReader):
+    def __init__(self) -> None:
+        super().__init__()
+        self.chars: list[int] = []
+
+    def complete(self, messages, **options):
+        self.chars.append(sum(len(m["content"]) for m in messages))
+        return super().complete(messages, **options)
+
+
+def test_the_prompt_characters_of_a_self_test_are_bounded_in_all():
+    reader = Counting()
+    test = selftest.self_test(
+        corpus(), reader, budget=selftest.Budget(questions=10, tries=40, prompt_chars=6_000)
+    )
+    assert test.stopped == "prompt characters"
+    assert 0 < sum(reader.chars) <= 6_000 and len(reader.chars) < 20
+    with pytest.raises(brag.InputError, match="prompt_chars"):
+        selftest.Budget(prompt_chars=0)

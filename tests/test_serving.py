@@ -68,7 +68,9 @@ from types import SimpleNamespace
 import orjson
 from app_server import call_asgi
 
+import brag
 import bragkit.serving.guards
+from bragkit import llms
 from bragkit.serving import uploads
 
 EXPANDS = "\ufdfa"  # NFKC: 18 characters
@@ -207,7 +209,7 @@ def test_one_address_holds_at_most_its_share_of_the_queue():
 
 def test_a_cancel_is_recorded_as_it_arrives_and_no_deep_link_is_made():
     seen: list[bytes] = []
-    cancels = bragkit.serving.server.Cancels(size=2)
+    cancels = bragkit.serving.server.RecentIds(size=2)
     routes = bragkit.serving.guards.PublicRoutes(asgi_echo(seen), queue_size=64, cancelled=cancels.add)
     body = json.dumps({"session_hash": "s", "fn_index": 3, "event_id": "e1"}).encode()
     assert call_asgi(routes, "/gradio_api/cancel", body) == (200, b"ok")
@@ -319,3 +321,110 @@ def test_a_self_test_needs_no_questions_and_takes_labelled_ones_beside_it():
     assert [i.gold for i in bragkit.serving.policy.read_labelled(one, limits, self_test=True)] == [("8421",)]
     with pytest.raises(bragkit.serving.policy.RequestRefused, match="at least 30"):
         bragkit.serving.policy.read_labelled(one, limits)
+
+
+# ------------------------------------------------------------------------------------------
+# Self-tests and kept fits on a public server (issue 50)
+# ------------------------------------------------------------------------------------------
+
+
+def calibrate_queue(waiting: dict[str, int], running: tuple[str, ...] = ()):
+    """A Gradio queue holding /calibrate events of the given addresses, waiting and running."""
+
+    def event(address: str, group: str = "calibrate"):
+        request = SimpleNamespace(client=SimpleNamespace(host=address), headers={})
+        return SimpleNamespace(request=request, concurrency_id=group)
+
+    line = SimpleNamespace(queue=[event(a) for a, n in waiting.items() for _ in range(n)])
+    queue = SimpleNamespace(
+        event_queue_per_concurrency_id={"calibrate": line, "default": SimpleNamespace(queue=[])},
+        active_jobs=[[event(a)] for a in running] + [None],
+    )
+    return SimpleNamespace(_queue=queue)
+
+
+def calibrate_guard(blocks, seen: list):
+    """The app's chain: the size guard learns a queue/join's event, the share bounds it (fn 5: /calibrate)."""
+    share = bragkit.serving.guards.EventShare(
+        asgi_echo(seen),
+        blocks,
+        uploads.Proxies(),
+        limit=20,
+        groups={"calibrate": (1, 3)},
+        group_of=lambda fn_index, name: "calibrate" if fn_index == 5 or name == "calibrate" else "default",
+    )
+    return bragkit.serving.guards.RequestSizeLimit(share, max_bytes=100_000, helper_bytes=1_000)
+
+
+def test_calibrate_events_have_their_own_bound_per_address_and_in_all_before_the_queue():
+    seen: list[bytes] = []
+    join = json.dumps({"data": [], "fn_index": 5, "session_hash": "s"}).encode()
+    guard = calibrate_guard(calibrate_queue({"192.0.2.9": 1}), seen)
+    status, answer = call_asgi(guard, "/gradio_api/queue/join", join)  # its one is waiting
+    assert status == 429 and b"/calibrate" in answer
+    assert call_asgi(guard, "/gradio_api/call/calibrate", b"{}")[0] == 429  # by name, the same
+    assert call_asgi(guard, "/gradio_api/call/brag", b"{}")[0] == 200  # /brag is not bounded by it
+    assert call_asgi(guard, "/gradio_api/queue/join", join, client=("198.51.100.1", 1))[0] == 200
+    # Three waiting or running in all: another address is refused too, and told why.
+    full = calibrate_guard(
+        calibrate_queue({"198.51.100.2": 1, "198.51.100.3": 1}, running=("198.51.100.4",)), seen
+    )
+    status, answer = call_asgi(full, "/gradio_api/queue/join", join, client=("198.51.100.1", 1))
+    assert status == 429 and b"BRAG_MAX_CALIBRATE_QUEUE" in answer
+    other = json.dumps({"data": [], "fn_index": 2, "session_hash": "s"}).encode()
+    assert call_asgi(full, "/gradio_api/queue/join", other, client=("198.51.100.1", 1))[0] == 200
+
+
+def test_an_opened_result_stream_is_recorded_by_session_or_event():
+    watched: list[str] = []
+    routes = bragkit.serving.guards.PublicRoutes(asgi_echo([]), queue_size=64, watched=watched.append)
+    call_asgi(routes, "/gradio_api/queue/data", method="GET", query=b"session_hash=abc123")
+    call_asgi(routes, "/gradio_api/call/calibrate/ev42", method="GET")
+    call_asgi(routes, "/gradio_api/call/calibrate", b"{}")  # posting an event is not watching it
+    call_asgi(routes, "/gradio_api/queue/data", method="GET", query=b"session_hash=" + b"x" * 500)
+    assert watched == ["abc123", "ev42"]
+
+
+def test_fair_evictions_take_the_adders_own_first_and_past_the_total_from_whoever_keeps_most():
+    evict = bragkit.serving.policy.fair_evictions
+    entries = [("a", float(t), f"a{t}") for t in range(5)] + [("b", 10.0, "b0"), ("b", 11.0, "b1")]
+    assert evict(entries, "a", per_owner=3, total=100) == ["a0", "a1"]
+    assert evict(entries, "b", per_owner=3, total=6) == ["a0"]  # b adds, a keeps the most
+    assert evict(entries, "b", per_owner=1, total=100) == ["b0"]
+
+
+def test_no_address_pushes_another_s_kept_fit_out_and_the_least_recently_used_goes_first(tmp_path):
+    kept = bragkit.serving.policy.KeptCalibrations(tmp_path, limit=6, per_caller=3)
+    fit = json.loads((ROOT / "tests" / "prior_calibration.json").read_text())
+    victim = kept.keep({**fit, "note": "victim"}, "198.51.100.7")
+    own = [kept.keep({**fit, "note": f"own {i}"}, "192.0.2.9") for i in range(3)]
+    kept.load(own[0])  # used: now the most recent of the three
+    for i in range(40):  # one address keeps forty more, each a new fit
+        kept.keep({**fit, "note": f"flood {i}"}, "192.0.2.9")
+    assert kept.holds(victim) and kept.load(victim).meta["note"] == "victim"
+    assert len(list(tmp_path.glob("a-*/fit-*.json"))) <= 6
+    assert not kept.holds(own[1]) and not kept.holds("../../etc") and kept.path("fit-zz") is None
+
+
+def test_a_self_test_fit_applies_to_the_session_that_made_it_only():
+    fits = bragkit.serving.policy.SessionFits(limit=4, per_address=2)
+    fits.remember("tab-a", "192.0.2.9", "m", "corpus", "fit-aaaaaaaaaaaa")
+    assert fits.recall("tab-a", "m", "corpus") == "fit-aaaaaaaaaaaa"
+    assert fits.recall("tab-b", "m", "corpus") is None and fits.recall("tab-a", "other", "corpus") is None
+    fits.remember("", "192.0.2.9", "m", "corpus", "fit-bbbbbbbbbbbb")  # no session: nothing to apply to
+    for i in range(5):  # another address's many sessions
+        fits.remember(f"x{i}", "203.0.113.5", "m", "corpus", "fit-cccccccccccc")
+    assert fits.recall("tab-a", "m", "corpus") == "fit-aaaaaaaaaaaa"
+
+
+@pytest.mark.parametrize("port", ["+8443", "８４４３", "99999", "-1"])
+def test_a_model_url_whose_port_cannot_be_read_is_refused_clearly(port):
+    with pytest.raises(brag.InputError, match="port must be a number"):
+        llms.parse_model(f"https://h:{port}/v1#m")
+    pool = bragkit.serving.server.LLMPool(
+        bragkit.serving.policy.EndpointPolicy(("https://h:8443/v1",)),
+        bragkit.serving.policy.ModelPolicy("local"),
+    )
+    with pytest.raises(bragkit.serving.policy.RequestRefused, match="port must be a number"):
+        pool.get(f"https://h:{port}/v1#m", "", "auto")
+    assert llms.redact_url(llms.parse_model("https://u:p@h:8443/v1#m").text) == "https://***@h:8443/v1#m"

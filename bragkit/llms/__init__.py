@@ -41,6 +41,7 @@ from __future__ import annotations
 
 import os
 import re
+import urllib.parse
 from dataclasses import dataclass
 
 from brag import LLM, Completion, InputError
@@ -226,6 +227,10 @@ def parse_model(model: str | None) -> ModelSpec:
     spec = (model or "").strip() or default_model()
     if spec.startswith(("http://", "https://")):
         url, _, served = spec.partition("#")
+        try:  # a port urlsplit cannot read ("+8443", other digits) means different things to each reader
+            _ = urllib.parse.urlsplit(url).port
+        except ValueError:
+            raise InputError("model: the URL's port must be a number from 0 to 65535") from None
         return ModelSpec(spec, "endpoint", url=url.rstrip("/"), served=served)
     if spec == "local" or spec.startswith("local:"):
         choice = spec.partition(":")[2]

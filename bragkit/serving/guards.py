@@ -13,8 +13,9 @@ import inspect
 import json
 import logging
 import re
+import urllib.parse
 from collections import Counter
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Any
 
@@ -74,7 +75,7 @@ class RequestSizeLimit:
             await self._refuse(send, self._too_large(limit, variable))
             return
         if self.helper_bytes is not None and path.endswith("/queue/join"):
-            receive = await self._event_body(receive, send)
+            receive = await self._event_body(receive, send, scope)
             if receive is None:
                 return
         received = paths = 0
@@ -120,11 +121,12 @@ class RequestSizeLimit:
     def _too_large(self, limit: int | None = None, variable: str = "BRAG_MAX_REQUEST_BYTES") -> str:
         return f"request body over {limit or self.max_bytes:,} bytes ({variable})"
 
-    async def _event_body(self, receive: Any, send: Any) -> Any:
+    async def _event_body(self, receive: Any, send: Any, scope: dict[str, Any]) -> Any:
         """An event's body read whole (within ``max_bytes``), then handed on; None once refused.
 
-        Only a body past ``helper_bytes`` is parsed here, to learn which event it names (with
-        the parser Gradio uses, so a repeated or escaped key means the same to both).
+        It is parsed here to learn which event it names (with the parser Gradio uses, so a
+        repeated or escaped key means the same to both), which ``scope[FN_INDEX]`` then holds
+        for the guards behind this one.
         """
         chunks, size, more = [], 0, True
         while more:
@@ -141,25 +143,34 @@ class RequestSizeLimit:
         if self.max_files is not None and len(_PATH_KEY.findall(body)) > self.max_files:
             await self._refuse(send, f"a request names at most {self.max_files:,} files (BRAG_MAX_FILES)")
             return None
-        if size > (self.helper_bytes or 0) and not self.large(_fn_index(body), None):
+        scope[FN_INDEX] = _fn_index(body)
+        if size > (self.helper_bytes or 0) and not self.large(scope[FN_INDEX], None):
             await self._refuse(send, self._too_large(self.helper_bytes, "BRAG_MAX_HELPER_BYTES"))
             return None
-        sent = False
-
-        async def replay() -> dict[str, Any]:
-            nonlocal sent
-            if sent:
-                return await receive()  # after the body: the client's disconnect, when it comes
-            sent = True
-            return {"type": "http.request", "body": body, "more_body": False}
-
-        return replay
+        return _replayed(body, receive)
 
     async def _refuse(self, send: Any, why: str) -> None:
         await uploads.json_response(send, 413, {"error": why})
 
 
 _CALL = re.compile(r"/call/(?:v2/)?([^/]+)$")
+_CALL_RESULT = re.compile(r"/call/(?:v2/)?[^/]+/([^/]+)$")
+# The scope key under which RequestSizeLimit leaves the fn_index a queue/join body names.
+FN_INDEX = "brag.fn_index"
+
+
+def _replayed(body: bytes, receive: Any) -> Any:
+    """A receive that hands on ``body``, already read whole, then whatever the client sends next."""
+    sent = False
+
+    async def replay() -> dict[str, Any]:
+        nonlocal sent
+        if sent:
+            return await receive()  # after the body: the client's disconnect, when it comes
+        sent = True
+        return {"type": "http.request", "body": body, "more_body": False}
+
+    return replay
 
 
 def called_api(path: str) -> str | None:
@@ -194,18 +205,26 @@ class PublicRoutes:
       next check instead (``serving.server.caller_gone``).
     - ``/deep_link`` is refused: it would write a session's inputs, a caller's token among
       them, to a file under the upload folder for anyone holding the session's hash.
+    - An opened result stream is recorded (``watched(session or event id)``): an event nobody
+      watches has no caller waiting for it (``serving.server.caller_gone``).
 
     Uploads and served files are bounded by :class:`uploads.UploadRoutes`.
     """
 
     def __init__(
-        self, app: Any, queue_size: int, cancelled: Callable[[str], None] = lambda event: None
+        self,
+        app: Any,
+        queue_size: int,
+        cancelled: Callable[[str], None] = lambda event: None,
+        watched: Callable[[str], None] = lambda key: None,
     ) -> None:
-        self.app, self.queue_size, self.cancelled = app, queue_size, cancelled
+        self.app, self.queue_size, self.cancelled, self.watched = app, queue_size, cancelled, watched
 
     async def __call__(self, scope: dict[str, Any], receive: Any, send: Any) -> None:
-        """Reword a full queue's answer, record a cancel, refuse a deep link."""
+        """Reword a full queue's answer, record a cancel or a watched stream, refuse a deep link."""
         path = scope.get("path", "").rstrip("/") if scope["type"] == "http" else ""
+        if scope.get("method") == "GET":
+            self._record_stream(path, scope.get("query_string", b""))
         if path.endswith("/deep_link"):
             await uploads.json_response(send, 404, {"detail": "Not Found"})
             return
@@ -236,6 +255,15 @@ class PublicRoutes:
 
         await self.app(scope, receive, reworded)
 
+    def _record_stream(self, path: str, query: bytes) -> None:
+        """A result stream being opened: ``queue/data`` names its session, ``/call/<name>/<id>`` its event."""
+        if path.endswith("/queue/data"):
+            found = urllib.parse.parse_qs(query.decode("latin-1")[:2_000]).get("session_hash", [])
+            if found and len(found[0]) <= 200:
+                self.watched(found[0])
+        elif (result := _CALL_RESULT.search(path)) is not None and len(result.group(1)) <= 200:
+            self.watched(result.group(1))
+
     async def _recorded_cancel(self, receive: Any, send: Any) -> Any:
         """A cancel's body (a few names), read and recorded, then handed on; None once refused."""
         chunks, size, more = [], 0, True
@@ -256,16 +284,7 @@ class PublicRoutes:
             event = None
         if isinstance(event, str):
             self.cancelled(event)
-        sent = False
-
-        async def replay() -> dict[str, Any]:
-            nonlocal sent
-            if sent:
-                return await receive()
-            sent = True
-            return {"type": "http.request", "body": body, "more_body": False}
-
-        return replay
+        return _replayed(body, receive)
 
 
 CANCEL_BYTES = 10_000  # a cancel names a session, an event and an fn_index
@@ -279,11 +298,25 @@ class EventShare:
     a worker; so one address posting events without waiting for them could fill the queue for
     everyone. Counted here before an event is queued: the events of the address in the queue
     and among the running jobs, and those of its requests still on their way in.
+
+    An event of a concurrency group with slots of its own (``groups``: /calibrate and the
+    self-test, whose events wait long) is also bounded by that group's own numbers: per address
+    and in all, events waiting or running. ``group_of(fn_index, api_name)`` names an event's
+    group; a queue/join's fn_index is the one :class:`RequestSizeLimit` left in the scope.
     """
 
-    def __init__(self, app: Any, blocks: gr.Blocks, proxies: uploads.Proxies, limit: int) -> None:
+    def __init__(
+        self,
+        app: Any,
+        blocks: gr.Blocks,
+        proxies: uploads.Proxies,
+        limit: int,
+        groups: Mapping[str, tuple[int, int]] | None = None,
+        group_of: Callable[[int | None, str | None], str | None] = lambda fn_index, name: None,
+    ) -> None:
         self.app, self.blocks, self.proxies, self.limit = app, blocks, proxies, limit
-        self._joining: Counter[str] = Counter()
+        self.groups, self.group_of = dict(groups or {}), group_of
+        self._joining: Counter[tuple[str, str]] = Counter()
 
     async def __call__(self, scope: dict[str, Any], receive: Any, send: Any) -> None:
         """Refuse a new event past the address's share; pass everything else on."""
@@ -294,32 +327,57 @@ class EventShare:
             return
         headers = {k.decode("latin-1").lower(): v.decode("latin-1") for k, v in scope.get("headers", [])}
         address = self.proxies.client((scope.get("client") or ("", 0))[0], headers.get("x-forwarded-for", ""))
-        if self._joining[address] + self._queued(address) >= self.limit:
+        group = self.group_of(scope.get(FN_INDEX), called_api(path))
+        group = group if group in self.groups else ""
+        detail = self._refusal(address, group)
+        if detail is not None:
             while (await receive()).get("more_body"):  # read the body, so the caller sees the answer
                 pass
-            detail = (
-                f"Busy: your address already has {self.limit} requests waiting or running "
-                "(BRAG_MAX_QUEUED_PER_ADDRESS); retry when one has finished."
-            )
             await uploads.json_response(send, 429, {"detail": detail}, {"retry-after": "10"})
             return
-        self._joining[address] += 1
+        self._joining[address, group] += 1
         try:
             await self.app(scope, receive, send)
         finally:
-            self._joining[address] -= 1
-            if self._joining[address] <= 0:
-                del self._joining[address]
+            self._joining[address, group] -= 1
+            if self._joining[address, group] <= 0:
+                del self._joining[address, group]
 
-    def _queued(self, address: str) -> int:
-        """Events of ``address`` in Gradio's queue and among its running jobs."""
+    def _refusal(self, address: str, group: str) -> str | None:
+        """Why a new event of ``address`` in ``group`` is refused, or None."""
+        events = self._events()
+        joining = sum(n for (who, _), n in self._joining.items() if who == address)
+        if joining + sum(1 for who, _ in events if who == address) >= self.limit:
+            return (
+                f"Busy: your address already has {self.limit} requests waiting or running "
+                "(BRAG_MAX_QUEUED_PER_ADDRESS); retry when one has finished."
+            )
+        if not group:
+            return None
+        per_address, in_all = self.groups[group]
+        mine = self._joining[address, group] + sum(1 for who, g in events if who == address and g == group)
+        if mine >= per_address:
+            return (
+                f"Busy: your address already has {mine} /{group} request(s) waiting or running, its "
+                "share of them; retry when it has finished."
+            )
+        everyone = sum(n for (_, g), n in self._joining.items() if g == group)
+        if everyone + sum(1 for _, g in events if g == group) >= in_all:
+            return (
+                f"Busy: {in_all} /{group} requests are waiting or running (BRAG_MAX_CALIBRATE_QUEUE); "
+                "retry in a few minutes."
+            )
+        return None
+
+    def _events(self) -> list[tuple[str, str]]:
+        """The address and concurrency group of each event in Gradio's queue and among its running jobs."""
         queue = getattr(self.blocks, "_queue", None)
         if queue is None:
-            return 0
+            return []
         waiting = queue.event_queue_per_concurrency_id.values()
         events = [event for line in waiting for event in line.queue]
         events += [event for job in queue.active_jobs if job for event in job]
-        return sum(1 for event in events if self._address_of(event) == address)
+        return [(self._address_of(event), getattr(event, "concurrency_id", "") or "") for event in events]
 
     def _address_of(self, event: Any) -> str:
         """An event's address, worked out once: a flood asks for every queued event's, each time."""
@@ -363,13 +421,21 @@ class Blocks(gr.Blocks):
     ledger: uploads.UploadLedger | None = None  # the uploads in the store, set by app.build
     downloads: tuple[gr.File, ...] = ()  # output components whose files may be served
     document_events: frozenset[int] = frozenset()  # /brag and /calibrate's fn indices, by app.build
-    cancels: Any = None  # serving.server.Cancels, set by app.build
+    cancels: Any = None  # serving.server.RecentIds of cancelled events, set by app.build
+    streams: Any = None  # serving.server.RecentIds of opened result streams, set by app.build
 
     def takes_documents(self, fn_index: int | None, name: str | None) -> bool:
         """True for an event that may be sent documents, named by its fn_index or its API name."""
         if name is not None:
             return any(fn.api_name == name for i, fn in self.fns.items() if i in self.document_events)
         return fn_index in self.document_events
+
+    def group_of(self, fn_index: int | None, name: str | None) -> str | None:
+        """The concurrency group of the event named by its fn_index or its API name, if any."""
+        for i, fn in self.fns.items():
+            if (name is not None and fn.api_name == name) or (name is None and i == fn_index):
+                return fn.concurrency_id
+        return None
 
     def serves(self, path: str) -> bool:
         """True for a file Gradio made for one of ``downloads``, and never for an upload."""

@@ -172,8 +172,15 @@ class Limits:
     helper_bytes: int = 1_000_000  # BRAG_MAX_HELPER_BYTES: a request to one of the page's helpers
     sessions: int = 1_000  # BRAG_MAX_SESSIONS: browser and API sessions whose state Gradio keeps
     calibrate_concurrency: int = 1  # BRAG_CALIBRATE_CONCURRENCY: /calibrate runs at once (own slots)
+    # BRAG_MAX_CALIBRATE_QUEUE: /calibrate events (self-tests among them) waiting for a slot, in
+    # all; checked before Gradio's queue, so they never crowd /brag out of it
+    calibrate_queue: int = 4
     self_test_questions: int = 30  # BRAG_SELF_TEST_QUESTIONS: a self-test keeps at most this many
     self_test_seconds: float = 1_800.0  # BRAG_SELF_TEST_SECONDS: one self-test, writing and running
+    # BRAG_SELF_TEST_PROMPT_CHARS: characters of every prompt one self-test sends, in all
+    self_test_prompt_chars: int = 3_000_000
+    kept_fits: int = 500  # BRAG_MAX_KEPT_FITS: fits /calibrate keeps, in all
+    kept_fits_per_address: int = 20  # BRAG_MAX_KEPT_FITS_PER_ADDRESS: one address's share of them
     files: int = 10  # BRAG_MAX_FILES: uploaded files per request
     file_bytes: int = 5_000_000  # BRAG_MAX_FILE_BYTES: bytes per uploaded file
     files_bytes: int = 10_000_000  # BRAG_MAX_FILES_BYTES: bytes of all of a request's files
@@ -221,6 +228,10 @@ class Limits:
             return self.queued_per_address
         return self.address_share(concurrency) + max(1, self.queue_size // 4)
 
+    def calibrate_share(self) -> int:
+        """/calibrate events one address may have waiting or running: its share of the slots."""
+        return self.address_share(self.calibrate_concurrency)
+
     @classmethod
     def from_env(cls) -> Limits:
         """The defaults above, overridden by the environment."""
@@ -240,8 +251,12 @@ class Limits:
             "helper_bytes": "BRAG_MAX_HELPER_BYTES",
             "sessions": "BRAG_MAX_SESSIONS",
             "calibrate_concurrency": "BRAG_CALIBRATE_CONCURRENCY",
+            "calibrate_queue": "BRAG_MAX_CALIBRATE_QUEUE",
             "self_test_questions": "BRAG_SELF_TEST_QUESTIONS",
             "self_test_seconds": "BRAG_SELF_TEST_SECONDS",
+            "self_test_prompt_chars": "BRAG_SELF_TEST_PROMPT_CHARS",
+            "kept_fits": "BRAG_MAX_KEPT_FITS",
+            "kept_fits_per_address": "BRAG_MAX_KEPT_FITS_PER_ADDRESS",
             "files": "BRAG_MAX_FILES",
             "file_bytes": "BRAG_MAX_FILE_BYTES",
             "files_bytes": "BRAG_MAX_FILES_BYTES",
@@ -678,41 +693,125 @@ class KeptCalibrations:
     """Fits that /calibrate made, kept on disk under a name derived from their content.
 
     The name (``fit-`` and 12 hex digits) is what a later /brag request passes as
-    ``calibration``; only names of that exact form are ever turned into a file name. The
-    oldest go first beyond ``limit`` files.
+    ``calibration``; only names of that exact form are ever turned into a file name. Each fit
+    is kept in a folder of the address that made it (a digest, never the caller's text): one
+    address keeps at most ``per_caller`` fits, its least recently used going first, and past
+    ``limit`` in all a fit goes from whoever keeps the most, so no caller can push another's out.
     """
 
     NAME = re.compile(r"^fit-[0-9a-f]{12}$")
 
-    def __init__(self, directory: Path, limit: int = 500) -> None:
-        self.directory, self.limit = directory, limit
+    def __init__(self, directory: Path, limit: int = 500, per_caller: int = 20) -> None:
+        self.directory, self.limit, self.per_caller = directory, limit, per_caller
+        self._lock = threading.Lock()
 
     def holds(self, name: str) -> bool:
         """True when ``name`` names a kept fit."""
-        return bool(self.NAME.match(name)) and (self.directory / f"{name}.json").is_file()
+        return self._find(name) is not None
 
     def path(self, name: str) -> Path | None:
         """The file of a kept fit, for a name of the kept form that exists; else None."""
-        return self.directory / f"{name}.json" if self.holds(name) else None
+        return self._find(name)
+
+    def _find(self, name: str) -> Path | None:
+        if not self.NAME.match(name):
+            return None
+        # A fit kept before fits had owners' folders lies at the top.
+        for found in [self.directory / f"{name}.json", *self.directory.glob(f"a-*/{name}.json")]:
+            if found.is_file():
+                return found
+        return None
 
     def load(self, name: str) -> brag.Calibration:
-        """A kept fit by name."""
+        """A kept fit by name; it counts as used now (the least recently used go first)."""
         if not self.NAME.match(name):
             raise refused("not the name of a kept calibration")
+        path = self._find(name)
         try:
-            return brag.load_calibration(self.directory / f"{name}.json")
+            if path is None:
+                raise brag.InputError(name)
+            found = brag.load_calibration(path)
         except brag.InputError:
             raise refused(f"the kept calibration {name} cannot be read; run /calibrate again") from None
+        try:
+            os.utime(path)
+        except OSError:
+            pass  # evicted meanwhile: it was read whole
+        return found
 
-    def keep(self, result: dict[str, Any]) -> str:
-        """Store a fit and return its name."""
+    def keep(self, result: dict[str, Any], caller: str = "") -> str:
+        """Store a fit that ``caller`` (an address) made and return its name."""
         digest = hashlib.sha256(json.dumps(result, sort_keys=True).encode()).hexdigest()
         name = f"fit-{digest[:12]}"
-        storage.write_atomic(self.directory / f"{name}.json", json.dumps({**result, "name": name}, indent=1))
-        kept = sorted(self.directory.glob("fit-*.json"), key=lambda p: p.stat().st_mtime)
-        for old in kept[: max(0, len(kept) - self.limit)]:
-            old.unlink(missing_ok=True)
+        folder = self.directory / f"a-{hashlib.sha256(caller.encode()).hexdigest()[:16]}"
+        with self._lock:
+            storage.write_atomic(folder / f"{name}.json", json.dumps({**result, "name": name}, indent=1))
+            entries = []
+            for path in [*self.directory.glob("fit-*.json"), *self.directory.glob("a-*/fit-*.json")]:
+                try:
+                    entries.append((path.parent.name, path.stat().st_mtime, path))
+                except OSError:
+                    continue
+            for old in fair_evictions(entries, folder.name, self.per_caller, self.limit):
+                old.unlink(missing_ok=True)
         return name
+
+
+def fair_evictions(
+    entries: Iterable[tuple[str, float, Any]], owner: str, per_owner: int, total: int
+) -> list[Any]:
+    """Which of ``entries`` (owner, last used, key) go, so that no one can push another's out.
+
+    ``owner`` (who just added one) keeps at most ``per_owner``, its least recently used going
+    first; past ``total`` in all, the least recently used of whoever keeps the most goes.
+    """
+    held: dict[str, list[tuple[float, Any]]] = {}
+    for who, used, key in entries:
+        held.setdefault(who, []).append((used, key))
+    for kept in held.values():
+        kept.sort(key=lambda entry: entry[0])
+    gone = []
+    mine = held.get(owner, [])
+    while len(mine) > max(1, per_owner):
+        gone.append(mine.pop(0)[1])
+    count = sum(len(kept) for kept in held.values())
+    while count > max(1, total):
+        most = max((who for who in held if held[who]), key=lambda who: (len(held[who]), -held[who][0][0]))
+        gone.append(held[most].pop(0)[1])
+        count -= 1
+    return gone
+
+
+class SessionFits:
+    """The self-test fit each browser session (or API session) made, by model and corpus.
+
+    A caller's self-test applies to that caller's session unasked, and to requests that name
+    it; never to anyone else's. Held in memory, with the shares of :func:`fair_evictions`.
+    """
+
+    def __init__(self, limit: int = 10_000, per_address: int = 20) -> None:
+        self.limit, self.per_address = limit, per_address
+        self._fits: dict[tuple[str, str, str], tuple[str, str, float]] = {}
+        self._lock = threading.Lock()
+
+    def remember(self, session: str, address: str, model: str, corpus: str, name: str) -> None:
+        """``session`` (from ``address``) made the kept fit ``name`` for ``model`` over ``corpus``."""
+        if not session:
+            return  # called from Python: there is no session to apply it to
+        with self._lock:
+            self._fits[session, model, corpus] = (name, address, time.monotonic())
+            entries = [(who, used, key) for key, (_, who, used) in self._fits.items()]
+            for key in fair_evictions(entries, address, self.per_address, self.limit):
+                del self._fits[key]
+
+    def recall(self, session: str, model: str, corpus: str) -> str | None:
+        """The name of the fit this session made for ``model`` over ``corpus``, if any."""
+        with self._lock:
+            found = self._fits.get((session, model, corpus)) if session else None
+            if found is None:
+                return None
+            self._fits[session, model, corpus] = (found[0], found[1], time.monotonic())
+            return found[0]
 
 
 def trusted_proxies() -> uploads.Proxies:

@@ -39,6 +39,7 @@ from .policy import (
     ModelPolicy,
     RequestRefused,
     Secrets,
+    SessionFits,
     SessionUploads,
     check_cost,
     check_lam,
@@ -263,13 +264,17 @@ class Server:
         # The shipped calibrations by name: the hand-set prior and those fitted for particular
         # models. A request names one, names one that /calibrate kept, or sends JSON.
         self.shipped = brag.shipped_calibrations()
-        self.kept = KeptCalibrations(settings.cache_dir / "calibrations")
-        # Each corpus's self-test fit, by model and corpus fingerprint: /brag uses it unasked.
+        limits = settings.limits
+        self.kept = KeptCalibrations(
+            settings.cache_dir / "calibrations", limits.kept_fits, limits.kept_fits_per_address
+        )
+        # The owner's self-test fits (calibrate.py self-test), by model and corpus fingerprint:
+        # /brag uses them unasked, for everyone. A caller's own self-test applies to its session.
         self.self_tests = calibrate.kept_self_tests(settings.cache_dir)
+        self.session_fits = SessionFits(limits.sessions * 10, limits.kept_fits_per_address)
         self._generator: llms.LLM | None = None
         self.store = CorpusStore(settings.limits, settings.own_index, settings.milvus)
         self.llms = LLMPool(settings.endpoints, settings.models)
-        limits = settings.limits
         per_address = limits.address_share(settings.concurrency)
         calibrate_share = {"calibrate": limits.address_share(limits.calibrate_concurrency)}
         self.callers = CallerLimits(limits.per_session, per_address, settings.proxies, calibrate_share)
@@ -283,7 +288,8 @@ class Server:
             store_files=limits.upload_store_files,
             root=upload_folder(),
         )
-        self.cancels = Cancels()  # events the caller cancelled (/cancel), so their calls stop
+        self.cancels = RecentIds()  # events the caller cancelled (/cancel), so their calls stop
+        self.streams = RecentIds()  # sessions and events whose result stream a caller opened
 
     def check_files(self, value: Any) -> None:
         """A files input, before Gradio touches the disk (:func:`uploads.check_file_data`)."""
@@ -361,7 +367,7 @@ class Server:
             price_out=price_out,
             files=files,
             session=getattr(request, "session_hash", None) or "",
-            gone=caller_gone(self.cancels),
+            gone=caller_gone(self.cancels, self.streams),
             caller=self.callers.address(request) if request is not None else "",
         )
         with self._scrubbed_errors(), self.callers.slot(request):
@@ -377,7 +383,7 @@ class Server:
         end = started + self.limits.request_timeout
         try:
             with llms.deadline_at(end), llms.cancellable(ask.gone):
-                chosen, label, controller = self._controller(ask, lam, pricing)
+                chosen, label, controller, whose = self._controller(ask, lam, pricing)
             steps = controller.stream(question, chosen)
             while True:
                 # Gradio may run each step of a generator in another thread, so the deadline and
@@ -390,7 +396,7 @@ class Server:
                 report.update(
                     corpus=label,
                     engine=chosen.stats().get("engine", "bm25s"),  # which engine served the passages
-                    calibration=report["config"]["calibration"],
+                    calibration=_with_whose(report["config"]["calibration"], whose),
                     model=model_label(ask.model),
                     elapsed_s=round(time.monotonic() - started, 3),  # the whole request
                 )
@@ -403,23 +409,42 @@ class Server:
 
     def _controller(
         self, ask: AskRequest, lam: float, pricing: tuple[str, tuple[float, float] | None]
-    ) -> tuple[brag.Corpus, str, brag.BRAG]:
-        """The corpus, the backend and the calibration a request names, as a controller."""
+    ) -> tuple[brag.Corpus, str, brag.BRAG, str]:
+        """The corpus, the backend and the calibration a request names, as a controller.
+
+        Also whose self-test fit it is, in words, when the server chose one unasked ("" otherwise).
+        """
         chosen, label = self.pick_corpus(
             ask.corpus, ask.documents, ask.files, ask.session, ask.gone, ask.caller
         )
         backend = self.llms.get(ask.model, ask.hf_token, ask.provider)
-        cal = self._own_fit(ask.calibration, chosen, backend) or read_calibration(
+        own, whose = self._own_fit(ask.calibration, chosen, backend, ask.session)
+        cal = own or read_calibration(
             ask.calibration, label, brag.llm_name(backend), self.shipped, self.kept, self.limits
         )
         unit, prices = pricing
-        return chosen, label, brag.BRAG(backend, calibration=cal, lam=lam, cost=unit, prices=prices)
+        return chosen, label, brag.BRAG(backend, calibration=cal, lam=lam, cost=unit, prices=prices), whose
 
-    def _own_fit(self, named: Any, corpus: brag.Retriever, backend: llms.LLM) -> brag.Calibration | None:
-        """The corpus's self-test fit for this model, when the request names no calibration."""
+    def _own_fit(
+        self, named: Any, corpus: brag.Retriever, backend: llms.LLM, session: str
+    ) -> tuple[brag.Calibration | None, str]:
+        """The self-test fit for this model and corpus when the request names no calibration, and whose.
+
+        The caller's own (its session's) first, then the owner's (``calibrate.py self-test``);
+        another caller's never.
+        """
         if (isinstance(named, str) and named.strip()) or (named and not isinstance(named, str)):
-            return None
-        return self.self_tests.load(brag.llm_name(backend), corpus.fingerprint())
+            return None, ""
+        model, fingerprint = brag.llm_name(backend), corpus.fingerprint()
+        name = self.session_fits.recall(session, model, fingerprint)
+        if name is not None and self.kept.holds(name):
+            try:
+                mine = self.kept.load(name)
+                return mine, f"your self-test{_made(mine)}, kept as {name}"
+            except RequestRefused:
+                pass  # gone or unreadable: the owner's fit, or the shipped one
+        owners = self.self_tests.load(model, fingerprint)
+        return owners, (f"the server owner's self-test{_made(owners)}" if owners is not None else "")
 
     def run_calibrate(
         self,
@@ -441,8 +466,10 @@ class Server:
         A self-test's fit (without labels) is kept for the model and corpus, and /brag then uses
         it unasked.
         """
-        gone = caller_gone(self.cancels)
+        gone = caller_gone(self.cancels, self.streams)
         with self._scrubbed_errors(), self.callers.slot(request, "calibrate"):
+            if gone():  # left while it waited: a REST event whose results nobody opened, a cancel
+                raise refused("The caller left before the calibration started; nothing was run.")
             empty = labelled_json is None or (isinstance(labelled_json, str) and not labelled_json.strip())
             self_test = self_test is True or empty
             if self_test and not self.settings.self_test:
@@ -450,12 +477,13 @@ class Server:
                     "Self-tests are turned off on this server (BRAG_SELF_TEST=off): give labelled questions."
                 )
             items = read_labelled(labelled_json, self.limits, self_test=self_test)
+            session = getattr(request, "session_hash", None) or ""
+            caller = self.callers.address(request) if request is not None else ""
             try:
                 # One call, no yields inside: the deadline and the cancel check hold for all of it,
-                # for every LLM call and between questions.
-                with llms.deadline(self.limits.calibrate_timeout), llms.cancellable(gone):
-                    session = getattr(request, "session_hash", None) or ""
-                    caller = self.callers.address(request) if request is not None else ""
+                # for every LLM call and between questions. A self-test ends at its own bound
+                # (its meter), and no call it started outlasts that by more than the grace.
+                with llms.deadline(self._calibrate_seconds(self_test)), llms.cancellable(gone):
                     chosen, label = self.pick_corpus(corpus, documents, files, session, gone, caller)
                     backend = self.llms.get(model, hf_token, provider)
                     if self_test:
@@ -468,12 +496,22 @@ class Server:
                 raise refused("The self-test was cancelled; nothing was kept.") from None
             except Exception as err:
                 raise _failure(err) from None
+            result = {**result, "made": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime())}
+            name = self.kept.keep(result, caller)
             if self_test and not items:
-                # Only a self-test of the documents alone is kept for everyone who asks over them:
-                # a caller's own labels (right or not) shape only the fit returned to that caller.
-                self.self_tests.keep(result)
-            name = self.kept.keep(result)
+                # A self-test of the documents alone applies unasked to this caller's session
+                # (others may name it); a caller's own labels shape only the fit returned.
+                self.session_fits.remember(session, caller, str(result["model"]), str(result["corpus"]), name)
             return self.secrets.scrub(json.dumps({**result, "name": name}, indent=1))
+
+    def _calibrate_seconds(self, self_test: bool) -> float:
+        """The request's deadline: a self-test's own bound and one call's grace, within /calibrate's."""
+        if not self_test:
+            return self.limits.calibrate_timeout
+        return min(self.limits.calibrate_timeout, self._self_test_seconds() + SELF_TEST_GRACE)
+
+    def _self_test_seconds(self) -> float:
+        return min(self.limits.self_test_seconds, self.limits.calibrate_timeout)
 
     def check_documents(
         self,
@@ -492,8 +530,10 @@ class Server:
                 "", corpus, documents, model, hf_token, provider, files, True, progress, request
             )
         )
-        return f"✓ {brag.calibration_status(brag.load_calibration(fitted), str(fitted.get('model')))}. " + (
-            "Your questions over these documents use it from now on."
+        status = brag.calibration_status(brag.load_calibration(fitted), str(fitted.get("model")))
+        return (
+            f"✓ {status}. Your questions over these documents from this page use it from now on; "
+            f"elsewhere, give its name as the calibration: {fitted.get('name')}."
         )
 
     def _self_test(
@@ -511,7 +551,9 @@ class Server:
         plan = calibrate.SelfTestPlan(
             questions=limits.self_test_questions,
             tries=4 * limits.self_test_questions,
-            seconds=min(limits.self_test_seconds, limits.calibrate_timeout),
+            seconds=self._self_test_seconds(),
+            prompt_chars=limits.self_test_prompt_chars,
+            question_chars=limits.question_chars,
         )
         progress(0.0, desc="Writing questions from your documents")
 
@@ -575,11 +617,12 @@ def upload_folder() -> Path:
     return Path(gr.utils.get_upload_folder()).resolve()
 
 
-class Cancels:
-    """Events whose caller asked ``/cancel``, recorded as the request arrives (``guards.PublicRoutes``).
+class RecentIds:
+    """The newest ``size`` ids recorded as their requests arrive (``guards.PublicRoutes``).
 
-    Gradio's own cancel waits for the running call to return; with the event recorded here,
-    the call's next check (``caller_gone``) ends it first. The newest ``size`` are kept.
+    The server keeps two: events whose caller asked ``/cancel`` (Gradio's own cancel waits for
+    the running call to return; recorded here, the call's next check, ``caller_gone``, ends it
+    first), and sessions and events whose result stream a caller opened.
     """
 
     def __init__(self, size: int = 10_000) -> None:
@@ -587,25 +630,28 @@ class Cancels:
         self._lock = threading.Lock()
         self.size = size
 
-    def add(self, event_id: str) -> None:
-        """Record that ``event_id`` was cancelled."""
+    def add(self, key: str) -> None:
+        """Record ``key`` (an event id or a session hash)."""
         with self._lock:
-            self._ids[event_id] = None
+            self._ids[key] = None
+            self._ids.move_to_end(key)
             while len(self._ids) > self.size:
                 self._ids.popitem(last=False)
 
-    def __contains__(self, event_id: object) -> bool:
+    def __contains__(self, key: object) -> bool:
         with self._lock:
-            return event_id in self._ids
+            return key in self._ids
 
 
-def caller_gone(cancels: Cancels | None = None) -> Callable[[], bool]:
+def caller_gone(cancels: RecentIds | None = None, streams: RecentIds | None = None) -> Callable[[], bool]:
     """Whether the caller of the request this thread runs has gone: a check to ask later.
 
     Gradio marks a running event not alive when its client disconnects, closed when its
     browser tab goes, and drops it from the running jobs when the client cancels it; a cancel
-    is in ``cancels`` as soon as it arrives. Outside an event Gradio runs (a direct Python
-    call) the caller never goes.
+    is in ``cancels`` as soon as it arrives. An event whose result stream no one opened within
+    ``STREAM_GRACE`` seconds of joining (in ``streams``: its session or, over REST, its id) has
+    no one waiting for it either. Outside an event Gradio runs (a direct Python call) the
+    caller never goes.
     """
     from gradio.context import LocalContext
 
@@ -621,12 +667,37 @@ def caller_gone(cancels: Cancels | None = None) -> Callable[[], bool]:
             for job in list(queue.active_jobs):
                 for event in job or ():
                     if event._id == event_id:
-                        return not event.alive or event.closed
+                        return not event.alive or event.closed or unwatched(event)
         except (AttributeError, TypeError):  # another Gradio: the request's deadline still holds
             return False
         return True  # no longer running: cancelled
 
+    def unwatched(event: Any) -> bool:
+        if streams is None or event_id in streams or getattr(event, "session_hash", None) in streams:
+            return False
+        return time.monotonic() - getattr(event, "enqueue_time", time.monotonic()) > STREAM_GRACE
+
     return gone
+
+
+# Seconds a caller has to open an event's result stream after it joined the queue; an event
+# nobody watches is gone (a client opens it at once: this is a hang guard, not a race).
+STREAM_GRACE = 10.0
+# What a self-test's calls may take past its own bound (BRAG_SELF_TEST_SECONDS) before the
+# request's deadline ends them.
+SELF_TEST_GRACE = 30.0
+
+
+def _made(fit: brag.Calibration | None) -> str:
+    made = fit.meta.get("made") if fit is not None else None
+    return f" of {made}" if isinstance(made, str) and len(made) <= 40 else ""
+
+
+def _with_whose(calibration: dict[str, Any], whose: str) -> dict[str, Any]:
+    """The report's calibration, its status saying whose self-test fit the server chose, if it chose one."""
+    if not whose:
+        return calibration
+    return {**calibration, "status": f"{calibration.get('status', '')} ({whose})", "whose": whose}
 
 
 def _fit(
