@@ -119,6 +119,7 @@ def build(settings: Settings | None = None) -> Blocks:
     demo.document_events = frozenset(i for i, fn in demo.fns.items() if fn.fn in runs)
     server.ledger.forget = demo.upload_file_set.discard  # Gradio's record of a deleted upload goes too
     demo.queue(default_concurrency_limit=server.settings.concurrency, max_size=server.limits.queue_size)
+    server.streams.live = demo.holds_session  # a stream is recorded only for a session Gradio holds
     llms.bound_hub_calls()  # deadlines and response caps hold for Inference Providers calls too
     return demo
 
@@ -376,7 +377,7 @@ def launch_options(settings: Settings, demo: Blocks) -> dict[str, Any]:
                     PublicRoutes,
                     queue_size=limits.queue_size,
                     cancelled=demo.cancels.add,
-                    watched=demo.streams.add,
+                    watched=demo.watch,
                 ),
                 Middleware(
                     uploads.UploadRoutes, ledger=demo.ledger, served=demo.serves, proxies=settings.proxies

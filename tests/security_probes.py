@@ -396,7 +396,8 @@ def keep_a_fit(lab: Lab) -> Path:
     result = json.loads(
         lab.client("public").predict(labelled, "", DOCS, "", "", "auto", api_name="/calibrate")
     )
-    return lab.folders["public-cache"] / "calibrations" / f"{result['name']}.json"
+    # Kept in the folder of the address that made it.
+    return next((lab.folders["public-cache"] / "calibrations").glob(f"a-*/{result['name']}.json"))
 
 
 def every_event_with_hostile_data(lab: Lab) -> str:

@@ -24,6 +24,10 @@ from app_server import AppProcess
 from openai_server import FakeOpenAI, Reply
 from selftest_reader import GENERATOR, SENTENCES, replies
 
+import brag
+
+CLOSED_BOOK = brag.CLOSED_BOOK_INSTRUCTIONS
+
 ST_DOCS = "\n".join(SENTENCES)
 SELF_TEST_SECONDS = 20
 PROMPT_CHARS = 150_000
@@ -43,9 +47,25 @@ def reader_reply(request: dict[str, Any], owner: Callable[[dict[str, Any]], Repl
 
 
 def long_questions(request: dict[str, Any], owner: Callable[[dict[str, Any]], Reply]) -> Reply:
-    """A caller's endpoint whose questions are 900,000 characters long, and whose reads find the answer."""
-    if request["messages"][0]["content"].startswith(GENERATOR):
-        return Reply(texts=["Question: What completes '" + "x" * 900_000 + " ____'?"])
+    """A caller's endpoint whose questions hold a word of 900,000 characters, and pass every check."""
+    messages = request["messages"]
+    if messages[0]["content"].startswith(GENERATOR):
+        cloze = messages[-1]["content"].removeprefix("Sentence: ")
+        return Reply(texts=[f"Question: What completes '{cloze}' in {'x' * 900_000}?"])
+    return reader_reply(request, owner)
+
+
+SLOW_READ = 25.0  # seconds a slow endpoint takes for a five-passage read or closed-book samples
+
+
+def slow_reads(request: dict[str, Any], owner: Callable[[dict[str, Any]], Reply]) -> Reply:
+    """Questions and one-passage reads at once; five-passage reads and closed-book calls in ``SLOW_READ``.
+
+    So a self-test writes its questions quickly, then spends its time running the actions on them.
+    """
+    messages = request["messages"]
+    if "\n[2] " in messages[-1]["content"] or messages[0]["content"].startswith(CLOSED_BOOK):
+        time.sleep(SLOW_READ)
     return reader_reply(request, owner)
 
 
@@ -60,7 +80,8 @@ def start_selftest_app(
 
     ends = {
         "writer": paced(0.1),
-        "crawl": paced(1.5),
+        "steady": paced(0.4),
+        "crawl": stack.enter_context(FakeOpenAI(handler=lambda r: slow_reads(r, owner))),
         "fast": paced(0.0),
         "longq": paced(0.0, long_questions),
     }
@@ -131,9 +152,13 @@ def settle(seconds: float = GRACE + 8) -> None:
 
 
 def queue_crowded(lab: Any) -> str:
-    """50.1: 65 self-tests POSTed to /call/calibrate from three addresses, no stream opened."""
+    """50.1: 90 self-tests POSTed to /call/calibrate from five addresses, no stream opened.
+
+    Each address may have 18 events queued here (its share of four workers and a quarter of the
+    queue of 64): five of them hold more than the whole queue.
+    """
     url = lab.selftest.url
-    posted = [post(url, "calibrate", self_test_args(), via(f"203.0.113.{10 + i % 3}")) for i in range(65)]
+    posted = [post(url, "calibrate", self_test_args(), via(f"203.0.113.{10 + i % 5}")) for i in range(90)]
     answers, waits = [], []
     for _ in range(5):
         started = time.monotonic()
@@ -143,7 +168,7 @@ def queue_crowded(lab: Any) -> str:
     refused = sum("HTTP 429" in p for p in posted)
     answered = sum(a.startswith('complete: ["Bergen"') for a in answers)
     return (
-        f"A: {refused} of 65 refused at the door · B: {answered} of {len(answers)} answered, "
+        f"A: {refused} of 90 refused at the door · B: {answered} of {len(answers)} answered, "
         f"median {statistics.median(waits):.2f} s"
     )
 
@@ -153,10 +178,13 @@ def b_answered_all(lab: Any, response: str) -> str | None:
 
 
 def unwatched_self_test(lab: Any) -> str:
-    """50.2: a self-test POSTed to /call/calibrate whose result stream is never opened."""
-    url, writer = lab.selftest.url, lab.st["writer"]
+    """50.2: a self-test POSTed to /call/calibrate whose result stream is never opened.
+
+    Its model (at 0.4 s a call) takes about twice the grace to write and check the questions.
+    """
+    url, writer = lab.selftest.url, lab.st["steady"]
     docs = ST_DOCS + "\nThe quibble cache keeps 77 entries per user in its table."
-    event = post(url, "calibrate", self_test_args(docs), via("203.0.113.21"))
+    event = post(url, "calibrate", self_test_args(docs, writer.url + "#m"), via("203.0.113.21"))
     started = time.monotonic()
     seen = lambda: len(writer.chat_requests)  # noqa: E731
     base = seen()
@@ -164,7 +192,8 @@ def unwatched_self_test(lab: Any) -> str:
     at_mark = seen()
     time.sleep(6)
     after = seen() - at_mark
-    kept = status_of(result(url, "brag", brag_args(docs, "What does quibble keep?"), via("198.51.100.51")))
+    question = brag_args(docs, "What does quibble keep?", writer.url + "#m")
+    kept = status_of(result(url, "brag", question, via("198.51.100.51")))
     settle(4)
     return (
         f"{event[:12]}… calls after the {GRACE + 3:.0f} s mark: {after} in 6 s "
@@ -181,7 +210,7 @@ def unwatched_stopped(lab: Any, response: str) -> str | None:
 
 
 def slow_self_test(lab: Any) -> str:
-    """50.2: a watched self-test on a model answering each call in 1.5 s: how long it holds the slot."""
+    """50.2: a watched self-test whose actions take ``SLOW_READ`` a call: how long it holds the slot."""
     started = time.monotonic()
     answer = result(
         lab.selftest.url, "calibrate", self_test_args(model=lab.st["crawl"].url + "#m"), via("203.0.113.22")
@@ -196,20 +225,24 @@ def within_bound(lab: Any, response: str) -> str | None:
     return None if held <= SELF_TEST_SECONDS + 30 else f"the slot was held past the bound ({response})"
 
 
-def identifier_documents(megabytes: float = 5.0) -> str:
-    """Passages of common snake_case identifiers in short sentences: many candidates, none rare."""
+def identifier_documents(megabytes: float = 2.0) -> str:
+    """Long passages (JSON) of snake_case identifiers in short sentences.
+
+    Each identifier stands once in every passage, so each is a candidate everywhere and rare
+    nowhere: no call is ever due.
+    """
     rng = random.Random(3)
-    names = [
-        f"{rng.choice(['get', 'set', 'read', 'load'])}_{rng.choice(['user', 'item', 'node'])}_{i}"
-        for i in range(60)
-    ]
-    lines, size = [], 0
+    verbs, things = ["get", "set", "read", "load"], ["user", "item", "node"]
+    names = [f"{rng.choice(verbs)}_{rng.choice(things)}_{i}" for i in range(4_000)]
+    passages, size = [], 0
     while size < megabytes * 1_000_000:
-        sentences = [f"The tool calls {' and '.join(rng.sample(names, 5))} here." for _ in range(24)]
-        line = " ".join(sentences)
-        lines.append(line)
-        size += len(line) + 1
-    return "\n".join(lines)
+        rng.shuffle(names)
+        sentences = [
+            f"The tool calls {' and '.join(names[j : j + 5])} here." for j in range(0, len(names), 5)
+        ]
+        passages.append({"title": f"part {len(passages)}", "text": " ".join(sentences)})
+        size += len(passages[-1]["text"])
+    return json.dumps(passages)
 
 
 def finder_abandoned(lab: Any) -> str:
@@ -332,8 +365,8 @@ def selftest_probes() -> list[Any]:
 
     return [
         Probe(
-            "50.1 queue: 65 self-tests posted from three addresses, no stream opened",
-            "A: 65 POST /call/calibrate (self-test) from 3 addresses; then B asks /brag 5 times",
+            "50.1 queue: 90 self-tests posted from five addresses, no stream opened",
+            "A: 90 POST /call/calibrate (self-test) from 5 addresses; then B asks /brag 5 times",
             "selftest",
             queue_crowded,
             b_answered_all,
@@ -348,7 +381,7 @@ def selftest_probes() -> list[Any]:
             watch="",
         ),
         Probe(
-            "50.2 slot: a watched self-test on a model taking 1.5 s a call",
+            "50.2 slot: a watched self-test whose five-passage reads take 25 s a call",
             f"/calibrate self-test on a slow endpoint, BRAG_SELF_TEST_SECONDS={SELF_TEST_SECONDS}",
             "selftest",
             slow_self_test,
@@ -357,7 +390,7 @@ def selftest_probes() -> list[Any]:
         ),
         Probe(
             "50.3 finder: MBs of identifier passages, the caller hangs up",
-            "/calibrate self-test over BRAG_PROBE_MB (2) MB pasted, identifiers none rare; closed after 3 s",
+            "/calibrate self-test, BRAG_PROBE_MB (2) MB of 72 kB passages of identifiers; closed after 3 s",
             "selftest",
             finder_abandoned,
             finder_stopped,
@@ -380,7 +413,7 @@ def selftest_probes() -> list[Any]:
             watch="",
         ),
         Probe(
-            "50.6 questions: a caller's endpoint writes 900,000-character questions",
+            "50.6 questions: a caller's endpoint writes 900,000-character questions that pass the checks",
             "/calibrate self-test, model=<longq>#m",
             "selftest",
             long_written_questions,

@@ -489,12 +489,13 @@ def test_the_calibration_table_has_a_row_per_action_and_case(tmp_path):
     name = server.kept.keep(fit)
     kept = tmp_path / "calibrations"
     table, path = server.show_calibration(json.dumps({**fit, "name": name}, indent=1))
-    assert table["visible"] is True and Path(path) == kept / f"{name}.json"
+    assert table["visible"] is True and Path(path) == server.kept.path(name)
+    assert Path(path).is_relative_to(kept) and Path(path).name == f"{name}.json"
     assert json.loads(Path(path).read_text())["source"] == "prior"
     # JSON the server did not keep (or any other input) shows nothing and writes nothing.
     for sent in (json.dumps(fit), json.dumps({**fit, "name": "fit-000000000000"}), None, 7):
         assert server.show_calibration(sent) == ({"__type__": "update", "visible": False}, None)
-    assert [p.name for p in kept.iterdir()] == [f"{name}.json"]
+    assert [p.name for p in kept.rglob("*") if p.is_file()] == [f"{name}.json"]
 
 
 def test_posterior_chart_draws_one_line_per_candidate_plus_the_residual():

@@ -63,6 +63,7 @@ def test_an_ask_request_is_built_by_keyword():
 
 import asyncio
 import json
+import threading
 from types import SimpleNamespace
 
 import orjson
@@ -343,7 +344,7 @@ def calibrate_queue(waiting: dict[str, int], running: tuple[str, ...] = ()):
     return SimpleNamespace(_queue=queue)
 
 
-def calibrate_guard(blocks, seen: list):
+def calibrate_guard(blocks, seen: list, settle: float = 0.0):
     """The app's chain: the size guard learns a queue/join's event, the share bounds it (fn 5: /calibrate)."""
     share = bragkit.serving.guards.EventShare(
         asgi_echo(seen),
@@ -352,6 +353,7 @@ def calibrate_guard(blocks, seen: list):
         limit=20,
         groups={"calibrate": (1, 3)},
         group_of=lambda fn_index, name: "calibrate" if fn_index == 5 or name == "calibrate" else "default",
+        settle=settle,
     )
     return bragkit.serving.guards.RequestSizeLimit(share, max_bytes=100_000, helper_bytes=1_000)
 
@@ -375,14 +377,38 @@ def test_calibrate_events_have_their_own_bound_per_address_and_in_all_before_the
     assert call_asgi(full, "/gradio_api/queue/join", other, client=("198.51.100.1", 1))[0] == 200
 
 
+def test_a_calibrate_event_waits_for_the_callers_last_one_to_leave_before_it_is_refused():
+    seen: list[bytes] = []
+    blocks = calibrate_queue({}, running=("192.0.2.9",))  # its last one, finishing
+    join = json.dumps({"data": [], "fn_index": 5, "session_hash": "s"}).encode()
+    threading.Timer(0.2, lambda: blocks._queue.active_jobs.clear()).start()
+    assert call_asgi(calibrate_guard(blocks, seen, settle=30.0), "/gradio_api/queue/join", join)[0] == 200
+
+
 def test_an_opened_result_stream_is_recorded_by_session_or_event():
-    watched: list[str] = []
-    routes = bragkit.serving.guards.PublicRoutes(asgi_echo([]), queue_size=64, watched=watched.append)
+    watched: list[tuple[str, bool]] = []
+    routes = bragkit.serving.guards.PublicRoutes(
+        asgi_echo([]), queue_size=64, watched=lambda *k: watched.append(k)
+    )
     call_asgi(routes, "/gradio_api/queue/data", method="GET", query=b"session_hash=abc123")
     call_asgi(routes, "/gradio_api/call/calibrate/ev42", method="GET")
     call_asgi(routes, "/gradio_api/call/calibrate", b"{}")  # posting an event is not watching it
     call_asgi(routes, "/gradio_api/queue/data", method="GET", query=b"session_hash=" + b"x" * 500)
-    assert watched == ["abc123", "ev42"]
+    assert watched == [("abc123", False), ("ev42", True)]
+
+
+def test_only_a_session_gradio_holds_is_watched_and_made_up_ones_push_none_out():
+    streams = bragkit.serving.server.WatchedStreams(size=3)
+    held = {"honest"}
+    streams.live = held.__contains__
+    streams.add("honest")
+    for i in range(100):  # streams opened for sessions that joined nothing
+        streams.add(f"made-up-{i}")
+    for i in range(3):  # sessions that did join, then ended
+        held.add(f"real-{i}")
+        streams.add(f"real-{i}")
+        held.discard(f"real-{i}")
+    assert "honest" in streams and "made-up-7" not in streams
 
 
 def test_fair_evictions_take_the_adders_own_first_and_past_the_total_from_whoever_keeps_most():

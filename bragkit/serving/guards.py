@@ -8,6 +8,7 @@ helpers (``ui_helper``), and secrets and forged lines kept out of the log.
 
 from __future__ import annotations
 
+import asyncio
 import functools
 import inspect
 import json
@@ -205,8 +206,8 @@ class PublicRoutes:
       next check instead (``serving.server.caller_gone``).
     - ``/deep_link`` is refused: it would write a session's inputs, a caller's token among
       them, to a file under the upload folder for anyone holding the session's hash.
-    - An opened result stream is recorded (``watched(session or event id)``): an event nobody
-      watches has no caller waiting for it (``serving.server.caller_gone``).
+    - An opened result stream is recorded (``watched(session or event id, is_event)``): an event
+      nobody watches has no caller waiting for it (``serving.server.caller_gone``).
 
     Uploads and served files are bounded by :class:`uploads.UploadRoutes`.
     """
@@ -216,7 +217,7 @@ class PublicRoutes:
         app: Any,
         queue_size: int,
         cancelled: Callable[[str], None] = lambda event: None,
-        watched: Callable[[str], None] = lambda key: None,
+        watched: Callable[[str, bool], None] = lambda key, is_event: None,
     ) -> None:
         self.app, self.queue_size, self.cancelled, self.watched = app, queue_size, cancelled, watched
 
@@ -260,9 +261,9 @@ class PublicRoutes:
         if path.endswith("/queue/data"):
             found = urllib.parse.parse_qs(query.decode("latin-1")[:2_000]).get("session_hash", [])
             if found and len(found[0]) <= 200:
-                self.watched(found[0])
+                self.watched(found[0], False)
         elif (result := _CALL_RESULT.search(path)) is not None and len(result.group(1)) <= 200:
-            self.watched(result.group(1))
+            self.watched(result.group(1), True)
 
     async def _recorded_cancel(self, receive: Any, send: Any) -> Any:
         """A cancel's body (a few names), read and recorded, then handed on; None once refused."""
@@ -313,9 +314,11 @@ class EventShare:
         limit: int,
         groups: Mapping[str, tuple[int, int]] | None = None,
         group_of: Callable[[int | None, str | None], str | None] = lambda fn_index, name: None,
+        settle: float = 2.0,
     ) -> None:
         self.app, self.blocks, self.proxies, self.limit = app, blocks, proxies, limit
         self.groups, self.group_of = dict(groups or {}), group_of
+        self.settle = settle  # seconds an event past its group's bound waits before its 429
         self._joining: Counter[tuple[str, str]] = Counter()
 
     async def __call__(self, scope: dict[str, Any], receive: Any, send: Any) -> None:
@@ -330,6 +333,13 @@ class EventShare:
         group = self.group_of(scope.get(FN_INDEX), called_api(path))
         group = group if group in self.groups else ""
         detail = self._refusal(address, group)
+        waited = 0.0
+        while detail is not None and group and waited < self.settle:
+            # The caller's last event may be finishing: Gradio sends its result a moment before
+            # it leaves the running jobs, and a caller may ask again at once.
+            await asyncio.sleep(0.05)
+            waited += 0.05
+            detail = self._refusal(address, group)
         if detail is not None:
             while (await receive()).get("more_body"):  # read the body, so the caller sees the answer
                 pass
@@ -422,13 +432,29 @@ class Blocks(gr.Blocks):
     downloads: tuple[gr.File, ...] = ()  # output components whose files may be served
     document_events: frozenset[int] = frozenset()  # /brag and /calibrate's fn indices, by app.build
     cancels: Any = None  # serving.server.RecentIds of cancelled events, set by app.build
-    streams: Any = None  # serving.server.RecentIds of opened result streams, set by app.build
+    streams: Any = None  # serving.server.WatchedStreams, set by app.build
 
     def takes_documents(self, fn_index: int | None, name: str | None) -> bool:
         """True for an event that may be sent documents, named by its fn_index or its API name."""
         if name is not None:
             return any(fn.api_name == name for i, fn in self.fns.items() if i in self.document_events)
         return fn_index in self.document_events
+
+    def watch(self, key: str, is_event: bool) -> None:
+        """A result stream opened for a session (``queue/data``) or a REST event: its session is watched."""
+        queue = getattr(self, "_queue", None)
+        if queue is None or self.streams is None:
+            return
+        if is_event:
+            event = queue.event_ids_to_events.get(key)
+            key = getattr(event, "session_hash", None) if event is not None else None
+        if key:
+            self.streams.add(key)
+
+    def holds_session(self, session: str) -> bool:
+        """Whether Gradio's queue holds an event of ``session`` (waiting, running or undelivered)."""
+        queue = getattr(self, "_queue", None)
+        return queue is not None and session in queue.pending_event_ids_session
 
     def group_of(self, fn_index: int | None, name: str | None) -> str | None:
         """The concurrency group of the event named by its fn_index or its API name, if any."""

@@ -289,7 +289,7 @@ class Server:
             root=upload_folder(),
         )
         self.cancels = RecentIds()  # events the caller cancelled (/cancel), so their calls stop
-        self.streams = RecentIds()  # sessions and events whose result stream a caller opened
+        self.streams = WatchedStreams()  # sessions whose result stream a caller opened
 
     def check_files(self, value: Any) -> None:
         """A files input, before Gradio touches the disk (:func:`uploads.check_file_data`)."""
@@ -620,9 +620,8 @@ def upload_folder() -> Path:
 class RecentIds:
     """The newest ``size`` ids recorded as their requests arrive (``guards.PublicRoutes``).
 
-    The server keeps two: events whose caller asked ``/cancel`` (Gradio's own cancel waits for
-    the running call to return; recorded here, the call's next check, ``caller_gone``, ends it
-    first), and sessions and events whose result stream a caller opened.
+    The server keeps the events whose caller asked ``/cancel`` here: Gradio's own cancel waits
+    for the running call to return; recorded, the call's next check (``caller_gone``) ends it first.
     """
 
     def __init__(self, size: int = 10_000) -> None:
@@ -643,14 +642,50 @@ class RecentIds:
             return key in self._ids
 
 
-def caller_gone(cancels: RecentIds | None = None, streams: RecentIds | None = None) -> Callable[[], bool]:
+class WatchedStreams:
+    """Sessions whose result stream a caller opened, while Gradio holds events of theirs.
+
+    Recorded as the stream's request arrives (``guards.PublicRoutes``, through
+    ``guards.Blocks.watch``). ``live(session)`` says whether Gradio still holds an event of a
+    session (set by ``app.build``): only a live session is recorded, and past ``size`` the
+    sessions no longer live go first, so streams opened for made-up sessions record nothing and
+    push no one's record out.
+    """
+
+    def __init__(self, size: int = 10_000) -> None:
+        self.live: Callable[[str], bool] = lambda session: True
+        self._sessions: OrderedDict[str, None] = OrderedDict()
+        self._lock = threading.Lock()
+        self.size = size
+
+    def add(self, session: str) -> None:
+        """Record that ``session``'s result stream is open, if Gradio holds an event of it."""
+        if not self.live(session):
+            return
+        with self._lock:
+            self._sessions[session] = None
+            self._sessions.move_to_end(session)
+            if len(self._sessions) > self.size:
+                for gone in [s for s in self._sessions if not self.live(s)]:
+                    del self._sessions[gone]
+            while len(self._sessions) > self.size:
+                self._sessions.popitem(last=False)
+
+    def __contains__(self, session: object) -> bool:
+        with self._lock:
+            return session in self._sessions
+
+
+def caller_gone(
+    cancels: RecentIds | None = None, streams: WatchedStreams | None = None
+) -> Callable[[], bool]:
     """Whether the caller of the request this thread runs has gone: a check to ask later.
 
     Gradio marks a running event not alive when its client disconnects, closed when its
     browser tab goes, and drops it from the running jobs when the client cancels it; a cancel
     is in ``cancels`` as soon as it arrives. An event whose result stream no one opened within
-    ``STREAM_GRACE`` seconds of joining (in ``streams``: its session or, over REST, its id) has
-    no one waiting for it either. Outside an event Gradio runs (a direct Python call) the
+    ``STREAM_GRACE`` seconds of joining (its session is not in ``streams``) has no one waiting
+    for it either. Outside an event Gradio runs (a direct Python call) the
     caller never goes.
     """
     from gradio.context import LocalContext
@@ -673,7 +708,10 @@ def caller_gone(cancels: RecentIds | None = None, streams: RecentIds | None = No
         return True  # no longer running: cancelled
 
     def unwatched(event: Any) -> bool:
-        if streams is None or event_id in streams or getattr(event, "session_hash", None) in streams:
+        if streams is None or getattr(event, "_brag_watched", False):
+            return False
+        if getattr(event, "session_hash", None) in streams:
+            event._brag_watched = True  # seen once: no later record's eviction can unsee it
             return False
         return time.monotonic() - getattr(event, "enqueue_time", time.monotonic()) > STREAM_GRACE
 
