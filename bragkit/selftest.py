@@ -417,7 +417,7 @@ class Meter:
     seconds: float
     prompt_chars: int
     should_stop: Callable[[], bool] | None = None
-    started: float = field(default_factory=time.monotonic)
+    started: float = field(default_factory=lambda: time.monotonic())
     chars: int = 0
     calls: int = 0
 

@@ -287,6 +287,8 @@ class Probe:
     watch: str = "owner"  # the endpoint whose request count must not grow ("" for none)
     max_rss_growth: float | None = None  # MB the app's resident memory may grow by
     max_cpu: float | None = None  # CPU seconds the app and its child processes may spend
+    # False: bench/security.py runs it, the suite does not (a unit test covers its finding faster)
+    suite: bool = True
 
 
 @dataclass
@@ -2216,6 +2218,11 @@ def probes() -> list[Probe]:
         ),
         *selftest_probes(),
     ]
+
+
+def suite_probes() -> list[Probe]:
+    """The probes tests/test_security.py runs."""
+    return [probe for probe in probes() if probe.suite]
 
 
 def requests_seen(lab: Lab, watch: str) -> int:

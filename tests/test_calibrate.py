@@ -7,6 +7,7 @@ import json
 import random
 import re
 import threading
+import time
 from dataclasses import replace
 
 import numpy as np
@@ -906,3 +907,41 @@ def test_the_command_line_self_test_fits_a_documents_file_and_keeps_it(tmp_path,
     # A file that cannot be read is a clear message, not a trace.
     assert calibrate.main(["self-test", str(tmp_path / "missing.pdf"), "--out", str(out)]) == 2
     assert "calibrate self-test:" in capsys.readouterr().err
+
+
+class SlowActions(SelfTestReader):
+    """Writes and checks questions at once; every five-passage read or closed-book call "takes"
+    100 s of a fake clock, and each call's start is noted."""
+
+    def __init__(self, clock: list[float]) -> None:
+        super().__init__()
+        self.clock, self.starts = clock, []
+
+    def complete(self, messages, **options):
+        self.starts.append(self.clock[0])
+        if "\n[2] " in messages[-1]["content"] or messages[0]["content"] == brag.CLOSED_BOOK_INSTRUCTIONS:
+            self.clock[0] += 100.0
+        return super().complete(messages, **options)
+
+
+def test_a_self_tests_clock_is_read_before_every_action_it_runs(monkeypatch):
+    clock = [0.0]
+    monkeypatch.setattr(time, "monotonic", lambda: clock[0])
+    reader = SlowActions(clock)
+    plan = calibrate.SelfTestPlan(questions=10, tries=20, seconds=150.0)
+    with pytest.raises(brag.InputError, match="out of time while running the actions"):
+        calibrate.calibrate_corpus(_self_test_corpus(), reader, _pooled_fit(), plan=plan)
+    assert max(reader.starts) <= 150.0  # no call started once the self-test's time was spent
+
+
+def test_a_self_tests_prompt_characters_are_bounded_writing_and_running_alike():
+    reader = SelfTestReader()
+    chars: list[int] = []
+    counted = type("Counted", (), {"name": "selftest-reader"})()
+    counted.complete = lambda messages, **o: (
+        chars.append(sum(len(m["content"]) for m in messages)) or (reader.complete(messages, **o))
+    )
+    plan = calibrate.SelfTestPlan(questions=10, tries=20, prompt_chars=60_000)
+    with pytest.raises(brag.InputError, match="out of prompt characters"):
+        calibrate.calibrate_corpus(_self_test_corpus(), counted, _pooled_fit(), plan=plan)
+    assert 0 < sum(chars) <= 60_000

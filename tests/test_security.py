@@ -20,7 +20,7 @@ from contextlib import ExitStack
 import pytest
 from conftest import ROOT
 from openai_server import FakeOpenAI, Reply
-from security_probes import probes, run, start_lab
+from security_probes import run, start_lab, suite_probes
 from test_llms import BACKENDS, MESSAGES  # the same backends, made the same way
 
 import brag
@@ -29,14 +29,14 @@ import bragkit.serving.policy
 import bragkit.serving.server
 from bragkit import llms
 
-PROBES = probes()
+PROBES = suite_probes()
 
 
 @pytest.fixture(scope="module")
 def outcomes():
     with ExitStack() as stack:
         lab = start_lab(stack)
-        yield run(lab)
+        yield run(lab, lambda finding: finding in {p.finding for p in PROBES})
 
 
 @pytest.mark.parametrize("index", range(len(PROBES)), ids=[p.finding[:60] for p in PROBES])
