@@ -9,6 +9,8 @@ record what they receive.
     python bench/security.py --only REGEX --out F  # the probes whose finding matches, into F
     python bench/security.py --only '^41' --json new.json --sessions 1000   # and the outcomes as JSON
     python bench/security.py compare old.json new.json --out F  # two runs side by side (old code, new)
+
+Probes marked ``suite=False`` (slow, their findings covered by unit tests) run here only.
 """
 
 from __future__ import annotations
@@ -101,7 +103,7 @@ def main() -> None:
             f"Command: `python bench/security.py{' --only ' + repr(args.only) if args.only else ''}` "
             "(the same probes as `tests/test_security.py`).",
             f"Machine: {platform.machine()}, 2 cores, Python {platform.python_version()}. "
-            "Five `python app.py` processes on loopback, with `OPENAI_API_KEY`, `HF_TOKEN`, a secret in "
+            "Six `python app.py` processes on loopback, with `OPENAI_API_KEY`, `HF_TOKEN`, a secret in "
             "another environment variable and a password in `BRAG_MODEL`'s URL; "
             f"`BRAG_REQUEST_TIMEOUT` = {REQUEST_TIMEOUT:g} s and `BRAG_DOCUMENTS_CACHE_BYTES` = 20 MB. "
             "*public*: the default endpoint policy; *listed*: `BRAG_ALLOWED_ENDPOINTS` names the probes' "
@@ -109,7 +111,10 @@ def main() -> None:
             "(`BRAG_TRUSTED_PROXIES`), two workers, one request per caller and a queue of three; "
             "*crowd*: behind a proxy that appends the caller (`BRAG_TRUSTED_PROXIES=*`), four workers, "
             "the default per-caller limits and a 120 s "
-            "deadline; *milvus*: `BRAG_MILVUS_URI` on a Milvus Lite collection of 3,000 passages. "
+            "deadline; *milvus*: `BRAG_MILVUS_URI` on a Milvus Lite collection of 3,000 passages; "
+            "*selftest*: behind '*', four workers, one /calibrate slot, self-tests of ten questions bounded "
+            "at 20 s and 150,000 prompt characters, ten kept fits (three an address), and loopback "
+            "endpoints that pass a self-test's checks at several paces (tests/selftest_probes.py). "
             "Each app has a cache and a temp folder of its own, so a file written anywhere else is seen.",
             "",
             "Time is the whole request as the caller saw it; CPU is the app's, with the processes it "

@@ -194,7 +194,6 @@ def unwatched_self_test(lab: Any) -> str:
     after = seen() - at_mark
     question = brag_args(docs, "What does quibble keep?", writer.url + "#m")
     kept = status_of(result(url, "brag", question, via("198.51.100.51")))
-    settle(4)
     return (
         f"{event[:12]}… calls after the {GRACE + 3:.0f} s mark: {after} in 4 s "
         f"({at_mark - base} before, {time.monotonic() - started:.0f} s in all) · "
@@ -226,21 +225,21 @@ def within_bound(lab: Any, response: str) -> str | None:
 
 
 def identifier_documents(megabytes: float = 2.0) -> str:
-    """Long passages (JSON) of snake_case identifiers in short sentences.
+    """Passages (JSON) of 10,000 characters, what a read shows of one, of snake_case identifiers.
 
-    Each identifier stands once in every passage, so each is a candidate everywhere and rare
-    nowhere: no call is ever due.
+    Each passage holds 500 of 4,000 identifiers, each once, in short sentences: every one is a
+    candidate answer, and each stands in about one passage in eight, so none is rare and no call
+    is ever due.
     """
     rng = random.Random(3)
     verbs, things = ["get", "set", "read", "load"], ["user", "item", "node"]
     names = [f"{rng.choice(verbs)}_{rng.choice(things)}_{i}" for i in range(4_000)]
     passages, size = [], 0
     while size < megabytes * 1_000_000:
-        rng.shuffle(names)
-        sentences = [
-            f"The tool calls {' and '.join(names[j : j + 5])} here." for j in range(0, len(names), 5)
-        ]
-        passages.append({"title": f"part {len(passages)}", "text": " ".join(sentences)})
+        chosen = rng.sample(names, 500)
+        groups = [chosen[j : j + 5] for j in range(0, len(chosen), 5)]
+        text = " ".join(f"The tool calls {' and '.join(group)} here." for group in groups)
+        passages.append({"title": f"part {len(passages)}", "text": text[:9_900]})
         size += len(passages[-1]["text"])
     return json.dumps(passages)
 
@@ -260,16 +259,16 @@ def finder_abandoned(lab: Any) -> str:
     stream.close()  # the caller hangs up
     time.sleep(1)
     before = tree_cpu(pid)
-    time.sleep(10)
+    time.sleep(5)
     spent = tree_cpu(pid) - before
     settle(2)
-    return f"server CPU in the 10 s after the caller left: {spent:.1f} s"
+    return f"server CPU in the 5 s after the caller left: {spent:.1f} s"
 
 
 def finder_stopped(lab: Any, response: str) -> str | None:
     spent = float(response.rsplit(": ", 1)[1].split()[0])
-    # A self-test still working holds a core: about 10 s of CPU in 10 s, however fast the machine.
-    return None if spent < 5 else f"the self-test went on without its caller ({response})"
+    # A self-test still working holds a core: about 5 s of CPU in 5 s, however fast the machine.
+    return None if spent < 2.5 else f"the self-test went on without its caller ({response})"
 
 
 def shared_fit(lab: Any) -> str:
@@ -296,7 +295,7 @@ def store_flushed(lab: Any) -> str:
     url, fast = lab.selftest.url, lab.st["fast"].url
     session = uuid.uuid4().hex
     result(url, "calibrate", self_test_args(), via("198.51.100.55"), session)
-    count = int(os.environ.get("BRAG_PROBE_FITS", KEPT_FITS + 10))
+    count = int(os.environ.get("BRAG_PROBE_FITS", KEPT_FITS + 4))
     for i in range(count):
         result(url, "calibrate", self_test_args(model=f"{fast}#flood-{i}"), via("203.0.113.25"))
     status = status_of(
@@ -392,7 +391,7 @@ def selftest_probes() -> list[Any]:
         ),
         Probe(
             "50.3 finder: MBs of identifier passages, the caller hangs up",
-            "/calibrate self-test, BRAG_PROBE_MB (2) MB of 72 kB passages of identifiers; closed after 3 s",
+            "/calibrate self-test, BRAG_PROBE_MB (2) MB of 10 kB passages of identifiers; closed after 3 s",
             "selftest",
             finder_abandoned,
             finder_stopped,
@@ -408,7 +407,7 @@ def selftest_probes() -> list[Any]:
         ),
         Probe(
             "50.5 store: one address runs self-tests under new model names",
-            f"victim keeps a fit; A: BRAG_PROBE_FITS self-tests (default {KEPT_FITS + 10}) on #flood-i",
+            f"victim keeps a fit; A: BRAG_PROBE_FITS self-tests (default {KEPT_FITS + 4}) on #flood-i",
             "selftest",
             store_flushed,
             victim_kept,

@@ -314,7 +314,7 @@ class EventShare:
         limit: int,
         groups: Mapping[str, tuple[int, int]] | None = None,
         group_of: Callable[[int | None, str | None], str | None] = lambda fn_index, name: None,
-        settle: float = 2.0,
+        settle: float = 1.0,
     ) -> None:
         self.app, self.blocks, self.proxies, self.limit = app, blocks, proxies, limit
         self.groups, self.group_of = dict(groups or {}), group_of
