@@ -1582,7 +1582,7 @@ SELF_TEST_WRITING_SHARE = 0.5
 
 @dataclass(frozen=True)
 class SelfTestPlan:
-    """A self-test's settings and bounds: questions to keep, tries, calls and seconds in all."""
+    """A self-test's settings and bounds: questions to keep, tries, seconds and prompt characters in all."""
 
     questions: int = 30
     tries: int = 120
