@@ -408,7 +408,7 @@ class OutOfBudget(Exception):
 
 @dataclass
 class Meter:
-    """What a self-test has spent against its bounds: seconds, prompt characters, calls.
+    """What a self-test has spent against its bounds: seconds and prompt characters.
 
     One meter is shared by every model a self-test calls (:class:`Metered`), so its bounds
     hold for everything it does, writing questions and running actions on them alike.
@@ -419,7 +419,6 @@ class Meter:
     should_stop: Callable[[], bool] | None = None
     started: float = field(default_factory=lambda: time.monotonic())
     chars: int = 0
-    calls: int = 0
 
     def check(self) -> None:
         """:class:`Cancelled` once ``should_stop()`` says so; :class:`OutOfBudget` once the time is spent."""
@@ -435,7 +434,6 @@ class Meter:
         if self.chars + chars > self.prompt_chars:
             raise OutOfBudget("prompt characters")
         self.chars += chars
-        self.calls += 1
 
 
 class Metered:

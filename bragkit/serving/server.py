@@ -276,7 +276,7 @@ class Server:
         self.store = CorpusStore(settings.limits, settings.own_index, settings.milvus)
         self.llms = LLMPool(settings.endpoints, settings.models)
         per_address = limits.address_share(settings.concurrency)
-        calibrate_share = {"calibrate": limits.address_share(limits.calibrate_concurrency)}
+        calibrate_share = {"calibrate": limits.calibrate_share()}
         self.callers = CallerLimits(limits.per_session, per_address, settings.proxies, calibrate_share)
         self.secrets = settings.secrets
         self.session_files = SessionUploads(limits.files_bytes * 4)
@@ -437,7 +437,7 @@ class Server:
             return None, ""
         model, fingerprint = brag.llm_name(backend), corpus.fingerprint()
         name = self.session_fits.recall(session, model, fingerprint)
-        if name is not None and self.kept.holds(name):
+        if name is not None:
             try:
                 mine = self.kept.load(name)
                 return mine, f"your self-test{_made(mine)}, kept as {name}"
@@ -642,38 +642,29 @@ class RecentIds:
             return key in self._ids
 
 
-class WatchedStreams:
+class WatchedStreams(RecentIds):
     """Sessions whose result stream a caller opened, while Gradio holds events of theirs.
 
     Recorded as the stream's request arrives (``guards.PublicRoutes``, through
     ``guards.Blocks.watch``). ``live(session)`` says whether Gradio still holds an event of a
-    session (set by ``app.build``): only a live session is recorded, and past ``size`` the
-    sessions no longer live go first, so streams opened for made-up sessions record nothing and
-    push no one's record out.
+    session (set by ``app.build``): only a live session is recorded, and when the record is full
+    the sessions no longer live go first, so streams opened for made-up sessions record nothing
+    and push no one's record out.
     """
 
     def __init__(self, size: int = 10_000) -> None:
+        super().__init__(size)
         self.live: Callable[[str], bool] = lambda session: True
-        self._sessions: OrderedDict[str, None] = OrderedDict()
-        self._lock = threading.Lock()
-        self.size = size
 
-    def add(self, session: str) -> None:
-        """Record that ``session``'s result stream is open, if Gradio holds an event of it."""
-        if not self.live(session):
+    def add(self, key: str) -> None:
+        """Record that session ``key``'s result stream is open, if Gradio holds an event of it."""
+        if not self.live(key):
             return
         with self._lock:
-            self._sessions[session] = None
-            self._sessions.move_to_end(session)
-            if len(self._sessions) > self.size:
-                for gone in [s for s in self._sessions if not self.live(s)]:
-                    del self._sessions[gone]
-            while len(self._sessions) > self.size:
-                self._sessions.popitem(last=False)
-
-    def __contains__(self, session: object) -> bool:
-        with self._lock:
-            return session in self._sessions
+            if len(self._ids) >= self.size:
+                for gone in [session for session in self._ids if not self.live(session)]:
+                    del self._ids[gone]
+        super().add(key)
 
 
 def caller_gone(
