@@ -23,7 +23,6 @@ policy's tables; runner. The command line is ``bragkit/cli.py``. Three entry poi
 
 from __future__ import annotations
 
-import functools
 import hashlib
 import itertools
 import json
@@ -109,9 +108,12 @@ __all__ = [  # noqa: RUF022
     "closed_book_messages",
     "read_messages",
     # Actions
-    "ACTIONS",
     "ACTION_TABLE",
     "Action",
+    "Observation",
+    "Reading",
+    "SeenPassage",
+    "StepContext",
     "VoteKind",
     "VoteType",
     "Read",
@@ -120,6 +122,7 @@ __all__ = [  # noqa: RUF022
     "READ",
     "HOP",
     "SAMPLES",
+    "action_labels",
     "action_named",
     # Calibration
     "CALIBRATION_VERSION",
@@ -135,6 +138,8 @@ __all__ = [  # noqa: RUF022
     "action_costs",
     # Runner
     "BRAG",
+    "Report",
+    "Step",
     "DEFAULT_HOPS",
     "GUESS_BELOW",
     "RunAborted",
@@ -2882,6 +2887,120 @@ def _typed(
     return base._replace(level=level.name) if level is not None else flat
 
 
+@dataclass(frozen=True)
+class SeenPassage:
+    """A passage a step's prompt held: its id, title and label, and its retrieval score (by id)."""
+
+    id: int
+    title: str
+    label: str
+    score: float | None  # BM25-scale, from the retrieval that found it; None if none ranked it
+
+    def to_dict(self) -> dict[str, Any]:
+        """As a report lists it (the score goes in the observation's ``scores``)."""
+        return {"id": self.id, "title": self.title, "label": self.label}
+
+
+@dataclass(frozen=True)
+class Observation:
+    """What one step of an action saw: the typed result of :meth:`VoteKind.step`.
+
+    ``passages``: what its prompt held, in prompt order (None: it reads no passage); ``answer``
+    ('' for none); ``evidence``: its evidence features; ``vote_type`` and ``candidate``: the
+    vote it cast (None: no vote); ``reliability``: a vote's own reliability when its kind weighs
+    each vote by itself (None: its vote type's); ``follow_up``: the query its reply asks for
+    next (None: it asks none), which finds the next hop's passages when its kind ``sets_next_hop``;
+    ``details``: what else its kind records (raw reply, samples, agreement…), as reports show it.
+    """
+
+    answer: str
+    vote_type: str
+    candidate: int | None
+    passages: tuple[SeenPassage, ...] | None = None
+    evidence: Mapping[str, float | None] | None = None
+    reliability: float | None = None
+    follow_up: str | None = None
+    details: Mapping[str, Any] = field(default_factory=dict)
+
+    def to_dict(self) -> dict[str, Any]:
+        """The report's JSON for it: the shape reports have always had."""
+        out: dict[str, Any] = {"answer": self.answer}
+        if self.evidence is not None:
+            out["evidence"] = dict(self.evidence)
+        if self.follow_up is not None:
+            out["follow_up_query"] = self.follow_up
+        if self.passages is not None:
+            out["passages"] = [p.to_dict() for p in self.passages]
+            out["scores"] = [None if p.score is None else round(p.score, 4) for p in self.passages]
+        out["vote_type"], out["candidate"] = self.vote_type, self.candidate
+        if self.reliability is not None:
+            out["reliability"] = round(self.reliability, 6)
+        return {**out, **self.details}
+
+
+class StepContext(Protocol):
+    """What a kind's step may use of the run: the question, the settings, retrieval, and calls.
+
+    The runner (``_Run``) is one; a step never reaches past this.
+    """
+
+    question: str
+    brag: BRAG  # the controller's settings (k, m, temperature, seed, max_tokens, priors...)
+    first_hop: Retrieval  # the question's own retrieval
+    next_hop: tuple[Retrieval, list[int], list[int]] | None  # a follow-up's: found, fresh, novel
+    read_ids: list[int]  # passages read so far, in the order first read
+    follow_up: str  # the query the latest follow-up retrieval used
+    weak: dict[str, bool]  # the gate's verdict on each gated action's window
+
+    def ask(self, messages: list[dict[str, str]], **options: Any) -> Completion:
+        """One LLM call, its reply bounded and its cost counted."""
+        ...
+
+    def read(self, action: Action, window: Sequence[int]) -> Reading:
+        """One deterministic read of ``window``, in that order (no vote yet)."""
+        ...
+
+    def vote(self, source: VoteType, answer: str) -> int | None:
+        """Add an answer to the posterior as a vote of type ``source``; its candidate."""
+        ...
+
+    def repeats(self, answer: str) -> bool:
+        """Whether ``answer`` is one an earlier read voted for."""
+        ...
+
+    def seen(self, window: Sequence[int]) -> tuple[SeenPassage, ...]:
+        """The window's passages as an observation lists them, each with its score by id."""
+        ...
+
+    def passages(self, window: Sequence[int]) -> list[Passage]:
+        """The window's passages, in its order, as a prompt holds them."""
+        ...
+
+
+@dataclass(frozen=True)
+class Reading:
+    """One read's reply, parsed: what :meth:`StepContext.read` returns before any vote."""
+
+    raw: str
+    answer: str
+    evidence: dict[str, float | None]
+    follow_up: str
+    follow_up_fallback: bool
+    passages: tuple[SeenPassage, ...]
+
+    def observed(self, vote_type: VoteType, candidate: int | None, **details: Any) -> Observation:
+        """The read as an observation of a vote of ``vote_type``."""
+        return Observation(
+            self.answer,
+            str(vote_type),
+            candidate,
+            self.passages,
+            self.evidence,
+            follow_up=self.follow_up,
+            details={"raw": self.raw, "follow_up_fallback": self.follow_up_fallback, **details},
+        )
+
+
 class VoteKind:
     """What an action's answers mean to BRAG; one object per kind: Read, Hop, Samples.
 
@@ -2894,8 +3013,13 @@ class VoteKind:
     """
 
     name: ClassVar[str] = ""
+    # What it declares: the runner, the gate, calibration and the page act on these traits,
+    # never on its class.
+    reads_passages: ClassVar[bool] = True  # its prompt holds passages (its vote shares them)
     gated: ClassVar[bool] = True  # the gate judges the window its reads hold
     needs_new: ClassVar[bool] = False  # available only once a read found passages not read yet
+    sets_next_hop: ClassVar[bool] = True  # its follow-up query finds the next hop's passages
+    fit_shape: ClassVar[str] = "read"  # its calibration entry's shape: "read", "hop" or "samples"
 
     def entry(self, label: str, raw: Mapping[str, Any]) -> ActionPrior:
         """Its calibration entry, validated (CalibrationError names the field)."""
@@ -2953,22 +3077,20 @@ class VoteKind:
         """How often a run may take it: ``max_uses`` times (the runner's availability check)."""
         return brag.max_uses
 
-    def step(self, run: _Run, action: Action) -> dict[str, Any]:
-        """Read the question's own top passages (as many as the action's prompt holds)."""
-        found, label, window = run.first_hop, action.label, self.window(run, action)
-        seen = run.read(action, window)
-        vote_type = self.vote_type(label, run.brag.priors[label], seen, weak=run.weak[label])
-        seen["vote_type"] = str(vote_type)
-        seen["candidate"] = run.vote(vote_type, seen["answer"])
-        seen["scores"] = [round(s, 4) for _, s in found.hits[: len(window)]]
-        seen["dedup_removed"] = found.removed
-        seen["gate"] = run.gate_view[label]
-        run.note_answer(seen["candidate"])
-        run.after_read(seen, window)
-        return seen
+    def step(self, run: StepContext, action: Action) -> Observation:
+        """Read its window, which is all its prompt holds, in that order; one vote."""
+        label = action.label
+        reading = run.read(action, self.window(run, action))
+        seen = {"evidence": reading.evidence}
+        vote_type = self.vote_type(label, run.brag.priors[label], seen, weak=run.weak.get(label, False))
+        candidate = run.vote(vote_type, reading.answer)
+        return reading.observed(vote_type, candidate, dedup_removed=run.first_hop.removed)
 
-    def window(self, run: _Run, action: Action) -> list[int]:
-        """The passages the gate judges for it before it runs: those its prompt will hold."""
+    def window(self, run: StepContext, action: Action) -> list[int]:
+        """What its prompt holds, in prompt order (the gate judges it before it runs).
+
+        The question's own top passages, as many as the action's prompt holds.
+        """
         return [i for i, _ in run.first_hop.hits][: action.passages or None]
 
     def cells(self, label: str, seen: Mapping[str, Any]) -> tuple[str, str, str]:
@@ -3005,6 +3127,7 @@ class Hop(VoteKind):
 
     name = "hop"
     needs_new = True
+    fit_shape = "hop"
 
     def entry(self, label: str, raw: Mapping[str, Any]) -> ActionPrior:
         """q, rho, the weak-window entry, and the ``same``/``new`` branches when present."""
@@ -3098,28 +3221,25 @@ class Hop(VoteKind):
         """Up to ``hops`` times, and only once a read found passages not read yet (``needs_new``)."""
         return brag.hops
 
-    def step(self, run: _Run, action: Action) -> dict[str, Any]:
+    def step(self, run: StepContext, action: Action) -> Observation:
         """Read the passages read so far plus the new ones the latest follow-up query found."""
         assert run.next_hop is not None  # a hop is only available after a read found new passages
         found, fresh, novel = run.next_hop
         window, label = self.window(run, action), action.label
-        new = window[len(run.read_ids) :]
-        seen = run.read(action, window)
-        repeats = bool(seen["answer"]) and run.candidates.find(seen["answer"]) in run.read_answers
+        reading = run.read(action, window)
         conditional = run.brag.second_hop == "conditional"
-        prior = run.brag.priors[label]
-        vote_type = self.vote_type(label, prior, seen, run.weak[label], repeats, conditional)
-        seen["vote_type"] = str(vote_type)
-        seen["candidate"] = run.vote(vote_type, seen["answer"])
-        seen["gate"] = run.gate_view[label]
-        seen["query"] = run.follow_up
-        seen["new_passages"] = new
-        seen["dedup_removed"] = found.removed + [i for i in fresh if i not in novel]
-        run.note_answer(seen["candidate"])
-        run.after_read(seen, window)
-        return seen
+        seen, weak = {"evidence": reading.evidence}, run.weak.get(label, False)
+        prior, repeats = run.brag.priors[label], run.repeats(reading.answer)
+        vote_type = self.vote_type(label, prior, seen, weak, repeats, conditional)
+        return reading.observed(
+            vote_type,
+            run.vote(vote_type, reading.answer),
+            query=run.follow_up,
+            new_passages=window[len(run.read_ids) :],
+            dedup_removed=found.removed + [i for i in fresh if i not in novel],
+        )
 
-    def window(self, run: _Run, action: Action) -> list[int]:
+    def window(self, run: StepContext, action: Action) -> list[int]:
         """The passages read so far and the new ones: judged once a read found them.
 
         Old passages first, in the order read, so each hop's prompt extends the last one.
@@ -3162,7 +3282,10 @@ class Samples(VoteKind):
     """Draws m closed-book answers; their mode is one vote, typed by how many of the m agree."""
 
     name = "samples"
+    reads_passages = False
     gated = False
+    sets_next_hop = False
+    fit_shape = "samples"
 
     def entry(self, label: str, raw: Mapping[str, Any]) -> ActionPrior:
         """The q and one {pi, kappa} per agreement level g = 1..m."""
@@ -3214,7 +3337,7 @@ class Samples(VoteKind):
         levels = tuple((lv.pi, _likelihood_ratio(lv.mean, eta, "spec")) for lv in prior.levels)
         return rates[label], VoteOutlook(prior.q, levels)
 
-    def step(self, run: _Run, action: Action) -> dict[str, Any]:
+    def step(self, run: StepContext, action: Action) -> Observation:
         """Sample ``m`` closed-book answers; their mode is one vote, typed by how many agree."""
         m = run.brag.m
         reply = run.ask(
@@ -3226,15 +3349,11 @@ class Samples(VoteKind):
         )
         mode, g = closed_book_mode(reply.texts)
         vote_type = self.vote_type(action.label, run.brag.priors[action.label], {"agreement": g})
-        return {
-            "samples": list(reply.texts),
-            "answer": mode,
-            "agreement": g,
-            "vote_type": str(vote_type),
-            "candidate": run.vote(vote_type, mode) if g else None,
-        }
+        candidate = run.vote(vote_type, mode) if g else None
+        details = {"samples": list(reply.texts), "agreement": g}
+        return Observation(mode, str(vote_type), candidate, details=details)
 
-    def window(self, run: _Run, action: Action) -> list[int]:
+    def window(self, run: StepContext, action: Action) -> list[int]:
         """None: it reads no passage."""
         return []
 
@@ -3330,14 +3449,23 @@ ACTION_TABLE: tuple[Action, ...] = (
         fitted=False,
     ),
 )
-ACTIONS = tuple(a.label for a in ACTION_TABLE)
+
+
+def action_labels() -> tuple[str, ...]:
+    """The labels of :data:`ACTION_TABLE`'s actions, in table order, as the table is now.
+
+    The table is the one registry of actions, and everything reads it when it runs: a row added
+    to it (``brag.ACTION_TABLE = (*brag.ACTION_TABLE, row)``) is offered, priced, calibrated and
+    shown like the shipped ones.
+    """
+    return tuple(a.label for a in ACTION_TABLE)
 
 
 def action_named(label: str) -> Action:
     """The table's action with this label."""
     found = next((a for a in ACTION_TABLE if a.label == label), None)
     if found is None:
-        raise InputError(f"no action {label!r} in the table ({_listed(ACTIONS)})")
+        raise InputError(f"no action {label!r} in the table ({_listed(action_labels())})")
     return found
 
 
@@ -3437,12 +3565,13 @@ def calibration_from_dict(data: Any) -> Calibration:
 
 def _actions_from_dict(raw: Any) -> dict[str, ActionPrior]:
     """Each action's entry, by its kind; any of the table's, at least one (table order kept)."""
+    labels = action_labels()
     if not isinstance(raw, Mapping) or not raw:
-        raise CalibrationError(f"calibration: 'actions' must be an object with some of {_listed(ACTIONS)}")
-    unknown = [name for name in raw if name not in ACTIONS]
+        raise CalibrationError(f"calibration: 'actions' must be an object with some of {_listed(labels)}")
+    unknown = [name for name in raw if name not in labels]
     if unknown:
         raise CalibrationError(
-            f"calibration: actions.{_shown(unknown[0])} is not an action of this BRAG ({_listed(ACTIONS)})"
+            f"calibration: actions.{_shown(unknown[0])} is not an action of this BRAG ({_listed(labels)})"
         )
     for name, entry in raw.items():
         if not isinstance(entry, Mapping):
@@ -3656,7 +3785,8 @@ def action_costs(
         raise InputError("cost='usd' needs prices=(input, output) in dollars per million tokens")
     if not output_ratio > 0:
         raise InputError(f"output_ratio must be positive, got {output_ratio!r}")
-    read = next((a.label for a in chosen if isinstance(a.kind, Read)), labels[0])  # the unit of cost
+    # The unit of cost: the first read of the question's own passages.
+    read = next((a.label for a in chosen if a.kind.reads_passages and not a.kind.needs_new), labels[0])
     measured = {a: c for a, c in (calibration.costs or {}).items() if a in labels}
     usable = read in measured and (unit != "seconds" or all(c.seconds for c in measured.values()))
     estimated = {a: _price(c, unit, output_ratio, prices) for a, c in _estimated_costs(k, m).items()}
@@ -3761,9 +3891,9 @@ def _offered(calibration: Calibration, extra: Sequence[str]) -> tuple[Action, ..
     """The calibration's actions and the ``extra`` ones (table actions it lacks), in table order."""
     if isinstance(extra, str) or not all(isinstance(label, str) for label in extra):
         raise InputError(f"extra_actions must be a tuple of action labels, got {extra!r}")
-    unknown = sorted(set(extra) - set(ACTIONS))
+    unknown = sorted(set(extra) - set(action_labels()))
     if unknown:
-        raise InputError(f"extra_actions: {_listed(unknown)} not in the table ({_listed(ACTIONS)})")
+        raise InputError(f"extra_actions: {_listed(unknown)} not in the table ({_listed(action_labels())})")
     return tuple(a for a in ACTION_TABLE if a.label in calibration.actions or a.label in extra)
 
 
@@ -3904,7 +4034,12 @@ class BRAG:
         ``options`` are ``stream``'s (``on_step``, ``actions``). Raises ValueError on bad input,
         and RunAborted carrying the partial report when an LLM call fails.
         """
-        *_, last = self.stream(question, corpus, **options)
+        report = self.ask(question, corpus, **options)
+        return report.answer, report.to_dict()
+
+    def ask(self, question: str, corpus: Retriever, **options: Any) -> Report:
+        """:meth:`run`, as a typed :class:`Report` (its steps and observations typed too)."""
+        *_, last = self._reports(question, corpus, **options)
         return last
 
     def stream(
@@ -3922,6 +4057,17 @@ class BRAG:
 
         One pair after each decision, before its action runs (``report["finished"]`` is False).
         """
+        for report in self._reports(question, corpus, on_step, actions):
+            yield report.answer, report.to_dict()
+
+    def _reports(
+        self,
+        question: str,
+        corpus: Retriever,
+        on_step: Callable[[dict[str, Any]], None] | None = None,
+        actions: Sequence[str] | None = None,
+    ) -> Iterator[Report]:
+        """The report after each decision (before its action runs), then the final one."""
         labels = tuple(a.label for a in self.offered)
         if actions is not None and not set(actions) <= set(labels):
             raise InputError(f"actions must be drawn from those offered, {labels}, got {list(actions)!r}")
@@ -3932,13 +4078,105 @@ class BRAG:
         run = _Run(self, question, corpus, on_step, list(actions) if actions is not None else None)
         try:
             for step in run.loop():
-                if step["action"] is not None:
-                    yield run.answer(), run.report("", finished=False)
+                if step.action is not None:
+                    yield run.report("", finished=False)
         except Exception as err:  # a backend may raise anything; the work done is kept
-            report = run.report(f"error: {err}")
-            step = run.current or "the run"
-            raise RunAborted(f"{step} failed: {err}", report, step) from err
-        yield run.answer(), run.report(run.stop_reason)
+            report = run.report(f"error: {err}").to_dict()
+            failed = run.current or "the run"
+            raise RunAborted(f"{failed} failed: {err}", report, failed) from err
+        yield run.report(run.stop_reason)
+
+
+@dataclass(frozen=True)
+class Step:
+    """One decision of a run, and what its action saw and cost once it ran.
+
+    ``posterior`` before the decision; ``rates``: each action's information rate in the state
+    the policy saw; ``scores``: what the stop rule compared with lambda for each available
+    action; ``action`` (None: stop) and its ``score``; ``floor``: taken only because the run had
+    made fewer than ``min_calls`` calls. ``observation`` and ``cost`` once it ran.
+    """
+
+    number: int
+    posterior: Mapping[str, Any]
+    rates: Mapping[str, float]
+    available: tuple[str, ...]
+    scores: Mapping[str, float]
+    score: float | None
+    action: str | None
+    floor: bool
+    policy_us: float
+    observation: Observation | None = None
+    cost: Mapping[str, Any] | None = None
+
+    def to_dict(self) -> dict[str, Any]:
+        """The report's JSON for it."""
+        out = {
+            "step": self.number,
+            "posterior": self.posterior,
+            "rates": dict(self.rates),
+            "available": list(self.available),
+            "scores": dict(self.scores),
+            "score": self.score,
+            "action": self.action,
+            "floor": self.floor,
+            "policy_us": self.policy_us,
+        }
+        if self.observation is not None:
+            out["observation"] = self.observation.to_dict()
+        if self.cost is not None:
+            out["cost"] = dict(self.cost)
+        return out
+
+
+@dataclass(frozen=True)
+class Report:
+    """A run as it stands: its answer, how far to trust it, every step, the totals, the settings.
+
+    :meth:`BRAG.ask` returns it; :meth:`BRAG.run` and :meth:`BRAG.stream` give its
+    :meth:`to_dict`, the JSON reports have always had.
+    """
+
+    question: str
+    answer: str
+    finished: bool
+    note: str
+    confidence: Mapping[str, Any]
+    p_err: float
+    steps: tuple[Step, ...]
+    stop_reason: str
+    gate: Mapping[str, Any]
+    corpus: Mapping[str, Any]  # the retriever's own figures (Retriever.stats)
+    totals: Mapping[str, Any]
+    config: Mapping[str, Any]
+
+    @property
+    def answered(self) -> bool:
+        """Whether it has an answer."""
+        return bool(self.answer)
+
+    @property
+    def p_correct(self) -> float:
+        """The answer's P(correct) (0 without one)."""
+        return float(self.confidence.get("p_correct", 0.0))
+
+    def to_dict(self) -> dict[str, Any]:
+        """The report as JSON-ready data (a new object each time)."""
+        return {
+            "question": self.question,
+            "answer": self.answer,
+            "answered": self.answered,
+            "finished": self.finished,
+            "note": self.note,
+            "confidence": dict(self.confidence),
+            "p_err": self.p_err,
+            "steps": [step.to_dict() for step in self.steps],
+            "stop_reason": self.stop_reason,
+            "gate": dict(self.gate),
+            "corpus": self.corpus,
+            "totals": dict(self.totals),
+            "config": self.config,
+        }
 
 
 @dataclass
@@ -4090,11 +4328,10 @@ class _Run:
         self.next_hop: tuple[Retrieval, list[int], list[int]] | None = None
         self.first_hop = Retrieval([], [], 0)  # set by loop, where a retriever's failure is caught
         self.gate_view: dict[str, dict[str, Any] | None] = {}
-        self.steps: list[dict[str, Any]] = []
+        self.steps: list[Step] = []
         self.usage = _Usage()
-        self.actions: dict[str, Callable[[], dict[str, Any]]] = {
-            a.label: functools.partial(a.kind.step, self, a) for a in brag.offered
-        }
+        self.offered = {a.label: a for a in brag.offered}
+        self.scores: dict[int, float] = {}  # each passage's score in the retrieval that first found it
         self.policy_us = 0.0
         self.started = time.perf_counter()
         self.stop_reason = ""
@@ -4118,19 +4355,20 @@ class _Run:
         """Retrieve and judge the first window; then decide, yield the step, act, until done."""
         self.current = "retrieval"  # a retriever that raises is named in RunAborted
         self.first_hop = self.corpus.retrieve(self.question, self.brag.k)
+        self.scores = dict(self.first_hop.hits)
         for action in self.brag.offered:
-            if isinstance(action.kind, Read):  # a hop's window is judged once a read found it
+            if action.kind.gated and not action.kind.needs_new:  # a hop's: once a read found it
                 window = action.kind.window(self, action)
                 self.gate_view[action.label] = self.judge(action.label, self.question, window, self.first_hop)
         self.current = None
         while True:
             step = self._decide()
             yield step
-            if step["action"] is None:
+            if step.action is None:
                 return
             self._act(step)
 
-    def _decide(self) -> dict[str, Any]:
+    def _decide(self) -> Step:
         """Price each available action, pick one or stop, and record the step (not yet acted on)."""
         t0 = time.perf_counter()
         self.probs, self.residual = self.beliefs.probabilities(len(self.candidates.texts))
@@ -4144,21 +4382,20 @@ class _Run:
         us = (time.perf_counter() - t0) * 1e6 + self.update_us
         self.update_us = 0.0
         self.policy_us += us
-        step = {
-            "step": len(self.steps) + 1,
-            "posterior": self.posterior_view(),
-            "rates": dict(rates),
-            "available": available,
-            # What the stop rule compares with lambda, for each action it could take.
-            "scores": {a: round(gain, 6) for a, gain in gains.items()},
-            "score": decision.score,
-            "action": decision.action,
-            "floor": floor is not None,  # taken only because the run had made too few calls
-            "policy_us": round(us, 2),
-        }
+        step = Step(
+            len(self.steps) + 1,
+            self.posterior_view(),
+            dict(rates),
+            tuple(available),
+            {a: round(gain, 6) for a, gain in gains.items()},  # what the stop rule compares with lambda
+            decision.score,
+            decision.action,
+            floor is not None,  # taken only because the run had made too few calls
+            round(us, 2),
+        )
         self.steps.append(step)
         if self.on_step is not None:
-            self.on_step(step)
+            self.on_step(step.to_dict())
         if decision.action is None:
             self.stop_reason = decision.stop_reason or ""
             if self.floor_reason:
@@ -4205,17 +4442,35 @@ class _Run:
         chosen = self.schedule.pop(0) if self.schedule else None
         return Decision(chosen, decision.score, None if chosen else "schedule done")
 
-    def _act(self, step: dict[str, Any]) -> None:
+    def _act(self, step: Step) -> None:
         """Run the step's action and record what it saw and what it cost."""
-        action = step["action"]
+        action = step.action
+        assert action is not None
         self.current = action
         before = replace(self.usage)
-        step["observation"] = self.actions[action]()
-        step["cost"] = self.usage.since(before)
+        observed = self._observe(self.offered[action])
+        cost = self.usage.since(before)
         brag = self.brag
-        step["cost"]["priced"] = round(priced(step["cost"], brag.cost, brag.output_ratio, brag.prices), 9)
+        cost["priced"] = round(priced(cost, brag.cost, brag.output_ratio, brag.prices), 9)
+        self.steps[-1] = replace(step, observation=observed, cost=cost)
         self.uses[action] += 1
         self.current = None
+
+    def _observe(self, action: Action) -> Observation:
+        """Run the action's step; what its kind declares decides what the run does with it.
+
+        A gated kind's observation carries the gate's view of its window; a kind that reads
+        passages notes its answer (a hop after it may repeat it); one that sets the next hop
+        retrieves with its follow-up query.
+        """
+        kind = action.kind
+        observed = kind.step(self, action)
+        gate = self.gate_view.get(action.label)  # before a next hop's window is judged anew
+        if kind.reads_passages:
+            self.note_answer(observed.candidate)
+        if kind.sets_next_hop and observed.follow_up is not None:
+            self.after_read(observed.follow_up, [p.id for p in observed.passages or ()])
+        return replace(observed, details={**observed.details, "gate": gate}) if kind.gated else observed
 
     def ask(self, messages: list[dict[str, str]], **kwargs: Any) -> Completion:
         """One LLM call, its reply texts bounded and its cost counted."""
@@ -4241,9 +4496,9 @@ class _Run:
         self.votes.append(vote)
         return index
 
-    def read(self, action: Action, passage_ids: list[int]) -> dict[str, Any]:
+    def read(self, action: Action, passage_ids: Sequence[int]) -> Reading:
         """One read of ``passage_ids``: the answer and the follow-up query (no vote yet)."""
-        passages = [self.corpus[i] for i in passage_ids]
+        passages = self.passages(passage_ids)
         reply = self.ask(
             action.messages(self.question, passages),
             n=1,
@@ -4261,16 +4516,21 @@ class _Run:
             query = expand_query(self.question, passages, analyzer=analyzer)
         tokens = reply.logprobs[0] if reply.logprobs else None
         evidence = read_evidence(answer, self.question, passages, tokens)
-        return {
-            "raw": raw,
-            "answer": answer,
-            "evidence": {k: None if v is None else round(v, 4) for k, v in evidence.items()},
-            "follow_up_query": query,
-            "follow_up_fallback": fallback,
-            "passages": [
-                {"id": i, "title": self.corpus[i].title, "label": self.corpus[i].label()} for i in passage_ids
-            ],
-        }
+        rounded = {k: None if v is None else round(v, 4) for k, v in evidence.items()}
+        return Reading(raw, answer, rounded, query, fallback, self.seen(passage_ids))
+
+    def passages(self, window: Sequence[int]) -> list[Passage]:
+        """The window's passages, in its order, as a prompt holds them."""
+        return [self.corpus[i] for i in window]
+
+    def seen(self, window: Sequence[int]) -> tuple[SeenPassage, ...]:
+        """The window's passages as an observation lists them, each with its score by id."""
+        corpus = self.corpus
+        return tuple(SeenPassage(i, corpus[i].title, corpus[i].label(), self.scores.get(i)) for i in window)
+
+    def repeats(self, answer: str) -> bool:
+        """Whether ``answer`` is one an earlier read voted for."""
+        return bool(answer) and self.candidates.find(answer) in self.read_answers
 
     def judge(self, action: str, query: str, window: list[int], found: Retrieval) -> dict[str, Any] | None:
         """Gate signals and verdict for an action's window (None without a calibrated gate)."""
@@ -4282,21 +4542,23 @@ class _Run:
         self.weak[action] = bool(verdict)
         return {"signals": {k: round(v, 6) for k, v in signals.items()}, "weak": verdict}
 
-    def after_read(self, seen: dict[str, Any], passage_ids: list[int]) -> None:
+    def after_read(self, follow_up: str, passage_ids: Sequence[int]) -> None:
         """Remember what was read and find the next hop's window with the new follow-up query."""
         added = [i for i in passage_ids if i not in self.read_ids]
         self.read_ids += added
         if not added and self.next_hop is not None:
             return  # a read of passages already read (a focused one) leaves the next hop as it was
-        self.follow_up = seen["follow_up_query"]
+        self.follow_up = follow_up
         # Only passages not read yet, and none that repeats one read: a hop must bring new
         # evidence. Its window is known now, so the gate can judge it before R2 is scored.
         found = self.corpus.retrieve(self.follow_up, self.brag.k + len(self.read_ids))
         fresh = [i for i, _ in found.hits if i not in self.read_ids]
         novel = self.corpus.novel(fresh, self.read_ids)
         self.next_hop = (found, fresh, novel)
+        for i, score in found.hits:
+            self.scores.setdefault(i, score)
         for action in self.brag.offered:
-            if isinstance(action.kind, Hop):
+            if action.kind.gated and action.kind.needs_new:
                 window = action.kind.window(self, action)
                 self.gate_view[action.label] = self.judge(action.label, self.follow_up, window, found)
 
@@ -4356,7 +4618,7 @@ class _Run:
 
         A report is made after every step, so each passage's forms are kept for the run.
         """
-        ids = [p["id"] for step in self.steps for p in (step.get("observation") or {}).get("passages", [])]
+        ids = [p.id for step in self.steps if step.observation for p in step.observation.passages or ()]
         for i in ids:
             if i not in self.shown:
                 self.shown[i] = _ShownPassage.of(self.corpus[i])
@@ -4369,58 +4631,62 @@ class _Run:
         best = max(range(len(self.probs)), key=lambda i: (self.probs[i], -i))
         return self.candidates.texts[best]
 
-    def report(self, stop_reason: str, finished: bool = True) -> dict[str, Any]:
+    def report(self, stop_reason: str, finished: bool = True) -> Report:
         """The report as it stands: every step so far, the totals and the configuration."""
         answer = self.answer()
+        totals = {
+            **self.usage.totals(),
+            "wall_time_s": round(time.perf_counter() - self.started, 6),
+            "llm_seconds": round(self.usage.llm_seconds, 6),
+            "llm_seconds_known": self.usage.llm_seconds_known,
+            "llm_wait_s": round(self.usage.llm_wait_s, 6),
+            "policy_us": round(self.policy_us, 2),
+        }
+        return Report(
+            question=self.question,
+            answer=answer,
+            finished=finished,
+            note="" if answer or not finished else "no candidate answer: every action returned NONE",
+            confidence=self.confidence(answer),
+            p_err=round(error_probability(self.probs), 6),
+            steps=tuple(self.steps),  # a snapshot: steps are frozen, and later ones do not change it
+            stop_reason=stop_reason,
+            gate=dict(self.gate_view),
+            corpus=self.corpus.stats(),
+            totals=totals,
+            config=self.config(),
+        )
+
+    def config(self) -> dict[str, Any]:
+        """The report's configuration: every setting, the prices, the actions, the calibration."""
         brag, calibration = self.brag, self.brag.calibration
         return {
-            "question": self.question,
-            "answer": answer,
-            "answered": bool(answer),
-            "finished": finished,
-            "note": "" if answer or not finished else "no candidate answer: every action returned NONE",
-            "confidence": self.confidence(answer),
-            "p_err": round(error_probability(self.probs), 6),
-            "steps": [dict(step) for step in self.steps],  # a snapshot: later steps do not change it
-            "stop_reason": stop_reason,
-            "gate": self.gate_view,
-            "corpus": self.corpus.stats(),
-            "totals": {
-                **self.usage.totals(),
-                "wall_time_s": round(time.perf_counter() - self.started, 6),
-                "llm_seconds": round(self.usage.llm_seconds, 6),
-                "llm_seconds_known": self.usage.llm_seconds_known,
-                "llm_wait_s": round(self.usage.llm_wait_s, 6),
-                "policy_us": round(self.policy_us, 2),
+            **brag.settings(),
+            "cost": {
+                "unit": brag.cost,
+                "per_action": {a: round(c, 6) for a, c in brag.priced_costs.items()},
+                "source": brag._cost_source,
             },
-            "config": {
-                **brag.settings(),
-                "cost": {
-                    "unit": brag.cost,
-                    "per_action": {a: round(c, 6) for a, c in brag.priced_costs.items()},
-                    "source": brag._cost_source,
+            "actions": {
+                "offered": [a.label for a in brag.offered],
+                # Weighed by their kind's hand-set prior: the calibration has no entry for them.
+                "on_kind_prior": [a.label for a in brag.offered if a.label not in calibration.actions],
+            },
+            "calibration": {
+                **{
+                    key: _meta_value(brag.calibration.meta.get(key))
+                    for key in (
+                        "name",
+                        "source",
+                        "model",
+                        "corpus",
+                        "pooled_from",
+                        "fitted",
+                        "fitted_on",
+                        "date",
+                    )
                 },
-                "actions": {
-                    "offered": [a.label for a in brag.offered],
-                    # Weighed by their kind's hand-set prior: the calibration has no entry for them.
-                    "on_kind_prior": [a.label for a in brag.offered if a.label not in calibration.actions],
-                },
-                "calibration": {
-                    **{
-                        key: _meta_value(brag.calibration.meta.get(key))
-                        for key in (
-                            "name",
-                            "source",
-                            "model",
-                            "corpus",
-                            "pooled_from",
-                            "fitted",
-                            "fitted_on",
-                            "date",
-                        )
-                    },
-                    "status": calibration_status(brag.calibration, llm_name(brag.llm)),
-                },
+                "status": calibration_status(brag.calibration, llm_name(brag.llm)),
             },
         }
 

@@ -5,7 +5,7 @@ the response cache, and each finished question is appended to a progress file, s
 interrupted run continues where it stopped and repeats no LLM call. Fitting (SPEC section 4):
 
 - q_a, the answer rate: Beta posterior mean under a prior of strength ``PRIOR_STRENGTH``
-  centred on the weak prior ``PRIOR`` below;
+  centred on the weak prior of each action's row (``prior_values``);
 - rho_a, reliability among answers: the same shrinkage; stored as Beta(a, b) with a + b =
   ``CONCENTRATION`` (one vote per type per question cannot identify the spread, only the mean);
 - pi_g (Dirichlet(1) smoothing) and kappa_g (shrunk like rho) per CB agreement level g;
@@ -18,7 +18,6 @@ interrupted run continues where it stopped and repeats no LLM call. Fitting (SPE
 
 from __future__ import annotations
 
-import argparse
 import datetime as dt
 import hashlib
 import itertools
@@ -27,7 +26,6 @@ import math
 import os
 import sys
 import threading
-import time
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import asdict, dataclass, field, replace
@@ -37,26 +35,42 @@ from typing import Any
 import numpy as np
 
 import brag
-from bragkit import milvus as milvus_corpus
-from bragkit import selftest, storage
 
 MIN_QUESTIONS = 30
-PRIOR_STRENGTH = 4.0  # pseudo-observations pulling each fitted rate toward PRIOR
+PRIOR_STRENGTH = 4.0  # pseudo-observations pulling each fitted rate toward its row's prior
 CONCENTRATION = brag.PRIOR_CONCENTRATION  # a + b of each fitted reliability Beta
 ETA_PRIOR = (1.0, 9.0)  # Beta prior on eta: mean 0.1
 # The weak prior every fit shrinks toward (hand-set before any data: data/calibration_prior.json,
 # which prior_text describes). kappa_0(g) for m samples is 0.1 + 0.6 g / m: more agreement, more reliable.
-PRIOR = {
-    "q": {a.label: a.prior_q for a in brag.ACTION_TABLE},
-    "rho": {a.label: a.prior_rho for a in brag.ACTION_TABLE if a.prior_rho is not None},
-    "eta": 0.1,
-}
+PRIOR_ETA = 0.1
+
+
+def prior_values() -> dict[str, Any]:
+    """The hand-set q and rho of each action in the table as it is now, and eta."""
+    table = brag.ACTION_TABLE
+    return {
+        "q": {a.label: a.prior_q for a in table},
+        "rho": {a.label: a.prior_rho for a in table if a.prior_rho is not None},
+        "eta": PRIOR_ETA,
+    }
+
+
+def prior_q(label: str) -> float:
+    """An action's hand-set P(it answers), from its row."""
+    return brag.action_named(label).prior_q
+
+
+def prior_rho(label: str) -> float:
+    """An action's hand-set P(right | answered), from its row (0.5 when its row sets none)."""
+    rho = brag.action_named(label).prior_rho
+    return 0.5 if rho is None else rho
 
 
 def prior_text(fitted: Sequence[str]) -> str:
     """The weak prior a fit of the actions ``fitted`` shrank toward, in words (the file's ``prior``)."""
-    q = ", ".join(f"q_{a} {v:g}" for a, v in PRIOR["q"].items() if a in fitted)
-    rhos = {a: v for a, v in PRIOR["rho"].items() if a in fitted}
+    prior = prior_values()
+    q = ", ".join(f"q_{a} {v:g}" for a, v in prior["q"].items() if a in fitted)
+    rhos = {a: v for a, v in prior["rho"].items() if a in fitted}
     if len(set(rhos.values())) == 1:
         rho = " = ".join(f"rho_{a}" for a in rhos) + f" = {next(iter(rhos.values())):g}"
     else:
@@ -70,8 +84,11 @@ def prior_text(fitted: Sequence[str]) -> str:
 
 
 prior_kappa = brag.prior_kappa
-# What calibration observes and fits unless told which actions to fit (calibrate.py --actions).
-DEFAULT_ACTIONS = tuple(a.label for a in brag.ACTION_TABLE if a.fitted)
+
+
+def default_actions() -> tuple[str, ...]:
+    """What calibration observes and fits unless told which actions to fit (calibrate.py --actions)."""
+    return tuple(a.label for a in brag.ACTION_TABLE if a.fitted)
 
 
 def closed_book_reliabilities(tallies: Sequence[tuple[int, int]]) -> list[float]:
@@ -228,31 +245,32 @@ class Outcome:
         """
         row = dict(row)
         if not isinstance(row.get("agreement", {}), dict):
-            first = {type(a.kind): a.label for a in reversed(brag.ACTION_TABLE)}
-            row["agreement"] = {first[brag.Samples]: row["agreement"]}
-            row["hops"] = {first[brag.Hop]: row.get("hops", [])}
-            row["evidence"] = {first[brag.Read]: row.get("evidence", {})}
+            first = {a.kind.fit_shape: a.label for a in reversed(brag.ACTION_TABLE)}
+            row["agreement"] = {first["samples"]: row["agreement"]}
+            row["hops"] = {first["hop"]: row.get("hops", [])}
+            row["evidence"] = {first["read"]: row.get("evidence", {})}
         return cls(**row)
 
 
 def observe_one(item: Labelled, corpus: brag.Corpus, controller: brag.BRAG, f1_threshold: float) -> Outcome:
     """Run every action the controller offers on one question, a second hop as often as it allows."""
     schedule = [a.label for a in controller.offered for _ in range(fit_of(a).runs(controller.hops))]
-    _, report = controller.run(item.question, corpus, actions=schedule)
+    report = controller.ask(item.question, corpus, actions=schedule)
     outcome = Outcome(item.id, dict.fromkeys((a.label for a in controller.offered), ""), {})
     kinds = {a.label: fit_of(a) for a in controller.offered}
     reads: list[tuple[str, bool]] = []  # (answer, right) of every read so far
-    for step in report["steps"]:
-        seen, label = step.get("observation") or {}, step["action"]
-        if label is None:
+    for step in report.steps:
+        seen, label = step.observation, step.action
+        if label is None or seen is None:
             continue
-        outcome.usage.setdefault(label, []).append(step["cost"])
-        right = is_correct(seen.get("answer", "") or "", item.gold, f1_threshold)
+        outcome.usage.setdefault(label, []).append(dict(step.cost or {}))
+        right = is_correct(seen.answer, item.gold, f1_threshold)
         kinds[label].observe(outcome, label, seen, right, reads)
-        if label not in outcome.weak and seen.get("gate"):  # the first window of each action
-            outcome.weak[label] = seen["gate"]["weak"]
+        gate = seen.details.get("gate")
+        if label not in outcome.weak and gate:  # the first window of each action
+            outcome.weak[label] = gate["weak"]
     outcome.correct = {a: is_correct(got, item.gold, f1_threshold) for a, got in outcome.answers.items()}
-    outcome.calls, outcome.labelled = report["totals"]["llm_calls"], bool(item.gold)
+    outcome.calls, outcome.labelled = report.totals["llm_calls"], bool(item.gold)
     return outcome
 
 
@@ -264,13 +282,14 @@ def progress_key(
     hops: int,
     seed: int,
     f1_threshold: float,
-    actions: Sequence[str] = DEFAULT_ACTIONS,
+    actions: Sequence[str] | None = None,
 ) -> str:
     """What observed outcomes depend on: the model, the corpus, the settings, the actions, the prompts."""
     brag.check_retriever(corpus)  # its fingerprint is part of the key
     prompts = [brag.read_messages("Q", []), brag.closed_book_messages("Q"), brag.READ_STOP]
     payload = [brag.llm_name(llm), corpus.fingerprint(), k, m, hops, seed, f1_threshold, prompts]
-    if tuple(actions) != DEFAULT_ACTIONS:  # the key of a default fit is what it always was
+    actions = default_actions() if actions is None else tuple(actions)
+    if actions != default_actions():  # the key of a default fit is what it always was
         payload.append(list(actions))
     return hashlib.sha256(json.dumps(payload, sort_keys=True).encode()).hexdigest()
 
@@ -432,7 +451,19 @@ def fit_counts(outcomes: Sequence[Outcome], m: int, hops: int = 1) -> dict[str, 
     for action in observed:
         counts[action.label], diagnostics[action.label] = _answer_counts(outcomes, action.label)
     eta, eta_counts, diagnostics["wrong_answer_repeats"] = _fit_eta(outcomes, observed)
-    actions = {a.label: fit_of(a).fit(outcomes, a.label, m, hops, eta, counts[a.label]) for a in observed}
+    actions = {
+        a.label: a.kind.entry_dict(
+            fit_of(a).fit(
+                outcomes,
+                a.label,
+                Base(a.kind.prior(a, m), PRIOR_STRENGTH, from_row=True),
+                hops,
+                eta,
+                counts[a.label],
+            )
+        )
+        for a in observed
+    }
     counts["eta"] = eta_counts
     fitted = {"eta": round(eta, 6), "actions": actions, "counts": counts, "diagnostics": diagnostics}
     costs = fit_costs(outcomes, observed)
@@ -490,49 +521,6 @@ def _answer_counts(outcomes: Sequence[Outcome], action: str) -> tuple[dict[str, 
     return counts, diagnostics
 
 
-def _fit_read(outcomes: Sequence[Outcome], action: str, counts: dict[str, Any]) -> dict[str, Any]:
-    """R1's or R2's q and ρ, shrunk toward the prior; split by the gate's verdict when it ran."""
-    q = shrunk(counts["answered"], counts["n"], PRIOR["q"][action])
-    rho = shrunk(counts["correct"], counts["answered"], PRIOR["rho"][action])
-    fitted: dict[str, Any] = {"q": round(q, 6), "rho": _beta(rho)}
-    judged = [o for o in outcomes if o.weak.get(action) is not None]
-    if not judged:
-        return fitted
-    for verdict, key in ((False, "strong"), (True, "weak")):  # each shrunk toward the whole
-        part = counts[key] = _tally([o for o in judged if o.weak[action] is verdict], action)
-        entry = {
-            "q": round(shrunk(part["answered"], part["n"], q), 6),
-            "rho": _beta(shrunk(part["correct"], part["answered"], rho)),
-        }
-        if verdict:
-            fitted["weak"] = entry
-        else:
-            fitted.update(entry)
-    return fitted
-
-
-def _fit_closed_book(
-    outcomes: Sequence[Outcome], m: int, label: str, counts: dict[str, Any]
-) -> dict[str, Any]:
-    """A samples action's q, and per agreement level g its share pi and reliability κ (isotonic in g)."""
-    cb_answered = counts["answered"]
-    counts["levels"] = {}
-    tallies = []
-    for g in range(1, m + 1):
-        at_g = [o for o in outcomes if o.answers[label] and o.agreement.get(label) == g]
-        right = sum(o.correct[label] for o in at_g)
-        counts["levels"][str(g)] = {"n": len(at_g), "correct": round(right, 4)}
-        tallies.append((right, len(at_g)))
-    levels = {}
-    for g, kappa in enumerate(closed_book_reliabilities(tallies), 1):
-        pi = (tallies[g - 1][1] + 1) / (cb_answered + m)
-        levels[str(g)] = {"pi": round(pi, 6), "kappa": _beta(kappa)}
-    total = sum(v["pi"] for v in levels.values())
-    for v in levels.values():  # rounding may leave the sum a hair off 1
-        v["pi"] = round(v["pi"] / total, 6)
-    return {"q": round(shrunk(cb_answered, counts["n"], PRIOR["q"][label]), 6), "levels": levels}
-
-
 def _fit_eta(
     outcomes: Sequence[Outcome], actions: Sequence[brag.Action]
 ) -> tuple[float, dict[str, float], dict[str, Any]]:
@@ -558,9 +546,12 @@ def _pairs(actions: Sequence[brag.Action]) -> dict[str, tuple[brag.Action, brag.
 
 
 def _independent(a: brag.Action, b: brag.Action) -> bool:
-    """A read and a samples action: their votes share no passage and no prompt."""
-    kinds = {type(a.kind), type(b.kind)}
-    return kinds == {brag.Read, brag.Samples}
+    """One reads passages and the other none, and neither is read against the answers before it.
+
+    Their votes share no passage and no prompt (a read and closed-book samples); a hop's vote
+    is typed by the answers before it, so its wrong answers are not independent of theirs.
+    """
+    return a.kind.reads_passages != b.kind.reads_passages and not (a.kind.needs_new or b.kind.needs_new)
 
 
 def wrong_repeats(
@@ -589,7 +580,7 @@ def wrong_repeats(
 
 
 def fit_second_hop(
-    outcomes: Sequence[Outcome], label: str, hops: int, eta: float
+    outcomes: Sequence[Outcome], label: str, hops: int, eta: float, base: Base
 ) -> tuple[dict[str, Any], dict[str, Any], dict[str, Any]]:
     """A hop read against the answers before it: the ``same`` and ``new`` branches, and their counts.
 
@@ -609,8 +600,9 @@ def fit_second_hop(
     repeat_right = (after_right[1] + 1) / (after_right[0] + 2)
     repeat_wrong = (after_wrong[1] + 1) / (after_wrong[0] + 2)
     ratio = repeat_right / repeat_wrong
-    pi = shrunk(sum(h["repeats"] for h in answered_after), len(answered_after), 0.5)
-    rho_new = shrunk(sum(h["correct"] for h in news), len(news), PRIOR["rho"][label])
+    base_same, base_new = brag.Hop.branches(base.prior)
+    pi = _toward(sum(h["repeats"] for h in answered_after), len(answered_after), base_same.pi, base.strength)
+    rho_new = _toward(sum(h["correct"] for h in news), len(news), base_new.mean, base.strength)
     counts = {
         "reads": len(reads),
         "after_right": [round(x, 4) for x in after_right],
@@ -619,7 +611,8 @@ def fit_second_hop(
         "same_likelihood_ratio": round(ratio, 4),
     }
     same = {"pi": round(pi, 6), "rho": _beta(ratio * eta / (1 + ratio * eta))}
-    return same, {"rho": _beta(rho_new)}, counts
+    new_a, new_b = _beta_pair(rho_new)  # kept inside (0, 1): a refit with no strength may reach 0
+    return same, {"rho": {"a": new_a, "b": new_b}}, counts
 
 
 # ------------------------------------------------------------------------------------------
@@ -646,7 +639,7 @@ def fit_evidence_levels(outcomes: Sequence[Outcome], hops: int, fitted: dict[str
         votes = fit_of(action).evidence_votes(outcomes, action.label, hops)
         if votes is None:
             continue
-        base = shrunk(sum(right for _, right in votes), len(votes), PRIOR["rho"][action.label])
+        base = shrunk(sum(right for _, right in votes), len(votes), prior_rho(action.label))
         split, aucs = fit_evidence_split(votes, base)
         diagnostics[action.label] = {"votes": len(votes), "held_out_auc": aucs}
         if split is not None:
@@ -841,7 +834,7 @@ def identifiable(outcomes: Sequence[Outcome]) -> None:
     pair = next((p for p in _pairs(observed_actions(outcomes)).values() if _independent(*p)), None)
     if pair is None:
         raise Unidentifiable(f"without gold answers a fit needs a read and closed-book samples; {advice}")
-    read, samples = (a.label for a in sorted(pair, key=lambda a: isinstance(a.kind, brag.Samples)))
+    read, samples = (a.label for a in sorted(pair, key=lambda a: not a.kind.reads_passages))
     for action in (read, samples):
         answered = sum(bool(o.answers[action]) for o in outcomes)
         if answered < MIN_ANSWERS:
@@ -1257,13 +1250,13 @@ def _fit_gate_if_identifiable(
 
 def _checked(items: Sequence[Labelled], actions: Sequence[str] | None) -> tuple[str, ...]:
     """The actions to fit, once the questions and the actions are known to be usable."""
-    chosen = tuple(DEFAULT_ACTIONS if actions is None else actions)
-    if not chosen or isinstance(actions, str) or not set(chosen) <= set(brag.ACTIONS):
-        table = ", ".join(brag.ACTIONS)
+    chosen = tuple(default_actions() if actions is None else actions)
+    if not chosen or isinstance(actions, str) or not set(chosen) <= set(brag.action_labels()):
+        table = ", ".join(brag.action_labels())
         raise brag.InputError(f"actions must be labels of the table ({table}), got {actions!r}")
     ordered = [a for a in brag.ACTION_TABLE if a.label in chosen]  # the order calibration runs them in
     for i, action in enumerate(ordered):
-        if action.kind.needs_new and not any(isinstance(a.kind, brag.Read) for a in ordered[:i]):
+        if action.kind.needs_new and not any(a.kind.sets_next_hop for a in ordered[:i]):
             raise brag.InputError(
                 f"actions: {action.label} reads what a read before it found, so it needs a read "
                 "action before it in the table (R1)"
@@ -1275,7 +1268,7 @@ def _checked(items: Sequence[Labelled], actions: Sequence[str] | None) -> tuple[
     return chosen
 
 
-def _observer(llm: brag.LLM, actions: Sequence[str], gate: dict[str, Any] | None, settings: Any) -> brag.BRAG:
+def observer(llm: brag.LLM, actions: Sequence[str], gate: dict[str, Any] | None, settings: Any) -> brag.BRAG:
     """The controller calibration observes with: the prior, this gate, and exactly ``actions``.
 
     The schedule decides what runs, and the gate's verdict on each window is recorded so each
@@ -1284,7 +1277,9 @@ def _observer(llm: brag.LLM, actions: Sequence[str], gate: dict[str, Any] | None
     """
     prior = brag.load_calibration().to_dict()
     prior["actions"] = {label: entry for label, entry in prior["actions"].items() if label in actions}
-    extra = tuple(label for label in brag.ACTIONS if label in actions and label not in prior["actions"])
+    extra = tuple(
+        label for label in brag.action_labels() if label in actions and label not in prior["actions"]
+    )
     return brag.BRAG(llm, calibration={**prior, "gate": gate}, extra_actions=extra, **settings)
 
 
@@ -1307,14 +1302,14 @@ def calibrate(
     """Observe every action on ``items`` and fit; the result loads with ``brag.load_calibration``.
 
     ``actions``: the table's labels to observe and fit (default: those marked ``fitted``,
-    :data:`DEFAULT_ACTIONS`); the fit has an entry for each, so a controller offers them.
+    :func:`default_actions`); the fit has an entry for each, so a controller offers them.
     Items without gold answers are fitted by EM (:func:`fit`); :class:`Unidentifiable` when
     they cannot be.
     """
     chosen = _checked(items, actions)
     gate = _fit_gate_if_identifiable(items, corpus, k)
     settings = {"lam": 0.0, "k": k, "m": m, "seed": seed, "hops": hops}
-    controller = _observer(llm, chosen, gate, settings)
+    controller = observer(llm, chosen, gate, settings)
     outcomes = observe(
         items,
         corpus,
@@ -1471,14 +1466,15 @@ SELF_TEST = "self-test"  # fitted_on.kind, and the name, of a corpus's refit
 
 
 def base_of(pooled: brag.Calibration, action: brag.Action) -> brag.ActionPrior:
-    """What an action's refit starts from: its pooled entry, else the first pooled one of its kind.
+    """What an action's refit starts from: its pooled entry, else the first pooled one of its shape.
 
     The focused read has no pooled entry (no labelled set ran it); it starts from the read of
     the whole window, whose evidence score it shares, and its own questions move it from there.
     """
     if action.label in pooled.actions:
         return pooled.actions[action.label]
-    twin = next((a for a in pooled.offered() if type(a.kind) is type(action.kind)), None)
+    shape = action.kind.fit_shape  # a kind is known by what it declares, never by its class
+    twin = next((a for a in pooled.offered() if a.kind.fit_shape == shape), None)
     return pooled.actions[twin.label] if twin is not None else pooled.prior_of(action)
 
 
@@ -1494,7 +1490,8 @@ def refit(
     transfers between corpora). Refitted, each shrunk toward its pooled value with ``strength``
     pseudo-observations: every action's q and rho, each evidence level's share and reliability,
     a hop's branches, each closed-book agreement level's share and reliability
-    (:meth:`KindFit.refit`). Every action the outcomes observed gets an entry.
+    (:meth:`KindFit.fit`, the estimator a labelled fit uses from the row's prior). Every action
+    the outcomes observed gets an entry.
     """
     pooled = brag.load_calibration(pooled)
     if not outcomes or not all(o.labelled for o in outcomes):
@@ -1502,7 +1499,14 @@ def refit(
     observed = observed_actions(outcomes)
     actions = {
         a.label: a.kind.entry_dict(
-            fit_of(a).refit(outcomes, a.label, base_of(pooled, a), strength, hops, pooled.eta)
+            fit_of(a).fit(
+                outcomes,
+                a.label,
+                Base(base_of(pooled, a), strength),
+                hops,
+                pooled.eta,
+                _tally(outcomes, a.label),
+            )
         )
         for a in observed
     }
@@ -1566,184 +1570,6 @@ def self_test_fit(
     return result
 
 
-def self_test_questions(test: selftest.SelfTest) -> list[Labelled]:
-    """A self-test's kept pairs as labelled questions (ids ``self-N``), for :func:`observe`."""
-    return [Labelled(f"self-{i}", p.question, (p.answer,)) for i, p in enumerate(test.pairs)]
-
-
-# What a self-test observes on each kept question: every fitted action and the focused read.
-SELF_TEST_ACTIONS = (*DEFAULT_ACTIONS, "RT")
-SELF_TEST_HOPS = 1  # second-hop reads per question it observes (a calibration on benchmarks runs two)
-MIN_SELF_TEST = 10  # fewer kept questions than this fit nothing: the pooled fit stays
-# The share of a self-test's seconds that writing questions may take; running the actions on
-# them takes the rest.
-SELF_TEST_WRITING_SHARE = 0.5
-
-
-@dataclass(frozen=True)
-class SelfTestPlan:
-    """A self-test's settings and bounds: questions to keep, tries, seconds and prompt characters in all."""
-
-    questions: int = 30
-    tries: int = 120
-    seconds: float = 1800.0
-    strength: float = SELF_TEST_STRENGTH
-    seed: int = 0
-    prompt_chars: int = selftest.Budget.prompt_chars  # every prompt of the self-test, in all
-    question_chars: int = selftest.Budget.question_chars  # a written question's length at most
-
-    def budget(self) -> selftest.Budget:
-        """The generation's share: its tries, twice as many calls (a question and its roundtrip)."""
-        return selftest.Budget(
-            self.questions,
-            self.tries,
-            2 * self.tries + 2,
-            self.seconds * SELF_TEST_WRITING_SHARE,
-            self.prompt_chars,
-            self.question_chars,
-        )
-
-
-def calibrate_corpus(
-    corpus: brag.Retriever,
-    llm: brag.LLM,
-    pooled: brag.Calibration | Mapping[str, Any],
-    *,
-    generator: brag.LLM | None = None,
-    plan: SelfTestPlan = SelfTestPlan(),
-    labelled: Sequence[Labelled] = (),
-    on_progress: Callable[[float, str], None] | None = None,
-    should_stop: Callable[[], bool] | None = None,
-) -> dict[str, Any]:
-    """The self-test calibration of ``corpus`` for ``llm``: write questions, observe, refit.
-
-    ``labelled``: the user's own questions with gold answers, observed and fitted with the
-    self-test's. ``on_progress(fraction, what)`` reports as it goes; ``should_stop()`` cancels
-    (:class:`selftest.Cancelled`), and so does the plan's time running out (an InputError saying so).
-    Too few kept questions is an InputError: the pooled fit stays.
-    """
-    # One meter for all of it: the stop, the clock and the prompt characters are asked before
-    # every call, while writing questions and while running the actions on them.
-    meter = selftest.Meter(plan.seconds, plan.prompt_chars, should_stop)
-    started = meter.started
-    llm = selftest.Metered(llm, meter)
-    generator = selftest.Metered(generator, meter) if generator is not None else None
-    test = _written(corpus, llm, generator, plan, on_progress, should_stop)
-    items = [*self_test_questions(test), *(i for i in labelled if i.gold)]
-
-    def observed(done: int, total: int) -> None:
-        if should_stop is not None and should_stop():
-            raise selftest.Cancelled("self-test cancelled")
-        if time.monotonic() - started > plan.seconds:
-            raise brag.InputError(
-                f"self-test: out of time after {done} of {total} questions ({plan.seconds:g} s allowed)"
-            )
-        if on_progress is not None:
-            on_progress(0.5 + 0.5 * done / total, f"Running every action: question {done} of {total}")
-
-    settings = {"lam": 0.0, "k": 5, "m": brag.load_calibration(pooled).m, "seed": 0, "hops": SELF_TEST_HOPS}
-    controller = _observer(llm, SELF_TEST_ACTIONS, None, settings)
-    try:
-        outcomes = observe(items, corpus, controller, on_progress=observed)
-    except brag.RunAborted as err:
-        if isinstance(err.__cause__, selftest.Cancelled):
-            raise selftest.Cancelled("self-test cancelled") from None
-        if isinstance(err.__cause__, selftest.OutOfBudget):
-            raise brag.InputError(
-                f"self-test: out of {err.__cause__} while running the actions on its questions "
-                f"({plan.seconds:g} s and {plan.prompt_chars:,} prompt characters allowed)"
-            ) from None
-        raise
-    summary = {**test.summary(), "seconds": round(time.monotonic() - started, 1)}
-    return self_test_fit(
-        pooled,
-        outcomes,
-        corpus=corpus.fingerprint(),
-        model=brag.llm_name(llm),
-        strength=plan.strength,
-        hops=SELF_TEST_HOPS,
-        meta=summary,
-    )
-
-
-def _written(
-    corpus: brag.Retriever,
-    llm: brag.LLM,
-    generator: brag.LLM | None,
-    plan: SelfTestPlan,
-    on_progress: Callable[[float, str], None] | None,
-    should_stop: Callable[[], bool] | None,
-) -> selftest.SelfTest:
-    """The self-test's questions, the first half of its progress; an error when too few are kept."""
-
-    def written(kept: int, wanted: int, verdict: str) -> None:
-        if on_progress is not None:
-            on_progress(0.5 * kept / wanted, f"Writing questions: {kept} of {wanted} kept")
-
-    test = selftest.self_test(
-        corpus,
-        llm,
-        generator=generator,
-        budget=plan.budget(),
-        seed=plan.seed,
-        on_progress=written,
-        should_stop=should_stop,
-    )
-    if test.stopped == "cancelled":
-        raise selftest.Cancelled("self-test cancelled")
-    if len(test.pairs) < MIN_SELF_TEST:
-        ran_out = f", then it ran out of {test.stopped}" if test.stopped not in ("", "passages") else ""
-        raise brag.InputError(
-            f"self-test: only {len(test.pairs)} of {test.yield_.tried} questions written from these "
-            f"documents passed the checks{ran_out} (at least {MIN_SELF_TEST} are needed), so BRAG keeps "
-            "its pooled fit"
-        )
-    return test
-
-
-class KeptSelfTests:
-    """Self-test calibrations by model and corpus fingerprint, one JSON file each, in ``folder``.
-
-    A file's name is a digest of the two, never a caller's text, so no request picks a path.
-    The oldest go first beyond ``limit`` files.
-    """
-
-    def __init__(self, folder: Path, limit: int = 500) -> None:
-        self.folder, self.limit = folder, limit
-
-    def path(self, model: str, fingerprint: str) -> Path:
-        """Where the fit for this model and corpus is kept."""
-        digest = hashlib.sha256(f"{model}\n{fingerprint}".encode()).hexdigest()[:32]
-        return self.folder / f"selftest-{digest}.json"
-
-    def load(self, model: str, fingerprint: str) -> brag.Calibration | None:
-        """The kept fit for this model and corpus, or None (an unreadable one is passed over)."""
-        path = self.path(model, fingerprint)
-        if not path.is_file():
-            return None
-        try:
-            found = brag.load_calibration(path)
-        except (OSError, ValueError):
-            return None
-        same = found.meta.get("model") == model and found.meta.get("corpus") == fingerprint
-        return found if same else None
-
-    def keep(self, fitted: Mapping[str, Any]) -> Path:
-        """Write ``fitted`` (a :func:`calibrate_corpus` result) where :meth:`load` finds it."""
-        path = self.path(str(fitted["model"]), str(fitted["corpus"]))
-        self.folder.mkdir(parents=True, exist_ok=True)
-        storage.write_atomic(path, json.dumps(fitted, indent=1))
-        kept = sorted(self.folder.glob("selftest-*.json"), key=lambda p: p.stat().st_mtime)
-        for old in kept[: max(0, len(kept) - self.limit)]:
-            old.unlink(missing_ok=True)
-        return path
-
-
-def kept_self_tests(cache: Path | None = None) -> KeptSelfTests:
-    """The kept self-test fits under ``BRAG_CACHE_DIR`` (or ``cache``)."""
-    return KeptSelfTests((cache or brag.cache_dir()) / "selftest")
-
-
 def _toward(successes: float, trials: float, base: float, strength: float) -> float:
     """:func:`shrunk` toward ``base``; ``base`` itself when there is nothing to go on."""
     return base if trials + strength <= 0 else shrunk(successes, trials, base, strength)
@@ -1787,6 +1613,19 @@ def _refit_levels(split: brag.EvidenceSplit, votes: Sequence[Vote], strength: fl
 Reads = list[tuple[str, float]]  # (answer, right) of every read of a question so far
 
 
+@dataclass(frozen=True)
+class Base:
+    """What a fit starts from: an entry and how many observations it counts for.
+
+    A labelled fit starts from the action's row (its kind's hand-set prior, ``PRIOR_STRENGTH``,
+    ``from_row``); a self-test refit from the pooled fit's entry (``SELF_TEST_STRENGTH``).
+    """
+
+    prior: brag.ActionPrior
+    strength: float
+    from_row: bool = False  # the row's prior: one guess for every model, no data behind it
+
+
 class KindFit:
     """Calibration's side of a :class:`brag.VoteKind`: what a run of it records, and its fit.
 
@@ -1802,15 +1641,27 @@ class KindFit:
         return 1
 
     def observe(
-        self, outcome: Outcome, label: str, seen: Mapping[str, Any], right: bool, reads: Reads
+        self, outcome: Outcome, label: str, seen: brag.Observation, right: bool, reads: Reads
     ) -> None:
         """Record one run of it (``seen``: its step's observation) in ``outcome``."""
         raise NotImplementedError
 
     def fit(
-        self, outcomes: Sequence[Outcome], label: str, m: int, hops: int, eta: float, counts: dict[str, Any]
-    ) -> dict[str, Any]:
-        """Its calibration entry (``counts``: its tallies, which the fit may extend)."""
+        self,
+        outcomes: Sequence[Outcome],
+        label: str,
+        base: Base,
+        hops: int,
+        eta: float,
+        counts: dict[str, Any],
+    ) -> brag.ActionPrior:
+        """Its entry from ``outcomes``: each value shrunk toward ``base``'s with its strength.
+
+        The one estimator of its kind: a labelled fit starts from the row's prior, a self-test
+        refit from the pooled fit, so whatever it fits is fitted and refitted the same way.
+        ``counts``: its tallies (n, answered, correct), which the fit may extend; ``eta`` the
+        calibration's, at which a hop's branches are read.
+        """
         raise NotImplementedError
 
     def evidence_votes(self, outcomes: Sequence[Outcome], label: str, hops: int) -> list[Vote] | None:
@@ -1827,40 +1678,50 @@ class KindFit:
         """Its votes on one question, typed under ``calibration``, with right/wrong."""
         raise NotImplementedError
 
-    def refit(
-        self,
-        outcomes: Sequence[Outcome],
-        label: str,
-        base: brag.ActionPrior,
-        strength: float,
-        hops: int,
-        eta: float,
-    ) -> brag.ActionPrior:
-        """``base`` refitted on ``outcomes``: each value shrunk toward base's with ``strength``.
-
-        ``strength`` counts pseudo-observations at base's values (0: this corpus's own rates;
-        large: base unchanged); ``eta`` is the calibration's, which a hop's branches are read at.
-        """
-        raise NotImplementedError
-
 
 class ReadFit(KindFit):
     """A read: its answer, its evidence features; q and rho (per gate verdict), evidence levels."""
 
     def observe(
-        self, outcome: Outcome, label: str, seen: Mapping[str, Any], right: bool, reads: Reads
+        self, outcome: Outcome, label: str, seen: brag.Observation, right: bool, reads: Reads
     ) -> None:
         """Record one run of it (``seen``: its step's observation) in ``outcome``."""
-        answer = seen.get("answer", "") or ""
-        outcome.answers[label] = answer
-        outcome.evidence.setdefault(label, seen.get("evidence") or {})
-        reads.append((answer, right))
+        outcome.answers[label] = seen.answer
+        outcome.evidence.setdefault(label, dict(seen.evidence or {}))
+        reads.append((seen.answer, right))
 
     def fit(
-        self, outcomes: Sequence[Outcome], label: str, m: int, hops: int, eta: float, counts: dict[str, Any]
-    ) -> dict[str, Any]:
-        """Its calibration entry (``counts``: its tallies, which the fit may extend)."""
-        return _fit_read(outcomes, label, counts)
+        self,
+        outcomes: Sequence[Outcome],
+        label: str,
+        base: Base,
+        hops: int,
+        eta: float,
+        counts: dict[str, Any],
+    ) -> brag.ActionPrior:
+        """Q and rho toward base's, per gate verdict when the gate judged its windows.
+
+        Each verdict's toward the whole; its evidence levels' shares and reliabilities under
+        base's score, when base has one (a labelled fit then chooses its own:
+        :func:`fit_evidence_levels`).
+        """
+        whole_q = _toward(counts["answered"], counts["n"], base.prior.q, base.strength)
+        whole_rho = _toward(counts["correct"], counts["answered"], base.prior.mean, base.strength)
+        q, rho, weak = whole_q, whole_rho, None
+        judged = [o for o in outcomes if o.weak.get(label) is not None]
+        for verdict, key in ((False, "strong"), (True, "weak")) if judged else ():
+            part = counts[key] = _tally([o for o in judged if o.weak[label] is verdict], label)
+            part_q = _toward(part["answered"], part["n"], whole_q, base.strength)
+            part_rho = _toward(part["correct"], part["answered"], whole_rho, base.strength)
+            if verdict:
+                weak = brag.ActionPrior(round(part_q, 6), *_beta_pair(part_rho))
+            else:
+                q, rho = part_q, part_rho
+        evidence = base.prior.evidence
+        if evidence is not None:
+            votes = self.evidence_votes(outcomes, label, hops) or []
+            evidence = _refit_levels(evidence, votes, base.strength)
+        return brag.ActionPrior(round(q, 6), *_beta_pair(rho), weak=weak, evidence=evidence)
 
     def evidence_votes(self, outcomes: Sequence[Outcome], label: str, hops: int) -> list[Vote] | None:
         """The votes its evidence levels are fitted on: (features, right); None: it has none."""
@@ -1886,27 +1747,6 @@ class ReadFit(KindFit):
         vote_type = action.kind.vote_type(label, calibration.actions[label], seen, weak=weak)
         return [(vote_type, outcome.correct[label])]
 
-    def refit(
-        self,
-        outcomes: Sequence[Outcome],
-        label: str,
-        base: brag.ActionPrior,
-        strength: float,
-        hops: int,
-        eta: float,
-    ) -> brag.ActionPrior:
-        """Q and rho toward base's; its evidence levels' shares and reliabilities under base's score."""
-        tally = _tally(outcomes, label)
-        rho = _toward(tally["correct"], tally["answered"], base.mean, strength)
-        evidence = base.evidence
-        if evidence is not None:
-            evidence = _refit_levels(evidence, self.evidence_votes(outcomes, label, hops) or [], strength)
-        return brag.ActionPrior(
-            round(_toward(tally["answered"], tally["n"], base.q, strength), 6),
-            *_beta_pair(rho),
-            evidence=evidence,
-        )
-
 
 class HopFit(ReadFit):
     """A second hop: each of its reads against the answers before it; a read's fit and its branches."""
@@ -1916,10 +1756,10 @@ class HopFit(ReadFit):
         return hops
 
     def observe(
-        self, outcome: Outcome, label: str, seen: Mapping[str, Any], right: bool, reads: Reads
+        self, outcome: Outcome, label: str, seen: brag.Observation, right: bool, reads: Reads
     ) -> None:
         """Record one run of it (``seen``: its step's observation) in ``outcome``."""
-        answer = seen.get("answer", "") or ""
+        answer = seen.answer
         earlier = [a for a, _ in reads if a]
         mine = outcome.hops.setdefault(label, [])
         mine.append(
@@ -1929,19 +1769,42 @@ class HopFit(ReadFit):
                 "repeats": bool(answer) and any(brag.same_answer(answer, a) for a in earlier),
                 "after_answer": bool(earlier),
                 "after_right": any(r for _, r in reads),
-                "evidence": seen.get("evidence") or {},
+                "evidence": dict(seen.evidence or {}),
             }
         )
         outcome.answers[label] = mine[0]["answer"]  # its first read stands for it as a source
         reads.append((answer, right))
 
     def fit(
-        self, outcomes: Sequence[Outcome], label: str, m: int, hops: int, eta: float, counts: dict[str, Any]
-    ) -> dict[str, Any]:
-        """Its calibration entry (``counts``: its tallies, which the fit may extend)."""
-        fitted = _fit_read(outcomes, label, counts)
-        same, new, counts["hops"] = fit_second_hop(outcomes, label, hops, eta)
-        return {**fitted, "same": same, "new": new}
+        self,
+        outcomes: Sequence[Outcome],
+        label: str,
+        base: Base,
+        hops: int,
+        eta: float,
+        counts: dict[str, Any],
+    ) -> brag.ActionPrior:
+        """A read's fit, and its branches: how often it repeats, how often a new answer is right.
+
+        The ``same`` branch's reliability encodes a likelihood ratio, not a rate of right
+        answers (:func:`fit_second_hop`): from a base that has one, the fit is a weighted mean
+        of base's and these outcomes' own in log-odds (its weight the reads after an answer,
+        against base's strength); the row's prior has none, so the outcomes' own stands.
+        """
+        read = super().fit(outcomes, label, base, hops, eta, counts)
+        own_same, new, counts["hops"] = fit_second_hop(outcomes, label, hops, eta, base)
+        same = brag.Branch(own_same["pi"], own_same["rho"]["a"], own_same["rho"]["b"])
+        if base.prior.same is not None:
+            reads = [h for o in outcomes for h in o.hops.get(label, [])[:hops]]
+            answered_after = sum(1 for h in reads if h["after_answer"] and h["answer"])
+            strength = base.strength
+            weight = answered_after / (answered_after + strength) if strength else 1.0
+            own_odds = same.a / same.b  # the likelihood ratio times eta
+            base_odds = base.prior.same.mean / (1 - base.prior.same.mean)
+            odds = math.exp(weight * math.log(own_odds) + (1 - weight) * math.log(base_odds))
+            same = brag.Branch(same.pi, *_beta_pair(odds / (1 + odds)))
+        _, base_new = brag.Hop.branches(base.prior)
+        return replace(read, same=same, new=brag.Branch(base_new.pi, new["rho"]["a"], new["rho"]["b"]))
 
     def evidence_votes(self, outcomes: Sequence[Outcome], label: str, hops: int) -> list[Vote] | None:
         """The votes its evidence levels are fitted on: (features, right); None: it has none."""
@@ -1975,58 +1838,47 @@ class HopFit(ReadFit):
             if hop["answer"] and not hop["repeats"]
         ]
 
-    def refit(
-        self,
-        outcomes: Sequence[Outcome],
-        label: str,
-        base: brag.ActionPrior,
-        strength: float,
-        hops: int,
-        eta: float,
-    ) -> brag.ActionPrior:
-        """A read's refit, and its branches: how often it repeats, how often a new answer is right.
-
-        The ``same`` branch's reliability encodes a likelihood ratio, not a rate of right
-        answers, so its refit is a weighted mean of base's and this corpus's own (its weight
-        the reads after an answer, against ``strength``).
-        """
-        read = super().refit(outcomes, label, base, strength, hops, eta)
-        if base.same is None or base.new is None:
-            return read
-        reads = [h for o in outcomes for h in o.hops.get(label, [])[:hops]]
-        answered_after = [h for h in reads if h["after_answer"] and h["answer"]]
-        news = [h for h in reads if h["answer"] and not h["repeats"]]
-        own_same, _, _ = fit_second_hop(outcomes, label, hops, eta)
-        weight = len(answered_after) / (len(answered_after) + strength) if strength else 1.0
-        own_odds = own_same["rho"]["a"] / own_same["rho"]["b"]  # the likelihood ratio times eta
-        base_odds = base.same.mean / (1 - base.same.mean)
-        odds = math.exp(weight * math.log(own_odds) + (1 - weight) * math.log(base_odds))
-        same_pi = _toward(
-            sum(h["repeats"] for h in answered_after), len(answered_after), base.same.pi, strength
-        )
-        new_rho = _toward(sum(h["correct"] for h in news), len(news), base.new.mean, strength)
-        return replace(
-            read,
-            same=brag.Branch(round(same_pi, 6), *_beta_pair(odds / (1 + odds))),
-            new=brag.Branch(base.new.pi, *_beta_pair(new_rho)),
-        )
-
 
 class SamplesFit(KindFit):
     """Closed-book samples: their mode and agreement level; q and each level's share and reliability."""
 
     def observe(
-        self, outcome: Outcome, label: str, seen: Mapping[str, Any], right: bool, reads: Reads
+        self, outcome: Outcome, label: str, seen: brag.Observation, right: bool, reads: Reads
     ) -> None:
         """Record one run of it (``seen``: its step's observation) in ``outcome``."""
-        outcome.answers[label] = seen.get("answer", "") or ""
-        outcome.agreement[label] = seen["agreement"]
+        outcome.answers[label] = seen.answer
+        outcome.agreement[label] = seen.details["agreement"]
 
     def fit(
-        self, outcomes: Sequence[Outcome], label: str, m: int, hops: int, eta: float, counts: dict[str, Any]
-    ) -> dict[str, Any]:
-        """Its calibration entry (``counts``: its tallies, which the fit may extend)."""
-        return _fit_closed_book(outcomes, m, label, counts)
+        self,
+        outcomes: Sequence[Outcome],
+        label: str,
+        base: Base,
+        hops: int,
+        eta: float,
+        counts: dict[str, Any],
+    ) -> brag.ActionPrior:
+        """Q toward base's, and per agreement level its share and reliability (non-decreasing in g).
+
+        From a fitted base, each level toward base's level. From the row's prior (one guess for
+        every model), each level's reliability toward the model's own precision over all levels
+        (:func:`closed_book_reliabilities`) and the shares Dirichlet(1): a weak model rarely
+        reaches high agreement, and a hand-set level met by one or two votes would stand.
+        """
+        answered = [o for o in outcomes if o.answers[label]]
+        counts["levels"], tallies = {}, []
+        for level in base.prior.levels:
+            at_g = [o for o in answered if o.agreement.get(label) == level.g]
+            right = sum(o.correct[label] for o in at_g)
+            counts["levels"][str(level.g)] = {"n": len(at_g), "correct": round(right, 4)}
+            tallies.append((right, len(at_g)))
+        q = round(_toward(counts["answered"], counts["n"], base.prior.q, base.strength), 6)
+        shares, kappas = (_row_levels if base.from_row else _levels_toward)(base, tallies, len(answered))
+        levels = tuple(
+            brag.Level(level.g, pi, *_beta_pair(kappa))
+            for level, pi, kappa in zip(base.prior.levels, shares, kappas, strict=True)
+        )
+        return brag.ActionPrior(q, base.prior.a, base.prior.b, levels=levels)
 
     def em_votes(self, votes: _Votes, label: str, hops: int) -> None:
         """Add its votes on one question to ``votes``, in the EM's vote types."""
@@ -2045,190 +1897,48 @@ class SamplesFit(KindFit):
         vote_type = action.kind.vote_type(action.label, calibration.actions[action.label], seen)
         return [(vote_type, outcome.correct[action.label])]
 
-    def refit(
-        self,
-        outcomes: Sequence[Outcome],
-        label: str,
-        base: brag.ActionPrior,
-        strength: float,
-        hops: int,
-        eta: float,
-    ) -> brag.ActionPrior:
-        """q, and per agreement level its share and reliability toward base's (non-decreasing in g)."""
-        tally = _tally(outcomes, label)
-        answered = [o for o in outcomes if o.answers[label]]
-        shares, reliabilities, weights = [], [], []
-        for level in base.levels:
-            at_g = [o for o in answered if o.agreement.get(label) == level.g]
-            right = sum(o.correct[label] for o in at_g)
-            shares.append(_toward(len(at_g), len(answered), level.pi, strength))
-            reliabilities.append(_toward(right, len(at_g), level.mean, strength))
-            weights.append(len(at_g) + strength)
-        total = sum(shares)
-        levels = tuple(
-            brag.Level(level.g, round(pi / total, 6), *_beta_pair(kappa))
-            for level, pi, kappa in zip(
-                base.levels, shares, _non_decreasing(reliabilities, weights), strict=True
-            )
-        )
-        q = round(_toward(tally["answered"], tally["n"], base.q, strength), 6)
-        return brag.ActionPrior(q, base.a, base.b, levels=levels)
+
+def _row_levels(
+    base: Base, tallies: Sequence[tuple[float, int]], answered: int
+) -> tuple[list[float], list[float]]:
+    """Closed-book levels from the row's prior: Dirichlet(1) shares, each toward the model's precision."""
+    m = len(tallies)
+    shares = [round((n + 1) / (answered + m), 6) for _, n in tallies]
+    total = sum(shares)  # rounding may leave the sum a hair off 1
+    return [round(pi / total, 6) for pi in shares], closed_book_reliabilities(tallies)
 
 
-FITS: dict[type[brag.VoteKind], KindFit] = {
-    brag.Read: ReadFit(),
-    brag.Hop: HopFit(),
-    brag.Samples: SamplesFit(),
-}
+def _levels_toward(
+    base: Base, tallies: Sequence[tuple[float, int]], answered: int
+) -> tuple[list[float], list[float]]:
+    """Closed-book levels toward a fitted base's: each share and reliability, non-decreasing in g."""
+    strength, levels = base.strength, base.prior.levels
+    shares = [_toward(n, answered, lv.pi, strength) for lv, (_, n) in zip(levels, tallies, strict=True)]
+    kappas = [_toward(right, n, lv.mean, strength) for lv, (right, n) in zip(levels, tallies, strict=True)]
+    total = sum(shares)
+    return [round(pi / total, 6) for pi in shares], _non_decreasing(
+        kappas, [n + strength for _, n in tallies]
+    )
+
+
+# The fitter of each calibration entry's shape, which a kind declares (VoteKind.fit_shape).
+FITS: dict[str, KindFit] = {"read": ReadFit(), "hop": HopFit(), "samples": SamplesFit()}
 
 
 def fit_of(action: brag.Action) -> KindFit:
-    """The fitter of an action's kind (a subclass of a kind fits as its nearest known base)."""
-    for kind in type(action.kind).__mro__:
-        if kind in FITS:
-            return FITS[kind]
-    raise brag.InputError(f"action {action.label}: calibration cannot fit a {type(action.kind).__name__}")
-
-
-def main_gate(argv: Sequence[str]) -> int:
-    """``python calibrate.py gate``: fit the weak-retrieval gate alone (no LLM)."""
-    parser = argparse.ArgumentParser(
-        prog="calibrate.py gate", description="Fit the weak-retrieval gate (no LLM)."
-    )
-    parser.add_argument("--questions", required=True, help="questions whose supporting passages are known")
-    parser.add_argument("--corpus", help="corpus JSON (or --milvus and --collection)")
-    milvus_corpus.add_arguments(parser)
-    parser.add_argument("--split", default="0:100")
-    parser.add_argument("--k", type=int, default=5)
-    parser.add_argument("--target-recall", type=float, help="threshold for this share of weak windows caught")
-    parser.add_argument("--into", help="a calibration JSON whose 'gate' section to replace")
-    parser.add_argument("--out", help="where to write (default: --into, else standard output)")
-    args = parser.parse_args(argv)
-    try:
-        items = select(read_labelled(args.questions), args.split)
-        corpus = corpus_from_args(args)
-        gate = fit_gate(gate_rows(items, corpus, args.k), k=args.k, target_recall=args.target_recall)
-        result: dict[str, Any] = gate
-        if args.into:
-            result = {**json.loads(Path(args.into).read_text(encoding="utf-8")), "gate": gate}
-            brag.load_calibration(result)
-    except (ValueError, OSError) as err:
-        print(f"calibrate gate: {err}", file=sys.stderr)
-        return 2
-    text = json.dumps(result, indent=1) + "\n"
-    out = args.out or args.into
-    if out:
-        storage.write_atomic(out, text)
-    else:
-        sys.stdout.write(text)
-    return 0
-
-
-def main(argv: Sequence[str] | None = None) -> int:
-    """Command line: calibrate and write the JSON (``gate`` as the first word: the gate alone)."""
-    argv = list(sys.argv[1:] if argv is None else argv)
-    if argv[:1] == ["gate"]:
-        return main_gate(argv[1:])
-    if argv[:1] == ["pool"]:
-        return main_pool(argv[1:])
-    if argv[:1] == ["self-test"]:
-        return main_self_test(argv[1:])
-    from bragkit import llms
-
-    args = _parser(llms.CACHE_MODES).parse_args(argv)
-    try:
-        result = _calibrate_from_args(args)
-    except (ValueError, OSError, llms.LLMError, brag.RunAborted) as err:
-        print(f"calibrate: {err}", file=sys.stderr)
-        return 2
-    storage.write_atomic(args.out, json.dumps(result, indent=1) + "\n")
-    # The outcomes stay beside the fit, so `calibrate.py pool` can fit them with other sets.
-    Path(f"{args.out}.progress.jsonl").replace(outcomes_path(args.out))
-    print(
-        f"wrote {args.out}: eta {result['eta']}, "
-        + ", ".join(f"{a} acc {result['diagnostics'][a]['accuracy']:.2f}" for a in result["actions"])
-    )
-    return 0
+    """The fitter of the entry shape an action's kind declares (:attr:`brag.VoteKind.fit_shape`)."""
+    found = FITS.get(action.kind.fit_shape)
+    if found is None:
+        raise brag.InputError(
+            f"action {action.label}: calibration cannot fit a {action.kind.fit_shape!r} entry"
+        )
+    return found
 
 
 def outcomes_path(calibration_path: str | os.PathLike[str]) -> Path:
     """Where the outcomes of the fit in ``calibration_path`` are kept: ``NAME.outcomes.jsonl``."""
     path = Path(calibration_path)
     return path.with_name(f"{path.stem}.outcomes.jsonl")
-
-
-def main_pool(argv: Sequence[str]) -> int:
-    """``calibrate.py pool FIT.json ... --out POOLED.json``: one fit from several fits' outcomes."""
-    parser = argparse.ArgumentParser(
-        prog="calibrate.py pool",
-        description="Fit one calibration per model from the outcomes of several calibrations.",
-    )
-    parser.add_argument(
-        "fits", nargs="+", help="calibration files, each with its NAME.outcomes.jsonl beside it"
-    )
-    parser.add_argument("--out", required=True)
-    args = parser.parse_args(argv)
-    try:
-        sets = [(brag.read_json(Path(f), "calibration"), read_outcomes(f)) for f in args.fits]
-        result = pool(sets, meta={"name": Path(args.out).stem})
-    except (ValueError, OSError) as err:
-        print(f"calibrate pool: {err}", file=sys.stderr)
-        return 2
-    storage.write_atomic(args.out, json.dumps(result, indent=1) + "\n")
-    print(
-        f"wrote {args.out}: pooled {result['n_questions']} questions from {', '.join(result['pooled_from'])}"
-    )
-    return 0
-
-
-def main_self_test(argv: Sequence[str]) -> int:
-    """``calibrate.py self-test FILE... --out FIT.json``: a corpus's fit from questions written from it."""
-    from bragkit import documents, llms
-
-    parser = argparse.ArgumentParser(
-        prog="calibrate.py self-test",
-        description="Calibrate BRAG on documents without labels: it writes questions from them, checks "
-        "them, runs every action and refits the model's pooled fit. The fit is also kept for the model "
-        "and corpus (BRAG_CACHE_DIR), where the app finds it.",
-    )
-    parser.add_argument("files", nargs="+", help="documents (PDF, HTML, Word, Markdown, text)")
-    parser.add_argument(
-        "--model", default="local", help="make_llm spec of the reader (default: the embedded model)"
-    )
-    parser.add_argument(
-        "--generator", help="make_llm spec of the model that writes the questions (default: the reader)"
-    )
-    parser.add_argument("--questions", help="your own labelled questions, added to the self-test's")
-    parser.add_argument("--keep", type=int, default=SelfTestPlan.questions, help="questions to keep")
-    parser.add_argument("--seconds", type=float, default=SelfTestPlan.seconds, help="time allowed in all")
-    parser.add_argument("--cache", default=str(brag.cache_dir() / "llm.sqlite"), help="SQLite response cache")
-    parser.add_argument("--out", required=True)
-    args = parser.parse_args(argv)
-    try:
-        passages = [p for f in args.files for p in documents.read_file(Path(f).name, Path(f).read_bytes())]
-        corpus = brag.Corpus(passages)
-        llm = llms.CachedLLM(llms.make_llm(args.model), args.cache)
-        writer = llms.CachedLLM(llms.make_llm(args.generator), args.cache) if args.generator else None
-        own = read_labelled(args.questions) if args.questions else []
-        plan = SelfTestPlan(questions=args.keep, tries=4 * args.keep, seconds=args.seconds)
-        pooled = brag.shipped_calibration(brag.llm_name(llm))
-        result = calibrate_corpus(
-            corpus,
-            llm,
-            pooled,
-            generator=writer,
-            plan=plan,
-            labelled=own,
-            on_progress=lambda fraction, what: print(f"{fraction:4.0%} {what}", file=sys.stderr),
-        )
-    except (ValueError, OSError, llms.LLMError, brag.RunAborted, selftest.Cancelled) as err:
-        print(f"calibrate self-test: {err}", file=sys.stderr)
-        return 2
-    result = {**result, "made": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime())}
-    storage.write_atomic(args.out, json.dumps(result, indent=1) + "\n")
-    kept = kept_self_tests().keep(result)  # the owner's: the app uses it for everyone who asks
-    print(f"wrote {args.out} (kept as {kept}): {brag.self_test_text(result['fitted_on'])}")
-    return 0
 
 
 def read_outcomes(calibration_path: str | os.PathLike[str]) -> list[Outcome]:
@@ -2239,92 +1949,9 @@ def read_outcomes(calibration_path: str | os.PathLike[str]) -> list[Outcome]:
     return list(read_progress(path, None).values())
 
 
-def corpus_from_args(args: argparse.Namespace) -> brag.Retriever:
-    """``--corpus FILE``, or ``--milvus URI --collection NAME``: exactly one of them."""
-    if bool(args.milvus or args.collection) == bool(args.corpus):
-        raise brag.InputError("give the corpus as --corpus FILE or as --milvus URI --collection NAME (one)")
-    milvus = milvus_corpus.from_arguments(args)
-    return milvus if milvus is not None else brag.Corpus(Path(args.corpus).read_text(encoding="utf-8"))
-
-
-def _parser(cache_modes: Sequence[str]) -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(description="Fit a BRAG calibration from labelled questions.")
-    parser.add_argument(
-        "--questions", required=True, help="labelled questions (any layout of ../shared/data)"
-    )
-    parser.add_argument(
-        "--unlabelled",
-        action="store_true",
-        help="questions may lack gold answers (strings, {question}, JSON Lines): fitted by EM, checked",
-    )
-    parser.add_argument(
-        "--corpus", help="corpus JSON: list of {title, text} or strings (or --milvus and --collection)"
-    )
-    milvus_corpus.add_arguments(parser)
-    parser.add_argument("--split", default="0:100", help="which questions, as start:stop (default 0:100)")
-    parser.add_argument("--model", default="local", help="make_llm spec (default: the embedded model)")
-    parser.add_argument("--provider", default="auto")
-    parser.add_argument("--k", type=int, default=5)
-    parser.add_argument("--m", type=int, default=5)
-    parser.add_argument(
-        "--hops", type=int, default=brag.DEFAULT_HOPS, help="second-hop reads (R2) run per question"
-    )
-    parser.add_argument(
-        "--workers", type=int, default=1, help="questions at once (for an endpoint that serves many)"
-    )
-    parser.add_argument("--f1", type=float, default=0.8, help="token F1 that counts as correct")
-    parser.add_argument(
-        "--actions",
-        default=",".join(DEFAULT_ACTIONS),
-        help=f"the actions to observe and fit, of {', '.join(brag.ACTIONS)} (default: %(default)s)",
-    )
-    parser.add_argument("--cache", default="bench/cache/llm.sqlite", help="SQLite response cache")
-    parser.add_argument("--cache-mode", default="read-write", choices=cache_modes)
-    parser.add_argument("--out", required=True)
-    parser.add_argument("--name", help="corpus name to record (default: the corpus file name)")
-    return parser
-
-
-def _calibrate_from_args(args: argparse.Namespace) -> dict[str, Any]:
-    """Read the questions and the corpus, run every action with a progress bar, and fit."""
-    from tqdm import tqdm
-
-    from bragkit import llms
-
-    read = read_questions if args.unlabelled else read_labelled
-    items = select(read(args.questions), args.split)
-    corpus = corpus_from_args(args)
-    llm = llms.CachedLLM(llms.make_llm(args.model, provider=args.provider), args.cache, mode=args.cache_mode)
-    bar = tqdm(total=len(items), desc="calibrating", unit="q")
-
-    def progress(done: int, total: int) -> None:
-        bar.set_postfix(calls=llm.hits + llm.misses, cache_hits=llm.hits, refresh=False)
-        bar.update(done - bar.n)
-
-    result = calibrate(
-        items,
-        corpus,
-        llm,
-        k=args.k,
-        m=args.m,
-        hops=args.hops,
-        f1_threshold=args.f1,
-        progress_path=f"{args.out}.progress.jsonl",
-        on_progress=progress,
-        workers=args.workers,
-        actions=[label.strip() for label in args.actions.split(",") if label.strip()],
-        meta={
-            "name": Path(args.out).stem,
-            "model_spec": args.model,
-            "corpus": args.name or (Path(args.corpus).name if args.corpus else args.collection),
-            "questions_file": Path(args.questions).name,
-            "split": args.split,
-            "note": f"fitted by calibrate.py on questions {args.split} of {Path(args.questions).name}",
-        },
-    )
-    bar.close()
-    return result
-
-
 if __name__ == "__main__":
+    # ``python calibrate.py ...``: the command lines are bragkit's, which import this module as
+    # ``calibrate`` (the fitting API imports nothing from bragkit; bragkit builds on it).
+    from bragkit.calibrate_cli import main
+
     sys.exit(main())

@@ -40,7 +40,7 @@ from harness import write_keeping
 
 import brag
 import calibrate
-from bragkit import documents, selftest
+from bragkit import documents, fits, selftest
 from bragkit.llms import CachedLLM, make_llm
 
 SETS = ROOT / "bench" / "docs" / "sets.json"
@@ -85,8 +85,8 @@ def model(mode: str) -> CachedLLM:
 
 
 def observer(llm: brag.LLM) -> brag.BRAG:
-    settings = {"lam": 0.0, "k": 5, "m": 5, "seed": 0, "hops": calibrate.SELF_TEST_HOPS}
-    return calibrate._observer(llm, calibrate.SELF_TEST_ACTIONS, None, settings)
+    settings = {"lam": 0.0, "k": 5, "m": 5, "seed": 0, "hops": fits.SELF_TEST_HOPS}
+    return calibrate.observer(llm, fits.SelfTestPlan().observed(), None, settings)
 
 
 def outcomes_path(name: str, which: str) -> Path:
@@ -129,12 +129,12 @@ def observe(entry: dict[str, Any], docs: Path) -> None:
     pairs = OUT / f"{name}.pairs.json"
     misses = llm.misses
     started = time.monotonic()
-    test = selftest.self_test(corpus, llm, budget=calibrate.SelfTestPlan().budget())
+    test = selftest.self_test(corpus, llm, budget=fits.SelfTestPlan().budget())
     written = time.monotonic() - started
     calls = llm.misses - misses
     started = time.monotonic()
     calibrate.observe(
-        calibrate.self_test_questions(test),
+        fits.self_test_questions(test),
         corpus,
         controller,
         progress_path=outcomes_path(name, "selftest"),
@@ -172,7 +172,7 @@ def loopback(entry: dict[str, Any], docs: Path) -> dict[str, Any]:
     with FakeOpenAI(handler=handler) as server:
         llm = make(server.url + "#loopback")
         started = time.monotonic()
-        fitted = calibrate.calibrate_corpus(corpus, llm, pooled())
+        fitted = fits.calibrate_corpus(corpus, llm, pooled())
         seconds = time.monotonic() - started
         calls = len(server.chat_requests)
     kept = fitted["fitted_on"]["questions"]
@@ -193,14 +193,12 @@ def pooled() -> brag.Calibration:
 
 
 def loss(fit: brag.Calibration, outcomes: list[calibrate.Outcome]) -> float:
-    return float(np.mean(calibrate.vote_losses(fit, outcomes, calibrate.SELF_TEST_HOPS)))
+    return float(np.mean(calibrate.vote_losses(fit, outcomes, fits.SELF_TEST_HOPS)))
 
 
 def refitted(base: brag.Calibration, outcomes: list[calibrate.Outcome], strength: float) -> brag.Calibration:
     return brag.load_calibration(
-        calibrate.self_test_fit(
-            base, outcomes, corpus="bench", strength=strength, hops=calibrate.SELF_TEST_HOPS
-        )
+        calibrate.self_test_fit(base, outcomes, corpus="bench", strength=strength, hops=fits.SELF_TEST_HOPS)
     )
 
 

@@ -15,7 +15,7 @@ questions. So BRAG writes its own (docs/calibration.md, "Your documents"):
    top ``FIND_WITHIN`` retrieved (it is too vague to be asked of the corpus); a read of the
    passage alone does not give the span back (the roundtrip of Alberti et al., 2019).
 
-:func:`self_test` returns the kept pairs; ``calibrate.calibrate_corpus`` runs every action on
+:func:`self_test` returns the kept pairs; ``fits.calibrate_corpus`` runs every action on
 them and refits the model's pooled fit (``calibrate.self_test_fit``).
 Every call goes through the LLM handed in (a cache, a budget) and the :class:`Budget` here
 bounds tries, calls and seconds; ``should_stop`` cancels between calls.
@@ -23,7 +23,9 @@ bounds tries, calls and seconds; ``should_stop`` cancels between calls.
 
 from __future__ import annotations
 
+import dataclasses
 import itertools
+import json
 import random
 import re
 import time
@@ -384,11 +386,28 @@ def is_near_duplicate(question: str, kept: Sequence[str]) -> bool:
     return False
 
 
-def roundtrip(reader: brag.LLM, question: str, passage: brag.Passage, span: str) -> tuple[bool, str]:
-    """Whether a read of the passage alone answers ``question`` with ``span``, and its answer."""
-    reply = reader.complete(
-        brag.read_messages(question, [passage]), max_tokens=48, stop=brag.READ_STOP, temperature=0.0
-    )
+def focused_read_options(seed: int = brag.BRAG.seed) -> dict[str, Any]:
+    """The options of a controller's read (``BRAG``'s defaults): a roundtrip sends exactly these."""
+    return {
+        "n": 1,
+        "temperature": 0.0,
+        "max_tokens": brag.BRAG.max_tokens,
+        "stop": brag.READ_STOP,
+        "seed": seed,
+    }
+
+
+def roundtrip(
+    reader: brag.LLM, question: str, passage: brag.Passage, span: str, seed: int = brag.BRAG.seed
+) -> tuple[bool, str]:
+    """Whether a read of the passage alone answers ``question`` with ``span``, and its answer.
+
+    The request is the focused read's of that passage (its prompt and options): when the
+    question's retrieval ranks its own passage first, the focused read's observation is this
+    reply (:class:`Remembered`), not a second call.
+    """
+    question = " ".join(question.split())  # as the controller reads it
+    reply = reader.complete(brag.read_messages(question, [passage]), **focused_read_options(seed))
     answer, _ = brag.parse_reading(reply.texts[0] if reply.texts else "")
     return brag.is_correct(answer, [span]), answer
 
@@ -447,6 +466,33 @@ class Metered:
         """The inner model's completion, once the meter allows the call."""
         self.meter.charge(messages)
         return self.llm.complete(messages, **options)
+
+
+class Remembered:
+    """An LLM whose deterministic replies (one answer at temperature 0) are kept for one self-test.
+
+    A roundtrip and the focused read of the same passage are one request: the second is
+    answered from here (``cached``), costing no call and no prompt characters. At most
+    ``limit`` replies are kept, so a self-test's memory stays bounded.
+    """
+
+    def __init__(self, llm: brag.LLM, limit: int = 4096) -> None:
+        self.llm, self.limit = llm, limit
+        self.name = brag.llm_name(llm)  # the same model: its calibration and cached responses
+        self.replies: dict[str, brag.Completion] = {}
+
+    def complete(self, messages: list[dict[str, str]], **options: Any) -> brag.Completion:
+        """The reply kept for this exact request, else the inner model's (kept if deterministic)."""
+        if options.get("temperature") != 0.0 or options.get("n", 1) != 1:
+            return self.llm.complete(messages, **options)
+        key = json.dumps([messages, options], sort_keys=True, default=str)
+        kept = self.replies.get(key)
+        if kept is not None:
+            return dataclasses.replace(kept, cached=True)
+        reply = self.llm.complete(messages, **options)
+        if len(self.replies) < self.limit:
+            self.replies[key] = reply
+        return reply
 
 
 def self_test(

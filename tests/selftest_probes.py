@@ -143,7 +143,7 @@ def status_of(answer: str) -> str:
     """The calibration status of a /brag result ("complete: [answer, report]")."""
     if not answer.startswith("complete: "):
         return answer[:200]
-    return json.loads(answer.split(": ", 1)[1])[1]["calibration"]["status"]
+    return json.loads(answer.split(": ", 1)[1])[1]["server"]["calibration"]["status"]
 
 
 def settle(seconds: float = GRACE + 8) -> None:

@@ -108,7 +108,7 @@ def test_client_predict_returns_the_answer_and_a_matching_report(client, llm_ser
     answer, report = client.predict(*args(documents=documents), api_name="/brag")
     made = len(llm_server.chat_requests) - before
     assert answer == "Bergen"
-    assert report["answer"] == "Bergen" and report["corpus"] == "your documents"
+    assert report["answer"] == "Bergen" and report["server"]["corpus"] == "your documents"
     assert report["totals"]["llm_calls"] == made >= 1
     assert all(key in report["steps"][0] for key in ("posterior", "rates", "action", "policy_us"))
     assert_reads_carry_their_evidence(report)
@@ -126,7 +126,7 @@ def assert_reads_carry_their_evidence(report: dict) -> None:
 
 def test_named_demo_corpus_works_without_download(client):
     answer, report = client.predict(*args(corpus="Demo", documents=""), api_name="/brag")
-    assert answer == "Bergen" and report["corpus"] == "Demo"
+    assert answer == "Bergen" and report["server"]["corpus"] == "Demo"
     assert any(
         p["title"] == "Lina Berg"
         for s in report["steps"]
@@ -199,7 +199,7 @@ def test_pasted_documents_select_your_documents_and_the_result_names_what_was_re
         == bragkit.serving.corpora.DEMO
     )
     answer, report = client.predict(*args(corpus="Your documents"), api_name="/brag")
-    assert answer == "Bergen" and report["corpus"] == "your documents"
+    assert answer == "Bergen" and report["server"]["corpus"] == "your documents"
     _, headline, *_ = bragkit.serving.presentation.render(answer, report)
     # Untitled passages are named by their first words, not by an index.
     assert "Read: The Glass Tower in Oslo was…" in headline and "#0" not in headline
@@ -276,12 +276,12 @@ def test_calibrate_round_trips_into_brag(client, llm_server):
     assert cal["diagnostics"]["R2"]["accuracy"] == 1.0  # the scripted reader is right after hop 2
     answer, report = client.predict(*args(cal=fitted), api_name="/brag")
     assert answer == "Bergen" and report["config"]["calibration"]["source"] == "fitted"
-    assert report["calibration"]["status"] == "fitted for this model on Demo"
+    assert report["server"]["calibration"]["status"] == "fitted for this model on Demo"
     # The fit is kept: a later request reuses it by the name /calibrate gave it.
     assert cal["name"].startswith("fit-")
     answer, by_name = client.predict(*args(cal=cal["name"]), api_name="/brag")
-    assert answer == "Bergen" and by_name["calibration"]["name"] == cal["name"]
-    assert by_name["calibration"]["status"] == report["calibration"]["status"]
+    assert answer == "Bergen" and by_name["server"]["calibration"]["name"] == cal["name"]
+    assert by_name["server"]["calibration"]["status"] == report["server"]["calibration"]["status"]
 
 
 @pytest.mark.parametrize(
@@ -317,11 +317,14 @@ def test_calibrate_takes_questions_without_gold_and_says_why_it_cannot_fit_them(
 
 def test_an_uncalibrated_model_gets_the_prior_and_is_told_so(client):
     _, demo = client.predict(*args(corpus="Demo", documents="", cal=""), api_name="/brag")
-    assert demo["calibration"]["source"] == "prior" and demo["calibration"]["fitted"] is False
-    assert "uncalibrated" in demo["calibration"]["status"]
-    assert "run /calibrate for this model" in demo["calibration"]["status"]
+    assert (
+        demo["server"]["calibration"]["source"] == "prior"
+        and demo["server"]["calibration"]["fitted"] is False
+    )
+    assert "uncalibrated" in demo["server"]["calibration"]["status"]
+    assert "run /calibrate for this model" in demo["server"]["calibration"]["status"]
     _, named = client.predict(*args(cal="prior"), api_name="/brag")
-    assert named["calibration"]["name"] == "prior"
+    assert named["server"]["calibration"]["name"] == "prior"
     with pytest.raises(AppError, match="the name it gave, or one of the shipped names: prior"):
         client.predict(*args(cal="fit-000000000000"), api_name="/brag")
 
@@ -417,9 +420,11 @@ def fake_report(finished: bool = True) -> dict:
         "stop_reason": "expected gain 0.004 <= lambda 0.05",
         "config": {"lam": 0.05},
         "totals": totals,
-        "corpus": "your documents",
-        "calibration": {"status": "uncalibrated: a hand-set prior"},
-        "elapsed_s": 2.0,
+        "server": {
+            "corpus": "your documents",
+            "calibration": {"status": "uncalibrated: a hand-set prior"},
+            "elapsed_s": 2.0,
+        },
     }
 
 
@@ -428,7 +433,7 @@ def test_the_steps_table_has_a_column_for_each_action_the_run_offered():
     report["config"] = {**report["config"], "actions": {"offered": ["R1", "R2", "CB", "RT"]}}
     report["steps"][0]["scores"] = {**report["steps"][0]["scores"], "RT": 0.5}
     frame = bragkit.serving.presentation.steps_frame(report)
-    assert [c for c in frame.columns if c in brag.ACTIONS] == ["R1", "R2", "CB", "RT"]
+    assert [c for c in frame.columns if c in brag.action_labels()] == ["R1", "R2", "CB", "RT"]
     assert frame.iloc[0]["RT"] == "0.500 ✓" and frame.iloc[1]["RT"] == "—"
     widths = bragkit.serving.presentation.step_column_widths(list(frame.columns))
     assert len(widths) == len(frame.columns)
@@ -650,7 +655,7 @@ def test_named_corpus_downloads_once_from_the_hub(tmp_path, llm_server):
             assert [r for r in hub.requests if r[0] == "GET"] == downloads  # indexed once, kept in memory
             with pytest.raises(AppError, match="cannot download the HotpotQA corpus"):
                 client.predict(*args(corpus="HotpotQA", documents=""), api_name="/brag")
-    assert answer == "Bergen" and report["corpus"] == "MuSiQue"
+    assert answer == "Bergen" and report["server"]["corpus"] == "MuSiQue"
     assert len(downloads) == 1 and downloads[0][1].endswith("/musique_corpus.json")
     assert list((tmp_path / "hf").rglob("musique_corpus.json"))  # cached on disk by huggingface_hub
 
@@ -663,7 +668,7 @@ def test_the_owners_own_index_is_served_from_brag_corpus_dir(tmp_path, llm_serve
         answer, report = client.predict(*args(corpus="Our documents", documents=""), api_name="/brag")
         with urllib.request.urlopen(app.url + "config", timeout=10) as page:
             assert "Our documents" in page.read().decode()  # offered in the corpus picker
-    assert answer == "Bergen" and report["corpus"] == "Our documents"
+    assert answer == "Bergen" and report["server"]["corpus"] == "Our documents"
     result = subprocess.run(
         [sys.executable, str(ROOT / "app.py")],
         env={**os.environ, "BRAG_CORPUS_DIR": str(tmp_path), "GRADIO_SERVER_PORT": "1"},
@@ -897,7 +902,7 @@ def test_a_perfect_reader_answers_at_least_80_percent_over_the_app(shared_data):
             )
             right += brag.exact_match(answer, item.gold)
             wasted[item.id] = calls_it_needs(report, set(item.supporting))
-    assert "uncalibrated" in report["calibration"]["status"]
+    assert "uncalibrated" in report["server"]["calibration"]["status"]
     assert right >= 0.8 * len(items), right
     assert not any(wasted.values()), {k: v for k, v in wasted.items() if v}  # the calls it needs
 
@@ -961,7 +966,7 @@ def test_files_are_uploaded_over_gradio_client_and_rest_read_and_deleted(client,
     notes.write_text("# Notes\n\nThe Glass Tower in Oslo was designed by the architect Lina Berg.\n")
     files = [handle_file(str(pdf)), handle_file(str(notes))]
     answer, report = client.predict(*args(documents=""), "tokens", None, None, files, api_name="/brag")
-    assert answer == "Bergen" and report["corpus"] == "tower.pdf, notes.md"
+    assert answer == "Bergen" and report["server"]["corpus"] == "tower.pdf, notes.md"
     assert report["confidence"]["source"] == {
         "passage": "tower.pdf, p. 3",
         "quote": "Lina Berg was born in Bergen in 1961.",
@@ -977,7 +982,7 @@ def test_files_are_uploaded_over_gradio_client_and_rest_read_and_deleted(client,
         return rest_call(app.url, "brag", [*args(documents=""), "tokens", None, None, files])
 
     answer, report = ask_with(path)
-    assert answer == "Bergen" and report["corpus"] == "tower.pdf" and not Path(path).exists()
+    assert answer == "Bergen" and report["server"]["corpus"] == "tower.pdf" and not Path(path).exists()
     # A bad file is named with the reason; a path never uploaded is not read.
     broken = upload_over_rest(app.url, "broken.docx", b"PK\x03\x04 junk")
     with pytest.raises(RuntimeError, match=r"broken\.docx: not a readable Word"):
@@ -1161,26 +1166,32 @@ def test_a_self_test_calibrates_the_documents_and_brag_uses_it_unasked(self_test
     assert fitted["fitted_on"]["kind"] == "self-test" and fitted["fitted_on"]["questions"] == 10
     assert set(fitted["actions"]) == {"R1", "R2", "CB", "RT"}
     assert fitted["fitted_on"]["yield"]["kept"] == 10
-    assert len(server.chat_requests) - before >= 10 * 2 + 10 * 4  # writing and checking, then every action
+    sent = server.chat_requests[before:]
+    assert len(sent) >= 10 * 2 + 10 * 3  # writing and checking, then every action
+    # The focused read of a question's own passage is its roundtrip: no request is sent twice.
+    deterministic = [json.dumps(r, sort_keys=True) for r in sent if r.get("temperature") == 0.0]
+    assert len(deterministic) == len(set(deterministic))
     question = "Which folder does Garply write a crash report to?"
     _, report = client.predict(question, "", SELF_TEST_DOCS, 0.05, "", "", "auto", "", api_name="/brag")
-    status = report["calibration"]["status"]
+    status = report["server"]["calibration"]["status"]
     assert status.startswith("calibrated on 10 self-test questions from your documents (your self-test of ")
     assert status.endswith(f"kept as {fitted['name']})") and fitted["made"] in status
     assert "RT" in report["config"]["actions"]["offered"]
     # It is this caller's: another caller over the same documents keeps the shipped fit ...
     other = Client(app.url, verbose=False, headers={"X-Forwarded-For": "198.51.100.40"})
     _, theirs = other.predict(question, "", SELF_TEST_DOCS, 0.05, "", "", "auto", "", api_name="/brag")
-    assert "self-test" not in theirs["calibration"]["status"]
+    assert "self-test" not in theirs["server"]["calibration"]["status"]
     # ... unless it names the fit.
     _, named = other.predict(
         question, "", SELF_TEST_DOCS, 0.05, "", "", "auto", fitted["name"], api_name="/brag"
     )
-    assert named["calibration"]["status"] == "calibrated on 10 self-test questions from your documents"
+    assert (
+        named["server"]["calibration"]["status"] == "calibrated on 10 self-test questions from your documents"
+    )
     # Other documents have no self-test fit: nothing changes for them.
     other = "\n".join(selftest_reader.SENTENCES[:6])
     _, elsewhere = client.predict(question, "", other, 0.05, "", "", "auto", "", api_name="/brag")
-    assert "self-test" not in elsewhere["calibration"]["status"]
+    assert "self-test" not in elsewhere["server"]["calibration"]["status"]
     assert elsewhere["config"]["actions"]["offered"] == ["R1", "R2", "CB"]
 
 
@@ -1228,7 +1239,7 @@ def test_self_tests_take_turns_and_one_stops_when_cancelled(self_test_app):
     _, report = client.predict(
         "What does zorch accept?", "", docs, 0.05, "", "", "auto", "", api_name="/brag"
     )
-    assert "self-test" not in report["calibration"]["status"]  # nothing was kept
+    assert "self-test" not in report["server"]["calibration"]["status"]  # nothing was kept
 
 
 @pytest.mark.skipif(
@@ -1272,9 +1283,9 @@ def test_a_self_test_with_a_callers_own_labels_is_returned_but_not_kept_for_othe
     _, report = client.predict(
         "How long does plugh cache?", "", docs, 0.05, "", "", "auto", "", api_name="/brag"
     )
-    assert "self-test" not in report["calibration"]["status"]
+    assert "self-test" not in report["server"]["calibration"]["status"]
     # The caller can still use it, by the name it was kept under.
     _, named = client.predict(
         "How long does plugh cache?", "", docs, 0.05, "", "", "auto", fitted["name"], api_name="/brag"
     )
-    assert "and 1 of your own labelled questions" in named["calibration"]["status"]
+    assert "and 1 of your own labelled questions" in named["server"]["calibration"]["status"]

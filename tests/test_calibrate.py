@@ -18,7 +18,7 @@ from selftest_reader import PASSAGES, SelfTestReader
 import brag
 import calibrate
 from brag import BRAG, Completion, Corpus
-from bragkit import llms, storage
+from bragkit import calibrate_cli, fits, llms, storage
 
 TRUTH = {
     "q": {"R1": 0.8, "R2": 0.65, "CB": 0.95},
@@ -111,7 +111,7 @@ def test_thirty_questions_stay_inside_the_unit_interval_and_near_the_prior():
     values += [lv["pi"] for lv in actions["CB"]["levels"].values()]
     values += [mean(lv["kappa"]) for lv in actions["CB"]["levels"].values()]
     assert all(0 < v < 1 for v in values), values
-    assert mean(actions["R2"]["rho"]) == pytest.approx(calibrate.PRIOR["rho"]["R2"])  # no answers: the prior
+    assert mean(actions["R2"]["rho"]) == pytest.approx(calibrate.prior_rho("R2"))  # no answers: the prior
     # Levels 1-4 see no vote: each falls back on the model's own closed-book precision (every
     # vote right here), shrunk toward the hand-set prior's mean, and never above level 5's.
     unseen = [mean(actions["CB"]["levels"][str(g)]["kappa"]) for g in range(1, 5)]
@@ -628,10 +628,10 @@ def test_the_pool_command_fits_from_the_outcomes_kept_beside_each_calibration(tm
         (tmp_path / f"{name}.progress.jsonl").replace(calibrate.outcomes_path(path))
         paths.append(str(path))
     out = tmp_path / "pooled.json"
-    assert calibrate.main(["pool", *paths, "--out", str(out)]) == 0
+    assert calibrate_cli.main(["pool", *paths, "--out", str(out)]) == 0
     assert brag.load_calibration(out).meta["pooled_from"] == ["A", "B"]
     calibrate.outcomes_path(paths[1]).unlink()
-    assert calibrate.main(["pool", *paths, "--out", str(out)]) == 2
+    assert calibrate_cli.main(["pool", *paths, "--out", str(out)]) == 2
     assert "B.outcomes.jsonl is missing" in capsys.readouterr().err
 
 
@@ -821,12 +821,12 @@ def _self_test_corpus() -> brag.Corpus:
 
 def test_calibrate_corpus_fits_every_action_and_records_the_self_test():
     reader = SelfTestReader()
-    plan = calibrate.SelfTestPlan(questions=10, tries=20)
+    plan = fits.SelfTestPlan(questions=10, tries=20)
     progress: list[float] = []
-    fitted = calibrate.calibrate_corpus(
+    fitted = fits.calibrate_corpus(
         _self_test_corpus(), reader, _pooled_fit(), plan=plan, on_progress=lambda f, _: progress.append(f)
     )
-    assert set(fitted["actions"]) == set(calibrate.SELF_TEST_ACTIONS)
+    assert set(fitted["actions"]) == set(fits.SelfTestPlan().observed())
     assert fitted["fitted_on"]["kind"] == "self-test" and fitted["fitted_on"]["questions"] == 10
     assert fitted["fitted_on"]["generator"] == "selftest-reader"
     assert fitted["fitted_on"]["yield"]["kept"] == 10
@@ -842,8 +842,8 @@ def test_calibrate_corpus_fits_every_action_and_records_the_self_test():
 
 def test_too_few_kept_questions_keep_the_pooled_fit():
     with pytest.raises(brag.InputError, match="pooled fit"):
-        calibrate.calibrate_corpus(
-            _self_test_corpus(), SelfTestReader(wrong="x"), _pooled_fit(), plan=calibrate.SelfTestPlan(10, 20)
+        fits.calibrate_corpus(
+            _self_test_corpus(), SelfTestReader(wrong="x"), _pooled_fit(), plan=fits.SelfTestPlan(10, 20)
         )
 
 
@@ -852,11 +852,11 @@ def test_user_labels_are_added_to_the_self_test():
         calibrate.Labelled(f"mine-{i}", f"Which variable configures {t}?", (f"{t.upper()}_CONF",))
         for i, t in enumerate(["frobnicate", "quuxify", "blarg"])
     ]
-    fitted = calibrate.calibrate_corpus(
+    fitted = fits.calibrate_corpus(
         _self_test_corpus(),
         SelfTestReader(),
         _pooled_fit(),
-        plan=calibrate.SelfTestPlan(10, 20),
+        plan=fits.SelfTestPlan(10, 20),
         labelled=own,
     )
     assert fitted["fitted_on"]["labelled"] == 3 and fitted["n_questions"] == 13
@@ -866,10 +866,10 @@ def test_user_labels_are_added_to_the_self_test():
 
 
 def test_a_fit_is_kept_by_model_and_fingerprint_and_read_back(tmp_path):
-    fitted = calibrate.calibrate_corpus(
-        _self_test_corpus(), SelfTestReader(), _pooled_fit(), plan=calibrate.SelfTestPlan(10, 20)
+    fitted = fits.calibrate_corpus(
+        _self_test_corpus(), SelfTestReader(), _pooled_fit(), plan=fits.SelfTestPlan(10, 20)
     )
-    kept = calibrate.kept_self_tests(tmp_path)
+    kept = fits.kept_self_tests(tmp_path)
     path = kept.keep(fitted)
     assert path.parent == tmp_path / "selftest" and re.fullmatch(r"selftest-[0-9a-f]{32}\.json", path.name)
     again = kept.load("selftest-reader", _self_test_corpus().fingerprint())
@@ -898,14 +898,14 @@ def test_the_command_line_self_test_fits_a_documents_file_and_keeps_it(tmp_path,
     with FakeOpenAI(handler=handler) as server:
         out = tmp_path / "fit.json"
         args = ["self-test", str(notes), "--model", server.url + "#reader", "--keep", "10", "--out", str(out)]
-        assert calibrate.main([*args, "--cache", str(tmp_path / "llm.sqlite")]) == 0
+        assert calibrate_cli.main([*args, "--cache", str(tmp_path / "llm.sqlite")]) == 0
     fitted = brag.load_calibration(out)
     assert fitted.meta["fitted_on"]["kind"] == "self-test" and fitted.meta["fitted_on"]["questions"] == 10
     assert "calibrated on 10 self-test questions" in capsys.readouterr().out
-    kept = calibrate.kept_self_tests(tmp_path / "cache").load(fitted.meta["model"], fitted.meta["corpus"])
+    kept = fits.kept_self_tests(tmp_path / "cache").load(fitted.meta["model"], fitted.meta["corpus"])
     assert kept is not None
     # A file that cannot be read is a clear message, not a trace.
-    assert calibrate.main(["self-test", str(tmp_path / "missing.pdf"), "--out", str(out)]) == 2
+    assert calibrate_cli.main(["self-test", str(tmp_path / "missing.pdf"), "--out", str(out)]) == 2
     assert "calibrate self-test:" in capsys.readouterr().err
 
 
@@ -928,9 +928,9 @@ def test_a_self_tests_clock_is_read_before_every_action_it_runs(monkeypatch):
     clock = [0.0]
     monkeypatch.setattr(time, "monotonic", lambda: clock[0])
     reader = SlowActions(clock)
-    plan = calibrate.SelfTestPlan(questions=10, tries=20, seconds=150.0)
+    plan = fits.SelfTestPlan(questions=10, tries=20, seconds=150.0)
     with pytest.raises(brag.InputError, match="out of time while running the actions"):
-        calibrate.calibrate_corpus(_self_test_corpus(), reader, _pooled_fit(), plan=plan)
+        fits.calibrate_corpus(_self_test_corpus(), reader, _pooled_fit(), plan=plan)
     assert max(reader.starts) <= 150.0  # no call started once the self-test's time was spent
 
 
@@ -941,7 +941,7 @@ def test_a_self_tests_prompt_characters_are_bounded_writing_and_running_alike():
     counted.complete = lambda messages, **o: (
         chars.append(sum(len(m["content"]) for m in messages)) or (reader.complete(messages, **o))
     )
-    plan = calibrate.SelfTestPlan(questions=10, tries=20, prompt_chars=60_000)
+    plan = fits.SelfTestPlan(questions=10, tries=20, prompt_chars=45_000)
     with pytest.raises(brag.InputError, match="out of prompt characters"):
-        calibrate.calibrate_corpus(_self_test_corpus(), counted, _pooled_fit(), plan=plan)
-    assert 0 < sum(chars) <= 60_000
+        fits.calibrate_corpus(_self_test_corpus(), counted, _pooled_fit(), plan=plan)
+    assert 0 < sum(chars) <= 45_000

@@ -13,6 +13,7 @@ from conftest import PRIORS, ScriptedLLM, last_block
 import brag
 import calibrate
 from brag import BRAG, Corpus, Gate, GateSignal
+from bragkit import calibrate_cli
 
 
 def test_auc_matches_hand_computed_cases():
@@ -203,7 +204,7 @@ def test_a_weak_window_lowers_r1_and_escalates(question, weak):
 
 def test_gate_cli_needs_no_llm(shared_data, tmp_path):
     out = tmp_path / "gate.json"
-    code = calibrate.main(
+    code = calibrate_cli.main(
         [
             "gate",
             "--questions",

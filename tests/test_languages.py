@@ -82,7 +82,7 @@ def test_a_japanese_document_is_retrieved_answered_and_quoted_under_its_own_name
     )
     answer, report = ask(client, "東京タワーの設計者は誰ですか？", [handle_file(str(notes))])
     assert answer == "内藤多仲"
-    assert report["corpus"] == "日本の名所.md"
+    assert report["server"]["corpus"] == "日本の名所.md"
     assert report["confidence"]["source"]["passage"] == "日本の名所.md › 東京タワー"
     assert "設計者は内藤多仲です" in report["confidence"]["source"]["quote"]
     assert report["confidence"]["supported"]
@@ -97,6 +97,6 @@ def test_a_chinese_word_file_is_retrieved_answered_and_quoted(client, reader, tm
     word.write_bytes(docx_bytes(blocks))
     answer, report = ask(client, "明清两代的皇家宫殿在哪个城市？", [handle_file(str(word))])
     assert answer == "北京"
-    assert report["corpus"] == "中国名胜.docx"
+    assert report["server"]["corpus"] == "中国名胜.docx"
     assert report["confidence"]["source"]["passage"] == "中国名胜.docx › 故宫"
     assert any(i.endswith("in Chinese, the language of the question.") for i in reader.reader.instructions)

@@ -99,6 +99,12 @@ def test_modules_that_brag_imports_never_import_it_back():
     assert not graph["brag"], graph["brag"]
 
 
+def test_calibrate_is_the_fitting_api_and_imports_nothing_from_bragkit():
+    graph = import_graph()
+    assert graph["calibrate"] == {"brag"}, graph["calibrate"]
+    assert "calibrate" in graph["bragkit.fits"] and "calibrate" in graph["bragkit.calibrate_cli"]
+
+
 def long_functions() -> list[str]:
     found = []
     for name, path in project_modules().items():

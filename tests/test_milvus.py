@@ -11,7 +11,7 @@ import pytest
 from conftest import PRIORS, ROOT, ScriptedLLM
 
 import brag
-from bragkit import embedders
+from bragkit import calibrate_cli, embedders
 from bragkit import milvus as mc
 
 pytest.importorskip("pymilvus")
@@ -185,7 +185,11 @@ def test_the_owners_milvus_collection_is_offered_in_the_app_and_named_in_the_rep
         caller = Client(app.url, verbose=False)
         args = ["Where was the architect Lina Berg born?", "norway", "", 0.05, "", "", "auto", ""]
         answer, report = caller.predict(*args, api_name="/brag")
-        assert answer == "Bergen" and report["corpus"] == "norway" and report["engine"] == "milvus"
+        assert (
+            answer == "Bergen"
+            and report["server"]["corpus"] == "norway"
+            and report["server"]["engine"] == "milvus"
+        )
         assert "tok-SECRET-1" not in json.dumps(report) and "tok-SECRET-1" not in app.log()
 
 
@@ -294,7 +298,7 @@ def test_calibration_and_the_benchmark_retrieve_from_a_milvus_collection(tmp_pat
         out = tmp_path / "cal.json"
         cache = ["--cache", str(tmp_path / "c.sqlite")]
         args = ["--questions", str(questions), *served, "--model", model, *cache, "--split", "0:30"]
-        assert calibrate.main([*args, "--out", str(out)]) == 0
+        assert calibrate_cli.main([*args, "--out", str(out)]) == 0
         # The outcomes stay beside the fit, for `calibrate.py pool`.
         kept = calibrate.read_outcomes(out)
         assert [o.id for o in kept] == json.loads(out.read_text())["split_ids"]
@@ -308,13 +312,12 @@ def test_calibration_and_the_benchmark_retrieve_from_a_milvus_collection(tmp_pat
     assert [row[0] for row in table["Vanilla RAG"]] == [1, 1, 1]  # right from Milvus's passages
     assert "--milvus" in (results / "benchmark.md").read_text()
     gate = tmp_path / "gate.json"
-    assert calibrate.main(["gate", "--questions", str(questions), *served, "--out", str(gate)]) == 0
+    assert calibrate_cli.main(["gate", "--questions", str(questions), *served, "--out", str(gate)]) == 0
     fitted_gate = json.loads(gate.read_text())
     assert fitted_gate["n"] == 32 and fitted_gate["weak_rate"] == pytest.approx(1 / 4)  # one fact in 4
 
 
 def test_a_corpus_is_a_file_or_a_collection_not_both(tmp_path, capsys):
-    import calibrate
 
     questions = tmp_path / "q.json"
     questions.write_text(json.dumps(labelled_questions(1)))
@@ -325,7 +328,7 @@ def test_a_corpus_is_a_file_or_a_collection_not_both(tmp_path, capsys):
         ["--corpus", str(corpus), "--milvus", "x.db", "--collection", "c"],
         ["--milvus", "x.db"],
     ):
-        assert calibrate.main(["gate", "--questions", str(questions), *extra, "--out", "-"]) == 2
+        assert calibrate_cli.main(["gate", "--questions", str(questions), *extra, "--out", "-"]) == 2
         said = capsys.readouterr().err
         assert "calibrate gate:" in said and "--milvus" in said and "Traceback" not in said
     assert not (tmp_path / "never-made.db").exists()  # refused before anything was opened

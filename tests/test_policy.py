@@ -335,7 +335,7 @@ def test_bad_cost_settings_are_clear_errors():
     with pytest.raises(ValueError, match="a read must cost more than 0"):
         brag.action_costs(prior, "usd", prices=(5e-324, 0.0))
     measured = brag.load_calibration(PRIORS)
-    free = {a: brag.ActionCost(0.0, 0.0, 1.0, 0.0) for a in brag.ACTIONS}
+    free = {a: brag.ActionCost(0.0, 0.0, 1.0, 0.0) for a in brag.action_labels()}
     with pytest.raises(ValueError, match="a read must cost more than 0"):
         brag.action_costs(dataclasses.replace(measured, costs=free), "tokens")
 

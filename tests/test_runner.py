@@ -443,7 +443,7 @@ def test_a_backend_without_a_name_goes_by_its_class_name_everywhere(tmp_path):
 
 
 def test_every_action_in_the_table_has_a_kind_a_prompt_and_a_price():
-    assert brag.ACTIONS == tuple(a.label for a in brag.ACTION_TABLE)
+    assert brag.action_labels() == tuple(a.label for a in brag.ACTION_TABLE)
     for action in brag.ACTION_TABLE:
         assert action.kind in brag.VOTE_KINDS, action.label
         messages = action.messages("Where was she born?", [brag.Passage("Lina Berg", "Born in Oslo.")])
@@ -501,7 +501,6 @@ def test_an_action_of_each_kind_is_one_row_and_an_old_calibration_runs_as_before
     ]
     table = (*brag.ACTION_TABLE, action)
     monkeypatch.setattr(brag, "ACTION_TABLE", table)
-    monkeypatch.setattr(brag, "ACTIONS", tuple(a.label for a in table))
     # A calibration without the action: offered as before, and every report the same.
     for lam, expected in zip((0.0, 0.05), before, strict=True):
         plain = BRAG(reader_and_samples(), calibration=PRIORS, lam=lam, k=2)
@@ -518,7 +517,7 @@ def test_an_action_of_each_kind_is_one_row_and_an_old_calibration_runs_as_before
     assert answer == "Bergen" and len(ran) == 1
     assert ran[0]["observation"]["vote_type"].startswith(action.label)
     assert report["config"]["actions"] == {
-        "offered": [*brag.ACTIONS[:3], action.label],
+        "offered": [*brag.action_labels()[:3], action.label],
         "on_kind_prior": [action.label],
     }
     assert report["config"]["extra_actions"] == [action.label]
@@ -531,7 +530,6 @@ def test_a_second_samples_action_votes_with_its_own_levels_not_the_first_ones(mo
     action = NEW_ACTIONS["samples"]
     table = (*brag.ACTION_TABLE, action)
     monkeypatch.setattr(brag, "ACTION_TABLE", table)
-    monkeypatch.setattr(brag, "ACTIONS", tuple(a.label for a in table))
     calibration = json.loads(PRIORS.read_text(encoding="utf-8"))
     levels = {str(g): {"pi": 0.2, "kappa": {"a": 2.0, "b": 8.0}} for g in range(1, 6)}
     calibration["actions"]["CB2"] = {"q": 0.9, "levels": levels}
@@ -574,7 +572,7 @@ def test_the_focused_read_reports_supports_and_quotes_only_the_passage_it_read()
 def test_shipped_calibrations_offer_the_actions_they_fitted_and_no_other():
     for name, calibration in brag.shipped_calibrations().items():
         offered = [a.label for a in BRAG(reader_and_samples(), calibration=calibration).offered]
-        assert offered == [a for a in brag.ACTIONS if a in calibration.actions], name
+        assert offered == [a for a in brag.action_labels() if a in calibration.actions], name
 
 
 # ------------------------------------------------- issue 41: work bounded by what the model reads

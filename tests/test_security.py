@@ -172,6 +172,16 @@ def test_secrets_are_scrubbed_in_plain_and_base64_form(monkeypatch):
     assert secrets.scrub_data(report) == {"steps": [{"raw": "key ***"}], "n": 1}
 
 
+def test_a_new_backend_declares_its_credential_and_the_server_scrubs_it(monkeypatch):
+    class Acme(llms.RemoteBackend):  # a backend with another API, as an extender writes one
+        secret_env = ("ACME_API_KEY",)
+
+    monkeypatch.setenv("ACME_API_KEY", "acme-7f3a9c21")
+    assert {"HF_TOKEN", "OPENAI_API_KEY", "ACME_API_KEY"} <= set(llms.secret_env_names())
+    secrets = bragkit.serving.policy.Secrets.from_env()
+    assert secrets.scrub("failed with key acme-7f3a9c21") == "failed with key ***"
+
+
 @pytest.mark.skipif(
     any(llms.QWEN_CODER.part_path(p) is None for p in llms.QWEN_CODER.parts),
     reason="the embedded model's wheels are not installed (requirements.txt installs them)",

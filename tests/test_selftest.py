@@ -7,8 +7,7 @@ import pytest
 from selftest_reader import PASSAGES, SelfTestReader
 
 import brag
-import calibrate
-from bragkit import selftest
+from bragkit import fits, selftest
 
 TOOLS = ["frobnicate", "quuxify", "blarg"]
 
@@ -83,7 +82,7 @@ def test_kept_pairs_pass_the_roundtrip_and_the_yield_adds_up():
     y = test.yield_
     refused = y.no_question + y.names_answer + y.duplicate + y.vague + y.roundtrip
     assert y.tried == refused + y.kept
-    assert [i.gold for i in calibrate.self_test_questions(test)] == [(p.answer,) for p in test.pairs]
+    assert [i.gold for i in fits.self_test_questions(test)] == [(p.answer,) for p in test.pairs]
 
 
 @pytest.mark.parametrize(

@@ -90,7 +90,9 @@ from .local import (
 from .remote import (
     HFInference,
     OpenAICompatible,
+    RemoteBackend,
     bound_hub_calls,
+    secret_env_names,
 )
 from .transport import (
     DEFAULT_MAX_RESPONSE_BYTES,
@@ -146,9 +148,11 @@ __all__ = [  # noqa: RUF022
     "MIN_LOGPROB",
     "CallOptions",
     # remote
+    "RemoteBackend",
     "OpenAICompatible",
     "HFInference",
     "bound_hub_calls",
+    "secret_env_names",
     # local
     "WeightPart",
     "LocalWeights",

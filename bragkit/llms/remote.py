@@ -14,7 +14,7 @@ from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from contextvars import copy_context
 from dataclasses import dataclass, field, replace
-from typing import Any
+from typing import Any, ClassVar
 
 import httpx2
 
@@ -48,8 +48,17 @@ from .transport import (
 
 
 @dataclass
-class _RemoteBackend:
-    """Shared logic of the HTTP backends: retries, and n samples natively or in parallel."""
+class RemoteBackend:
+    """The base of an HTTP backend: retries, deadlines, and n samples natively or in parallel.
+
+    A subclass implements :meth:`_request` (one HTTP exchange for ``options.n`` texts, raising an
+    ``LLMError``), sets :attr:`where` (the endpoint in words, credentials redacted: errors name
+    it) and declares in :attr:`secret_env` the environment variables it may read a credential
+    from: the app scrubs their values from every text it returns (:func:`secret_env_names`).
+    """
+
+    # The environment variables a backend of this class may send as credentials.
+    secret_env: ClassVar[tuple[str, ...]] = ()
 
     name: str
     timeout: float = 60.0
@@ -57,8 +66,10 @@ class _RemoteBackend:
     max_parallel: int = 8
     native_n: bool | None = None  # learnt on the first request with n > 1
     logprobs: bool | None = None  # whether the server gives token log-probabilities (learnt)
+    where: str = field(default="", init=False)  # the endpoint, as errors name it
 
     def _request(self, messages: list[dict[str, str]], options: CallOptions) -> Completion:
+        """One HTTP exchange for ``options.n`` texts (raising an ``LLMError`` subclass)."""
         raise NotImplementedError
 
     def _send(self, messages: list[dict[str, str]], options: CallOptions) -> Completion:
@@ -71,7 +82,7 @@ class _RemoteBackend:
             except LLMTimeout:
                 if outer is not None and time.monotonic() >= outer - 0.05:
                     raise LLMTimeout(
-                        f"the time limit for this request ran out waiting for {self._where}"
+                        f"the time limit for this request ran out waiting for {self.where}"
                     ) from None
                 raise
 
@@ -160,8 +171,10 @@ def _merge(parts: list[Completion]) -> Completion:
 
 
 @dataclass
-class OpenAICompatible(_RemoteBackend):
+class OpenAICompatible(RemoteBackend):
     """An OpenAI-compatible chat-completions endpoint (``base_url`` ends in ``/v1`` usually)."""
+
+    secret_env: ClassVar[tuple[str, ...]] = ("OPENAI_API_KEY",)
 
     base_url: str = ""
     model: str | None = None  # served model name; asked from GET /models when None
@@ -174,9 +187,9 @@ class OpenAICompatible(_RemoteBackend):
         import openai
 
         check_token(self.api_key)
-        key = self.api_key or (os.environ.get("OPENAI_API_KEY") if self.secrets_from_env else None)
+        key = self.api_key or (os.environ.get(self.secret_env[0]) if self.secrets_from_env else None)
         self._openai = openai
-        self._where = redact_url(self.base_url)
+        self.where = redact_url(self.base_url)
         self._client = openai.OpenAI(
             base_url=self.base_url,
             api_key=key or "not-needed",
@@ -194,7 +207,7 @@ class OpenAICompatible(_RemoteBackend):
 
     def _classify(self, err: Exception) -> Exception:
         openai = self._openai
-        where = self._where
+        where = self.where
         refused = in_chain(err, Refused)
         if refused is not None:
             return EndpointRefused(f"{where} is not allowed: {refused}")
@@ -221,7 +234,7 @@ class OpenAICompatible(_RemoteBackend):
 
                 models = self.retry.run(listing)
                 if not models or not getattr(models[0], "id", None):
-                    raise MalformedResponse(f"{self._where}/models lists no model; name one as URL#model")
+                    raise MalformedResponse(f"{self.where}/models lists no model; name one as URL#model")
                 self.model = models[0].id
             return self.model
 
@@ -245,12 +258,12 @@ class OpenAICompatible(_RemoteBackend):
         )
         choices = getattr(response, "choices", None)
         if not isinstance(choices, list) or not choices:
-            raise MalformedResponse(f"{self._where} returned no choices")
+            raise MalformedResponse(f"{self.where} returned no choices")
         texts = []
         for choice in choices[: options.n]:  # a server may send more than asked for
             content = getattr(getattr(choice, "message", None), "content", None)
             if not isinstance(content, str):
-                raise MalformedResponse(f"{self._where} returned a choice without message content")
+                raise MalformedResponse(f"{self.where} returned a choice without message content")
             texts.append(content)
         completion = completion_from(texts, getattr(response, "usage", None), messages)
         return self._noting_logprobs(
@@ -259,8 +272,10 @@ class OpenAICompatible(_RemoteBackend):
 
 
 @dataclass
-class HFInference(_RemoteBackend):
+class HFInference(RemoteBackend):
     """Hugging Face Inference Providers chat completion (or any ``base_url`` speaking it)."""
+
+    secret_env: ClassVar[tuple[str, ...]] = ("HF_TOKEN",)  # make_llm reads it for the token
 
     model: str | None = None
     token: str | None = None
@@ -272,7 +287,7 @@ class HFInference(_RemoteBackend):
 
         check_token(self.token)
         bound_hub_calls()
-        self._where = (
+        self.where = (
             redact_url(self.base_url)
             if self.base_url
             else f"Hugging Face Inference ({self.model}, provider {self.provider})"
@@ -287,7 +302,7 @@ class HFInference(_RemoteBackend):
     def _classify(self, err: Exception) -> Exception:
         from huggingface_hub.errors import HfHubHTTPError, InferenceTimeoutError
 
-        where = self._where
+        where = self.where
         own = in_chain(err, LLMError)  # raised while reading the body (too large, corrupt)
         if own is not None:
             return own
@@ -320,9 +335,9 @@ class HFInference(_RemoteBackend):
             choices = list(response.choices[: options.n])
             texts = [choice.message.content for choice in choices]
         except (AttributeError, TypeError) as err:
-            raise MalformedResponse(f"{self._where} sent a malformed response ({_fault(err)})") from None
+            raise MalformedResponse(f"{self.where} sent a malformed response ({_fault(err)})") from None
         if not texts or not all(isinstance(t, str) for t in texts):
-            raise MalformedResponse(f"{self._where} returned no message content")
+            raise MalformedResponse(f"{self.where} returned no message content")
         completion = completion_from(texts, getattr(response, "usage", None), messages)
         return self._noting_logprobs(
             replace(completion, logprobs=_choice_logprobs(choices, options.max_tokens))
@@ -361,3 +376,18 @@ def bound_hub_calls() -> None:
         )
 
     set_client_factory(factory)
+
+
+def secret_env_names() -> tuple[str, ...]:
+    """Every environment variable a remote backend declares it may send as a credential.
+
+    Each subclass of :class:`RemoteBackend` (at any depth, defined anywhere) counts, so a new
+    backend's credential is scrubbed from what the app returns as soon as it declares it.
+    """
+    found: dict[str, None] = {}
+    pending: list[type[RemoteBackend]] = [RemoteBackend]
+    while pending:
+        cls = pending.pop(0)
+        found.update(dict.fromkeys(cls.secret_env))
+        pending.extend(cls.__subclasses__())
+    return tuple(found)

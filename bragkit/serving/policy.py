@@ -56,7 +56,8 @@ class CallerRequest(Protocol):
 class Secrets:
     """The server's own secret values, and their scrubbing from every text that leaves the server.
 
-    The values are ``HF_TOKEN``, ``OPENAI_API_KEY`` and the credentials inside ``BRAG_MODEL``'s
+    The values are every remote backend's declared credentials (``llms.secret_env_names``:
+    ``HF_TOKEN``, ``OPENAI_API_KEY``), ``BRAG_MILVUS_TOKEN`` and the credentials inside ``BRAG_MODEL``'s
     URL, each also in base64 (the form an ``Authorization: Basic`` header carries, which some
     proxies repeat in their error pages). Errors, answers, reports, streamed events and log
     lines all pass :meth:`scrub`.
@@ -74,7 +75,9 @@ class Secrets:
     @classmethod
     def from_env(cls) -> Secrets:
         """The secrets this server holds in its environment."""
-        values = [os.environ.get(name, "") for name in ("HF_TOKEN", "OPENAI_API_KEY", "BRAG_MILVUS_TOKEN")]
+        # Each backend's declared credentials, and the Milvus server's token.
+        names = (*llms.secret_env_names(), "BRAG_MILVUS_TOKEN")
+        values = [os.environ.get(name, "") for name in names]
         model = os.environ.get("BRAG_MODEL", "").strip()
         if model.startswith(("http://", "https://")):
             netloc = urllib.parse.urlsplit(model).netloc

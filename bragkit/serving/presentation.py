@@ -17,8 +17,11 @@ import pandas as pd
 import brag
 from bragkit import llms
 
-# What the progress line says while an action runs, e.g. "R1: reading the top passages".
-ACTION_TEXT = {a.label: f"{a.label}: {a.does}" for a in brag.ACTION_TABLE}
+
+def action_text(label: str) -> str:
+    """What the progress line says while an action runs, e.g. "R1: reading the top passages"."""
+    found = next((a for a in brag.ACTION_TABLE if a.label == label), None)
+    return f"{label}: {found.does}" if found is not None else label
 
 
 def model_label(model: Any) -> str:
@@ -119,7 +122,8 @@ _ACTION_SHARE, _OTHER_SHARE = 7, 16
 
 def step_column_widths(columns: Sequence[str] = STEP_COLUMNS) -> list[str]:
     """The steps table's column widths, one per column, in percent."""
-    shares = [_ACTION_SHARE if c in brag.ACTIONS else _COLUMN_SHARES.get(c, _OTHER_SHARE) for c in columns]
+    labels = brag.action_labels()
+    shares = [_ACTION_SHARE if c in labels else _COLUMN_SHARES.get(c, _OTHER_SHARE) for c in columns]
     return [f"{100 * share / sum(shares):.1f}%" for share in shares]
 
 
@@ -132,7 +136,8 @@ def steps_frame(report: dict[str, Any]) -> pd.DataFrame:
     config = report.get("config") or {}
     offered = (config.get("actions") or {}).get("offered")
     columns = step_columns(offered if isinstance(offered, list) else None)
-    actions = [c for c in columns if c in brag.ACTIONS]
+    labels = brag.action_labels()
+    actions = [c for c in columns if c in labels]
     lam = config.get("lam", 0.0)
     rows = []
     for step in report.get("steps", []):
@@ -143,7 +148,7 @@ def steps_frame(report: dict[str, Any]) -> pd.DataFrame:
         }
         seen = step.get("observation") or {}
         action = step["action"] or "stop"
-        if seen and step["action"] in brag.ACTIONS:  # its kind says what it read and rested on
+        if seen and step["action"] in labels:  # its kind says what it read and rested on
             read, answer, evidence = brag.action_named(step["action"]).kind.cells(step["action"], seen)
         else:
             read = answer = "running…" if step["action"] and not report.get("finished", True) else ""
@@ -180,14 +185,21 @@ def plural(n: int, noun: str, number: bool = True) -> str:
     return f"{n} {word}" if number else word
 
 
+def served(report: dict[str, Any]) -> dict[str, Any]:
+    """What the server added to a report under its own key: corpus name, model, calibration, time."""
+    found = report.get("server")
+    return found if isinstance(found, dict) else {}
+
+
 def progress_markdown(report: dict[str, Any]) -> str:
     """Where a run is: the step and action now running, the calls so far, the time so far."""
     steps, totals = report.get("steps", []), report.get("totals", {})
-    calls, elapsed = totals.get("llm_calls", 0), report.get("elapsed_s", totals.get("wall_time_s", 0.0))
+    elapsed = served(report).get("elapsed_s", totals.get("wall_time_s", 0.0))
+    calls = totals.get("llm_calls", 0)
     if report.get("finished", True):
         return f"✔ Done: {plural(calls, 'LLM call')} in {elapsed:.1f} s."
     step = steps[-1]
-    doing = f"**Running · step {step['step']} · {ACTION_TEXT[step['action']]}…**"
+    doing = f"**Running · step {step['step']} · {action_text(step['action'])}…**"
     return f"{doing} · {plural(calls, 'LLM call')} so far · {elapsed:.1f} s"
 
 
@@ -233,12 +245,13 @@ def render(answer: str, report: dict[str, Any] | None) -> tuple[Any, ...]:
             for label in brag.passage_labels((step.get("observation") or {}).get("passages", []))
         )
     )
-    status = (report.get("calibration") or {}).get("status", "")
+    calibration = served(report).get("calibration") or (report.get("config") or {}).get("calibration") or {}
+    status = calibration.get("status", "") if isinstance(calibration, dict) else ""
     shown = as_text(answer, brag.MAX_ANSWER_CHARS) if isinstance(answer, str) else ""
     if not finished:
         headline = f"### Best so far: {shown}" if shown else "### Working…"
     elif shown:
-        corpus = as_text(report.get("corpus", ""))
+        corpus = as_text(served(report).get("corpus", ""))
         headline = f"## {shown}\n\n{trust_line(report)} · corpus: {corpus}"
         source = (report.get("confidence") or {}).get("source")
         if source:

@@ -26,7 +26,7 @@ import gradio as gr
 
 import brag
 import calibrate
-from bragkit import llms, selftest
+from bragkit import fits, llms, selftest
 from bragkit.serving import uploads
 
 from .corpora import YOUR_DOCUMENTS, CorpusStore, MilvusSettings, own_index
@@ -270,7 +270,7 @@ class Server:
         )
         # The owner's self-test fits (calibrate.py self-test), by model and corpus fingerprint:
         # /brag uses them unasked, for everyone. A caller's own self-test applies to its session.
-        self.self_tests = calibrate.kept_self_tests(settings.cache_dir)
+        self.self_tests = fits.kept_self_tests(settings.cache_dir)
         self.session_fits = SessionFits(limits.sessions * 10, limits.kept_fits_per_address)
         self._generator: llms.LLM | None = None
         self.store = CorpusStore(settings.limits, settings.own_index, settings.milvus)
@@ -393,13 +393,14 @@ class Server:
                 if item is None:
                     break
                 answer, report = item
-                report.update(
-                    corpus=label,
-                    engine=chosen.stats().get("engine", "bm25s"),  # which engine served the passages
-                    calibration=_with_whose(report["config"]["calibration"], whose),
-                    model=model_label(ask.model),
-                    elapsed_s=round(time.monotonic() - started, 3),  # the whole request
-                )
+                # What the server knows, under its own key: the library's figures stay as they are.
+                report["server"] = {
+                    "corpus": label,
+                    "engine": chosen.stats().get("engine", "bm25s"),  # which engine served the passages
+                    "model": model_label(ask.model),
+                    "calibration": _with_whose(report["config"]["calibration"], whose),
+                    "elapsed_s": round(time.monotonic() - started, 3),  # the whole request
+                }
                 yield answer, json_safe(report)
         except RequestRefused:
             raise
@@ -548,7 +549,7 @@ class Server:
     ) -> dict[str, Any]:
         """A self-test of ``corpus`` within the server's bounds, refitting the model's shipped fit."""
         limits = self.limits
-        plan = calibrate.SelfTestPlan(
+        plan = fits.SelfTestPlan(
             questions=limits.self_test_questions,
             tries=4 * limits.self_test_questions,
             seconds=self._self_test_seconds(),
@@ -561,7 +562,7 @@ class Server:
             llms.time_left()  # raises once the caller has gone or the deadline passed
             progress(fraction, desc=what)
 
-        fitted = calibrate.calibrate_corpus(
+        fitted = fits.calibrate_corpus(
             corpus,
             backend,
             brag.shipped_calibration(brag.llm_name(backend), label, self.shipped),
@@ -737,7 +738,7 @@ def _fit(
     model: Any,
     progress: gr.Progress,
 ) -> dict[str, Any]:
-    *first, last = brag.ACTIONS
+    *first, last = calibrate.default_actions()
     progress(0.0, desc=f"Running {', '.join(first)} and {last} on {len(items)} questions")
     labelled = sum(bool(item.gold) for item in items)
 
@@ -762,8 +763,8 @@ def _log_answered(report: dict[str, Any]) -> None:
     totals = report["totals"]
     log.info(
         "answered: corpus=%s model=%s calls=%d tokens=%d %.2fs",
-        report["corpus"],
-        report["model"],
+        report["server"]["corpus"],
+        report["server"]["model"],
         totals["llm_calls"],
         totals["prompt_tokens"] + totals["completion_tokens"],
         totals["wall_time_s"],

@@ -1,0 +1,220 @@
+"""A corpus's own fit: the self-test that makes it, and the store that keeps it.
+
+:func:`calibrate_corpus` writes questions from the documents (:mod:`bragkit.selftest`), runs every
+action on them (``calibrate.observe``) and refits the model's pooled fit on what it saw
+(``calibrate.self_test_fit``), all under one :class:`SelfTestPlan`'s bounds; :class:`KeptSelfTests`
+keeps the owner's fits (``python calibrate.py self-test``) by model and corpus, where the app finds
+them.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import time
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import brag
+import calibrate
+from bragkit import selftest, storage
+
+
+def self_test_questions(test: selftest.SelfTest) -> list[calibrate.Labelled]:
+    """A self-test's kept pairs as labelled questions (ids ``self-N``), for :func:`observe`."""
+    return [calibrate.Labelled(f"self-{i}", p.question, (p.answer,)) for i, p in enumerate(test.pairs)]
+
+
+SELF_TEST_HOPS = 1  # second-hop reads per question it observes (a calibration on benchmarks runs two)
+MIN_SELF_TEST = 10  # fewer kept questions than this fit nothing: the pooled fit stays
+# The share of a self-test's seconds that writing questions may take; running the actions on
+# them takes the rest.
+SELF_TEST_WRITING_SHARE = 0.5
+
+
+@dataclass(frozen=True)
+class SelfTestPlan:
+    """A self-test's settings and bounds: questions to keep, tries, seconds and prompt characters in all."""
+
+    questions: int = 30
+    tries: int = 120
+    seconds: float = 1800.0
+    strength: float = calibrate.SELF_TEST_STRENGTH
+    seed: int = 0
+    prompt_chars: int = selftest.Budget.prompt_chars  # every prompt of the self-test, in all
+    question_chars: int = selftest.Budget.question_chars  # a written question's length at most
+    k: int = 5  # passages a read holds, as the controller the fit is for reads them
+    actions: tuple[str, ...] | None = None  # what it observes on each question (None: every action)
+
+    def observed(self) -> tuple[str, ...]:
+        """The actions it runs on each kept question: its own, else every row of the table."""
+        return brag.action_labels() if self.actions is None else self.actions
+
+    def budget(self) -> selftest.Budget:
+        """The generation's share: its tries, twice as many calls (a question and its roundtrip)."""
+        return selftest.Budget(
+            self.questions,
+            self.tries,
+            2 * self.tries + 2,
+            self.seconds * SELF_TEST_WRITING_SHARE,
+            self.prompt_chars,
+            self.question_chars,
+        )
+
+
+def calibrate_corpus(
+    corpus: brag.Retriever,
+    llm: brag.LLM,
+    pooled: brag.Calibration | Mapping[str, Any],
+    *,
+    generator: brag.LLM | None = None,
+    plan: SelfTestPlan = SelfTestPlan(),
+    labelled: Sequence[calibrate.Labelled] = (),
+    on_progress: Callable[[float, str], None] | None = None,
+    should_stop: Callable[[], bool] | None = None,
+) -> dict[str, Any]:
+    """The self-test calibration of ``corpus`` for ``llm``: write questions, observe, refit.
+
+    ``labelled``: the user's own questions with gold answers, observed and fitted with the
+    self-test's. ``on_progress(fraction, what)`` reports as it goes; ``should_stop()`` cancels
+    (:class:`selftest.Cancelled`), and so does the plan's time running out (an InputError saying so).
+    Too few kept questions is an InputError: the pooled fit stays.
+    """
+    # One meter for all of it: the stop, the clock and the prompt characters are asked before
+    # every call, while writing questions and while running the actions on them.
+    meter = selftest.Meter(plan.seconds, plan.prompt_chars, should_stop)
+    started = meter.started
+    llm = selftest.Remembered(selftest.Metered(llm, meter))  # a roundtrip is the focused read's call
+    generator = selftest.Metered(generator, meter) if generator is not None else None
+    test = _written(corpus, llm, generator, plan, on_progress, should_stop)
+    items = [*self_test_questions(test), *(i for i in labelled if i.gold)]
+
+    def observed(done: int, total: int) -> None:
+        if should_stop is not None and should_stop():
+            raise selftest.Cancelled("self-test cancelled")
+        if time.monotonic() - started > plan.seconds:
+            raise brag.InputError(
+                f"self-test: out of time after {done} of {total} questions ({plan.seconds:g} s allowed)"
+            )
+        if on_progress is not None:
+            on_progress(0.5 + 0.5 * done / total, f"Running every action: question {done} of {total}")
+
+    outcomes = _observed(items, corpus, llm, brag.load_calibration(pooled).m, plan, observed)
+    summary = {**test.summary(), "seconds": round(time.monotonic() - started, 1)}
+    return calibrate.self_test_fit(
+        pooled,
+        outcomes,
+        corpus=corpus.fingerprint(),
+        model=brag.llm_name(llm),
+        strength=plan.strength,
+        hops=SELF_TEST_HOPS,
+        meta=summary,
+    )
+
+
+def _observed(
+    items: Sequence[calibrate.Labelled],
+    corpus: brag.Retriever,
+    llm: brag.LLM,
+    m: int,
+    plan: SelfTestPlan,
+    on_question: Callable[[int, int], None],
+) -> list[calibrate.Outcome]:
+    """Every action of the plan on every question, as the controller the fit is for runs them.
+
+    Its reads are the controller's (its seed, ``plan.k`` passages): a focused read of a
+    question's own passage is the roundtrip's request, answered without a second call.
+    """
+    settings = {"lam": 0.0, "k": plan.k, "m": m, "hops": SELF_TEST_HOPS}
+    controller = calibrate.observer(llm, plan.observed(), None, settings)
+    try:
+        return calibrate.observe(items, corpus, controller, on_progress=on_question)
+    except brag.RunAborted as err:
+        if isinstance(err.__cause__, selftest.Cancelled):
+            raise selftest.Cancelled("self-test cancelled") from None
+        if isinstance(err.__cause__, selftest.OutOfBudget):
+            raise brag.InputError(
+                f"self-test: out of {err.__cause__} while running the actions on its questions "
+                f"({plan.seconds:g} s and {plan.prompt_chars:,} prompt characters allowed)"
+            ) from None
+        raise
+
+
+def _written(
+    corpus: brag.Retriever,
+    llm: brag.LLM,
+    generator: brag.LLM | None,
+    plan: SelfTestPlan,
+    on_progress: Callable[[float, str], None] | None,
+    should_stop: Callable[[], bool] | None,
+) -> selftest.SelfTest:
+    """The self-test's questions, the first half of its progress; an error when too few are kept."""
+
+    def written(kept: int, wanted: int, verdict: str) -> None:
+        if on_progress is not None:
+            on_progress(0.5 * kept / wanted, f"Writing questions: {kept} of {wanted} kept")
+
+    test = selftest.self_test(
+        corpus,
+        llm,
+        generator=generator,
+        budget=plan.budget(),
+        seed=plan.seed,
+        on_progress=written,
+        should_stop=should_stop,
+    )
+    if test.stopped == "cancelled":
+        raise selftest.Cancelled("self-test cancelled")
+    if len(test.pairs) < MIN_SELF_TEST:
+        ran_out = f", then it ran out of {test.stopped}" if test.stopped not in ("", "passages") else ""
+        raise brag.InputError(
+            f"self-test: only {len(test.pairs)} of {test.yield_.tried} questions written from these "
+            f"documents passed the checks{ran_out} (at least {MIN_SELF_TEST} are needed), so BRAG keeps "
+            "its pooled fit"
+        )
+    return test
+
+
+class KeptSelfTests:
+    """Self-test calibrations by model and corpus fingerprint, one JSON file each, in ``folder``.
+
+    A file's name is a digest of the two, never a caller's text, so no request picks a path.
+    The oldest go first beyond ``limit`` files.
+    """
+
+    def __init__(self, folder: Path, limit: int = 500) -> None:
+        self.folder, self.limit = folder, limit
+
+    def path(self, model: str, fingerprint: str) -> Path:
+        """Where the fit for this model and corpus is kept."""
+        digest = hashlib.sha256(f"{model}\n{fingerprint}".encode()).hexdigest()[:32]
+        return self.folder / f"selftest-{digest}.json"
+
+    def load(self, model: str, fingerprint: str) -> brag.Calibration | None:
+        """The kept fit for this model and corpus, or None (an unreadable one is passed over)."""
+        path = self.path(model, fingerprint)
+        if not path.is_file():
+            return None
+        try:
+            found = brag.load_calibration(path)
+        except (OSError, ValueError):
+            return None
+        same = found.meta.get("model") == model and found.meta.get("corpus") == fingerprint
+        return found if same else None
+
+    def keep(self, fitted: Mapping[str, Any]) -> Path:
+        """Write ``fitted`` (a :func:`calibrate_corpus` result) where :meth:`load` finds it."""
+        path = self.path(str(fitted["model"]), str(fitted["corpus"]))
+        self.folder.mkdir(parents=True, exist_ok=True)
+        storage.write_atomic(path, json.dumps(fitted, indent=1))
+        kept = sorted(self.folder.glob("selftest-*.json"), key=lambda p: p.stat().st_mtime)
+        for old in kept[: max(0, len(kept) - self.limit)]:
+            old.unlink(missing_ok=True)
+        return path
+
+
+def kept_self_tests(cache: Path | None = None) -> KeptSelfTests:
+    """The kept self-test fits under ``BRAG_CACHE_DIR`` (or ``cache``)."""
+    return KeptSelfTests((cache or brag.cache_dir()) / "selftest")
