@@ -76,9 +76,7 @@ __all__ = [  # noqa: RUF022
     "Vote",
     "posterior",
     # Policy
-    "choose_action",
     "expected_gain",
-    "information_rate",
     # Corpus
     "BM25_VARIANTS",
     "Corpus",
@@ -135,7 +133,6 @@ __all__ = [  # noqa: RUF022
     # Pricing and the policy's tables
     "COST_UNITS",
     "DEFAULT_COST_UNIT",
-    "action_costs",
     # Runner
     "BRAG",
     "Report",

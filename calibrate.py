@@ -1529,6 +1529,7 @@ def self_test_fit(
     model: str | None = None,
     strength: float = SELF_TEST_STRENGTH,
     hops: int = 1,
+    k: int | None = None,
     meta: Mapping[str, Any] | None = None,
 ) -> dict[str, Any]:
     """A corpus's calibration: :func:`refit` of the model's pooled fit on its self-test questions.
@@ -1550,7 +1551,7 @@ def self_test_fit(
         "corpus": corpus,
         "refit_of": base.meta.get("name") or base.meta.get("corpus"),
         "shrinkage": strength,
-        "k": base.meta.get("k", 5),
+        "k": k if k is not None else base.meta.get("k", 5),  # the passages its reads held
         "m": base.m,
         "hops": hops,
         "n_questions": len(outcomes),

@@ -248,7 +248,7 @@ def run_dataset(
     # Listed as the published tables always have: the reads' flat types, their evidence levels, then samples'.
     def listed(item: tuple[brag.VoteType, Any]) -> tuple[bool, bool]:
         vote_type = item[0]
-        return isinstance(brag.action_named(vote_type.action).kind, brag.Samples), bool(vote_type.level)
+        return brag.action_named(vote_type.action).kind.fit_shape == "samples", bool(vote_type.level)
 
     priors = sorted(cal.source_priors(m).items(), key=listed)
     ratios = {str(t): round(max(1.0, a / b / cal.eta), 3) for t, (a, b) in priors}

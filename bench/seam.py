@@ -32,7 +32,10 @@ ROOT = Path(__file__).resolve().parent.parent
 LOOKAHEAD = re.compile(r"^\| lookahead, priced in tokens \| \d+ \| ([0-9.]+) \|", re.MULTILINE)
 RATE = re.compile(r"^\| rate, priced in tokens \| \d+ \| ([0-9.]+) \|", re.MULTILINE)
 # A kind recognised by its class: isinstance on a kind, an exact type() of one, a kind class as a key.
-BY_CLASS = re.compile(r"isinstance\([^)]*kind[^)]*\)|type\([^)]*kind\)|brag\.(?:Read|Hop|Samples)\b")
+# (A check that a row's kind is a VoteKind at all, and a call of a kind's static helper, are not.)
+BY_CLASS = re.compile(
+    r"isinstance\([\w.]*kind, (?!VoteKind\))|type\([\w.]*kind\)|brag\.(?:Read|Hop|Samples)\b(?!\.branches)"
+)
 PRODUCT = ("brag.py", "calibrate.py", "app.py", "bragkit")
 
 

@@ -110,6 +110,7 @@ def calibrate_corpus(
         model=brag.llm_name(llm),
         strength=plan.strength,
         hops=SELF_TEST_HOPS,
+        k=plan.k,
         meta=summary,
     )
 

@@ -146,7 +146,7 @@ def test_a_report_repeats_a_calibrations_own_description_short_and_plain():
     data["pooled_from"] = ["set"] * 1_000
     cal = load_calibration(data)
     run = brag._Run(brag.BRAG(object(), calibration=cal), "Where?", brag.Corpus(["Bergen."]))
-    meta = run.report("done")["config"]["calibration"]
+    meta = run.report("done").config["calibration"]
     assert meta["name"] is None and meta["date"] == [] and len(meta["corpus"]) == brag.MAX_META_CHARS
     assert len(json.dumps(meta)) < 2_000  # every report carries it; it stays small
     status = brag.calibration_status(cal, "another")
