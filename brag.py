@@ -2953,8 +2953,8 @@ class StepContext(Protocol):
         """One LLM call, its reply bounded and its cost counted."""
         ...
 
-    def read(self, action: Action, window: Sequence[int]) -> Reading:
-        """One deterministic read of ``window``, in that order (no vote yet)."""
+    def read(self, action: Action, window: Sequence[int], found: Retrieval | None = None) -> Reading:
+        """One deterministic read of ``window``, in that order (no vote yet); ``found``: see :meth:`seen`."""
         ...
 
     def vote(self, source: VoteType, answer: str) -> int | None:
@@ -2965,8 +2965,12 @@ class StepContext(Protocol):
         """Whether ``answer`` is one an earlier read voted for."""
         ...
 
-    def seen(self, window: Sequence[int]) -> tuple[SeenPassage, ...]:
-        """The window's passages as an observation lists them, each with its score by id."""
+    def seen(self, window: Sequence[int], found: Retrieval | None = None) -> tuple[SeenPassage, ...]:
+        """The window's passages as an observation lists them, each with its score by id.
+
+        A passage not read before is scored by ``found``, the retrieval that put it in the
+        window (default: the question's own); one read before keeps the score it was read with.
+        """
         ...
 
     def passages(self, window: Sequence[int]) -> list[Passage]:
@@ -3223,7 +3227,7 @@ class Hop(VoteKind):
         assert run.next_hop is not None  # a hop is only available after a read found new passages
         found, fresh, novel = run.next_hop
         window, label = self.window(run, action), action.label
-        reading = run.read(action, window)
+        reading = run.read(action, window, found)
         conditional = run.brag.second_hop == "conditional"
         seen, weak = {"evidence": reading.evidence}, run.weak.get(label, False)
         prior, repeats = run.brag.priors[label], run.repeats(reading.answer)
@@ -4328,7 +4332,7 @@ class _Run:
         self.steps: list[Step] = []
         self.usage = _Usage()
         self.offered = {a.label: a for a in brag.offered}
-        self.scores: dict[int, float] = {}  # each passage's score in the retrieval that first found it
+        self.scores: dict[int, float | None] = {}  # each passage's score as it was read
         self.policy_us = 0.0
         self.started = time.perf_counter()
         self.stop_reason = ""
@@ -4352,7 +4356,6 @@ class _Run:
         """Retrieve and judge the first window; then decide, yield the step, act, until done."""
         self.current = "retrieval"  # a retriever that raises is named in RunAborted
         self.first_hop = self.corpus.retrieve(self.question, self.brag.k)
-        self.scores = dict(self.first_hop.hits)
         for action in self.brag.offered:
             if action.kind.gated and not action.kind.needs_new:  # a hop's: once a read found it
                 window = action.kind.window(self, action)
@@ -4493,7 +4496,7 @@ class _Run:
         self.votes.append(vote)
         return index
 
-    def read(self, action: Action, passage_ids: Sequence[int]) -> Reading:
+    def read(self, action: Action, passage_ids: Sequence[int], found: Retrieval | None = None) -> Reading:
         """One read of ``passage_ids``: the answer and the follow-up query (no vote yet)."""
         passages = self.passages(passage_ids)
         reply = self.ask(
@@ -4514,14 +4517,22 @@ class _Run:
         tokens = reply.logprobs[0] if reply.logprobs else None
         evidence = read_evidence(answer, self.question, passages, tokens)
         rounded = {k: None if v is None else round(v, 4) for k, v in evidence.items()}
-        return Reading(raw, answer, rounded, query, fallback, self.seen(passage_ids))
+        return Reading(raw, answer, rounded, query, fallback, self.seen(passage_ids, found))
 
     def passages(self, window: Sequence[int]) -> list[Passage]:
         """The window's passages, in its order, as a prompt holds them."""
         return [self.corpus[i] for i in window]
 
-    def seen(self, window: Sequence[int]) -> tuple[SeenPassage, ...]:
-        """The window's passages as an observation lists them, each with its score by id."""
+    def seen(self, window: Sequence[int], found: Retrieval | None = None) -> tuple[SeenPassage, ...]:
+        """The window's passages as an observation lists them, each with its score by id.
+
+        A passage not read before is scored by ``found``, the retrieval that put it in the
+        window (default: the question's own); one read before keeps the score it was read with.
+        """
+        by_id = dict((found or self.first_hop).hits)
+        for i in window:
+            if i not in self.read_ids:
+                self.scores[i] = by_id.get(i, self.scores.get(i))
         corpus = self.corpus
         return tuple(SeenPassage(i, corpus[i].title, corpus[i].label(), self.scores.get(i)) for i in window)
 
@@ -4552,8 +4563,6 @@ class _Run:
         fresh = [i for i, _ in found.hits if i not in self.read_ids]
         novel = self.corpus.novel(fresh, self.read_ids)
         self.next_hop = (found, fresh, novel)
-        for i, score in found.hits:
-            self.scores.setdefault(i, score)
         for action in self.brag.offered:
             if action.kind.gated and action.kind.needs_new:
                 window = action.kind.window(self, action)

@@ -24,6 +24,7 @@ bounds tries, calls and seconds; ``should_stop`` cancels between calls.
 from __future__ import annotations
 
 import dataclasses
+import hashlib
 import itertools
 import json
 import random
@@ -407,7 +408,8 @@ def roundtrip(
     reply (:class:`Remembered`), not a second call.
     """
     question = " ".join(question.split())  # as the controller reads it
-    reply = reader.complete(brag.read_messages(question, [passage]), **focused_read_options(seed))
+    send = getattr(reader, "complete_and_keep", reader.complete)  # kept for the focused read
+    reply = send(brag.read_messages(question, [passage]), **focused_read_options(seed))
     answer, _ = brag.parse_reading(reply.texts[0] if reply.texts else "")
     return brag.is_correct(answer, [span]), answer
 
@@ -467,31 +469,50 @@ class Metered:
         self.meter.charge(messages)
         return self.llm.complete(messages, **options)
 
+    def complete_and_keep(self, messages: list[dict[str, str]], **options: Any) -> brag.Completion:
+        """A roundtrip's call, once the meter allows it: kept if the inner model keeps replies."""
+        self.meter.charge(messages)
+        return getattr(self.llm, "complete_and_keep", self.llm.complete)(messages, **options)
+
 
 class Remembered:
-    """An LLM whose deterministic replies (one answer at temperature 0) are kept for one self-test.
+    """An LLM that answers a focused read from the roundtrip that sent the same request.
 
-    A roundtrip and the focused read of the same passage are one request: the second is
-    answered from here (``cached``), costing no call and no prompt characters. At most
-    ``limit`` replies are kept, so a self-test's memory stays bounded.
+    A roundtrip and the focused read of the same passage on the same question are one request:
+    :meth:`complete_and_keep` (the roundtrip's) keeps its reply, and :meth:`complete` answers
+    that request once from it (``cached``, with the seconds the call took), costing no call and
+    no prompt characters. Only those replies are kept, by digest, each forgotten once used, at
+    most ``limit`` and none longer than a read keeps, so a self-test's memory stays bounded
+    whatever a model sends.
     """
 
-    def __init__(self, llm: brag.LLM, limit: int = 4096) -> None:
+    def __init__(self, llm: brag.LLM, limit: int = 1024) -> None:
         self.llm, self.limit = llm, limit
         self.name = brag.llm_name(llm)  # the same model: its calibration and cached responses
         self.replies: dict[str, brag.Completion] = {}
 
+    @staticmethod
+    def _key(messages: list[dict[str, str]], options: dict[str, Any]) -> str:
+        request = json.dumps([messages, options], sort_keys=True, default=str)
+        return hashlib.sha256(request.encode("utf-8", "surrogatepass")).hexdigest()
+
     def complete(self, messages: list[dict[str, str]], **options: Any) -> brag.Completion:
-        """The reply kept for this exact request, else the inner model's (kept if deterministic)."""
-        if options.get("temperature") != 0.0 or options.get("n", 1) != 1:
-            return self.llm.complete(messages, **options)
-        key = json.dumps([messages, options], sort_keys=True, default=str)
-        kept = self.replies.get(key)
+        """The kept reply to this exact request (then forgotten), else the inner model's."""
+        kept = self.replies.pop(self._key(messages, options), None)
         if kept is not None:
             return dataclasses.replace(kept, cached=True)
+        return self.llm.complete(messages, **options)
+
+    def complete_and_keep(self, messages: list[dict[str, str]], **options: Any) -> brag.Completion:
+        """The inner model's reply, kept for the same request once, if it is small enough."""
+        started = time.monotonic()
         reply = self.llm.complete(messages, **options)
-        if len(self.replies) < self.limit:
-            self.replies[key] = reply
+        if reply.seconds is None:  # a hit still says what the call took (costs in seconds)
+            reply = dataclasses.replace(reply, seconds=time.monotonic() - started)
+        pieces = (piece for tokens in reply.logprobs or () for piece, _ in tokens)
+        size = sum(len(text) for text in reply.texts) + sum(len(piece) for piece in pieces)
+        if size <= 2 * brag.MAX_REPLY_CHARS and len(self.replies) < self.limit:
+            self.replies[self._key(messages, options)] = reply
         return reply
 
 

@@ -820,18 +820,25 @@ def _self_test_corpus() -> brag.Corpus:
 
 
 def test_calibrate_corpus_fits_every_action_and_records_the_self_test():
-    reader = SelfTestReader()
+    reader, calls = SelfTestReader(), []
+    counted = type("Counted", (), {"name": reader.name})()
+    counted.complete = lambda messages, **o: calls.append(o) or reader.complete(messages, **o)
     plan = fits.SelfTestPlan(questions=10, tries=20)
     progress: list[float] = []
     fitted = fits.calibrate_corpus(
-        _self_test_corpus(), reader, _pooled_fit(), plan=plan, on_progress=lambda f, _: progress.append(f)
+        _self_test_corpus(), counted, _pooled_fit(), plan=plan, on_progress=lambda f, _: progress.append(f)
     )
+    # Each kept question costs a question and a roundtrip, then R1, R2, CB and RT: but a focused
+    # read of the question's own passage is its roundtrip's request, answered without a call.
+    assert fitted["fitted_on"]["yield"]["tried"] == 10 and len(calls) < 10 * 2 + 10 * 4
     assert set(fitted["actions"]) == set(fits.SelfTestPlan().observed())
     assert fitted["fitted_on"]["kind"] == "self-test" and fitted["fitted_on"]["questions"] == 10
     assert fitted["fitted_on"]["generator"] == "selftest-reader"
     assert fitted["fitted_on"]["yield"]["kept"] == 10
     assert fitted["corpus"] == _self_test_corpus().fingerprint() and fitted["model"] == "selftest-reader"
     assert progress == sorted(progress) and progress[-1] == 1.0
+    # A focused read answered from its question's roundtrip still says what the call took.
+    assert all(cost["seconds"] is not None for cost in fitted["costs"].values())
     cal = brag.load_calibration(fitted)
     # Every read was right on these questions: the refit trusts R1 more than the pooled fit does.
     assert cal.actions["R1"].mean > _pooled_fit().actions["R1"].mean

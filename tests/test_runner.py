@@ -638,3 +638,27 @@ def test_a_focused_read_after_r1_leaves_the_next_hop_where_r1_put_it():
     seen = {s["action"]: s["observation"] for s in report["steps"] if s["action"]}
     assert seen["RT"]["follow_up_query"] == "Oslo capital"  # its own, as it read one passage
     assert seen["R2"]["query"] == seen["R1"]["follow_up_query"] == "Glass Tower Oslo"
+
+
+def test_a_hop_scores_its_new_passages_by_the_follow_up_query_and_keeps_the_old_ones_scores():
+    docs, question = (
+        Corpus(
+            [
+                {"title": "Lina Berg", "text": "Lina Berg was born in Bergen, Lina Berg said."},
+                {"title": "Tower", "text": "Lina Berg designed the Glass Tower in Oslo."},
+                {"title": "School", "text": "Lina went to school."},
+            ]
+        ),
+        "Where was Lina Berg born?",
+    )
+    controller = BRAG(reader_and_samples(), calibration=PRIORS, lam=0.0, k=3, extra_actions=("RT",))
+    _, report = controller.run(question, docs, actions=["RT", "R2"])  # RT reads the top one of three
+    rt, r2 = (s["observation"] for s in report["steps"] if s["action"])
+    old = {p["id"]: score for p, score in zip(rt["passages"], rt["scores"], strict=True)}
+    follow_up = dict(docs.retrieve(r2["query"], 3 + len(old)).hits)
+    for passage, score in zip(r2["passages"], r2["scores"], strict=True):
+        wanted = old[passage["id"]] if passage["id"] in old else round(follow_up[passage["id"]], 4)
+        assert score == wanted, passage
+    assert r2["new_passages"] and all(i in follow_up for i in r2["new_passages"])
+    first = dict(docs.retrieve(question, 3).hits)  # the question found them too, with other scores
+    assert any(first.get(i) != follow_up[i] for i in r2["new_passages"] if i in first)

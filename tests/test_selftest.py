@@ -280,3 +280,64 @@ def test_the_prompt_characters_of_a_self_test_are_bounded_in_all():
     assert 0 < sum(reader.chars) <= 6_000 and len(reader.chars) < 20
     with pytest.raises(brag.InputError, match="prompt_chars"):
         selftest.Budget(prompt_chars=0)
+
+
+class Echo:
+    """A model that answers each request with a fresh text, and counts the calls it gets."""
+
+    name = "echo"
+
+    def __init__(self, size: int = 5) -> None:
+        self.calls, self.size = 0, size
+
+    def complete(self, messages, **options):
+        self.calls += 1
+        return brag.Completion([f"{self.calls}" * self.size] * options.get("n", 1), 10, 2)
+
+
+def test_a_kept_request_is_answered_once_from_the_roundtrip_with_its_seconds():
+    model = Echo()
+    remembered = selftest.Remembered(model)
+    read = [{"role": "user", "content": "Question: where?"}]
+    options = selftest.focused_read_options()
+    first = remembered.complete_and_keep(read, **options)
+    again = remembered.complete(read, **dict(reversed(options.items())))  # the same request
+    assert model.calls == 1 and again.texts == first.texts and again.cached and not first.cached
+    assert again.seconds is not None  # a read answered from it still says what the call took
+    remembered.complete(read, **options)  # used once: asked again, the model answers
+    remembered.complete_and_keep(read, **options)
+    remembered.complete(read, **{**options, "seed": 1})  # another request
+    assert model.calls == 4 and not remembered.replies.keys() - {remembered._key(read, options)}
+
+
+def test_remembered_replies_are_bounded_in_size_and_number():
+    long = selftest.Remembered(Echo(size=2 * brag.MAX_REPLY_CHARS + 1))
+    read = [{"role": "user", "content": "Question: where?"}]
+    long.complete_and_keep(read, temperature=0.0)
+    long.complete(read, temperature=0.0)
+    assert long.llm.calls == 2 and not long.replies  # longer than a read keeps: never kept
+    few = selftest.Remembered(Echo(), limit=2)
+    for i in range(4):
+        few.complete_and_keep([{"role": "user", "content": f"Question {i}?"}], temperature=0.0)
+    assert len(few.replies) == 2
+    few.complete([{"role": "user", "content": "Question 3?"}], temperature=0.0)
+    assert few.llm.calls == 5  # past the limit, a request is sent again
+
+
+def test_a_roundtrip_is_the_focused_reads_own_request():
+    docs = corpus()
+    reader = Counting()
+    requests: list[tuple] = []
+    recording = type("Recording", (), {"name": reader.name})()
+    recording.complete = lambda messages, **o: (
+        requests.append((messages, o)) or reader.complete(messages, **o)
+    )
+    question = "Which  port does a plonk server answer health checks on?"  # as a writer may space it
+    top = docs.retrieve(" ".join(question.split()), 1).hits[0][0]
+    for passage in (top, (top + 1) % len(docs)):  # its own passage ranked first, then another
+        requests.clear()
+        selftest.roundtrip(recording, question, docs[passage], "8421")
+        controller = brag.BRAG(recording, calibration=brag.load_calibration(), k=1, extra_actions=("RT",))
+        controller.run(question, docs, actions=["RT"])
+        (sent, options), (read, read_options) = requests
+        assert (sent == read and options == read_options) is (passage == top)
