@@ -4295,6 +4295,79 @@ def _confidence_summary(p_correct: float, runner_up: dict[str, Any] | None, supp
     return "; ".join(parts)
 
 
+class _StepView:
+    """The run as a kind's step and window see it (:class:`StepContext`), and nothing more of it.
+
+    What it reads of the run is a copy (the passages read, the gate's verdicts), so a kind can
+    change the run only through its calls: ``ask``, ``read`` and ``vote``.
+    """
+
+    __slots__ = ("_run",)
+
+    def __init__(self, run: _Run) -> None:
+        self._run = run
+
+    @property
+    def question(self) -> str:
+        """The question, as the run reads it."""
+        return self._run.question
+
+    @property
+    def brag(self) -> BRAG:
+        """The controller's settings."""
+        return self._run.brag
+
+    @property
+    def first_hop(self) -> Retrieval:
+        """The question's own retrieval."""
+        return self._run.first_hop
+
+    @property
+    def next_hop(self) -> tuple[Retrieval, list[int], list[int]] | None:
+        """The latest follow-up retrieval: what it found, the passages not read yet, the novel ones."""
+        found = self._run.next_hop
+        return None if found is None else (found[0], list(found[1]), list(found[2]))
+
+    @property
+    def read_ids(self) -> list[int]:
+        """The passages read so far, in the order first read."""
+        return list(self._run.read_ids)
+
+    @property
+    def follow_up(self) -> str:
+        """The query the latest follow-up retrieval used."""
+        return self._run.follow_up
+
+    @property
+    def weak(self) -> dict[str, bool]:
+        """The gate's verdict on each gated action's window."""
+        return dict(self._run.weak)
+
+    def ask(self, messages: list[dict[str, str]], **options: Any) -> Completion:
+        """One LLM call, its reply bounded and its cost counted."""
+        return self._run.ask(messages, **options)
+
+    def read(self, action: Action, window: Sequence[int], found: Retrieval | None = None) -> Reading:
+        """One deterministic read of ``window``, in that order (no vote yet)."""
+        return self._run.read(action, window, found)
+
+    def vote(self, source: VoteType, answer: str) -> int | None:
+        """Add an answer to the posterior as a vote of type ``source``; its candidate."""
+        return self._run.vote(source, answer)
+
+    def repeats(self, answer: str) -> bool:
+        """Whether ``answer`` is one an earlier read voted for."""
+        return self._run.repeats(answer)
+
+    def seen(self, window: Sequence[int], found: Retrieval | None = None) -> tuple[SeenPassage, ...]:
+        """The window's passages as an observation lists them, each with its score by id."""
+        return self._run.seen(window, found)
+
+    def passages(self, window: Sequence[int]) -> list[Passage]:
+        """The window's passages, in its order, as a prompt holds them."""
+        return self._run.passages(window)
+
+
 class _Run:
     """The state of one question, and the loop that answers it.
 
@@ -4332,6 +4405,7 @@ class _Run:
         self.steps: list[Step] = []
         self.usage = _Usage()
         self.offered = {a.label: a for a in brag.offered}
+        self.view = _StepView(self)  # what a kind's step may use of the run
         self.scores: dict[int, float | None] = {}  # each passage's score as it was read
         self.policy_us = 0.0
         self.started = time.perf_counter()
@@ -4358,7 +4432,7 @@ class _Run:
         self.first_hop = self.corpus.retrieve(self.question, self.brag.k)
         for action in self.brag.offered:
             if action.kind.gated and not action.kind.needs_new:  # a hop's: once a read found it
-                window = action.kind.window(self, action)
+                window = action.kind.window(self.view, action)
                 self.gate_view[action.label] = self.judge(action.label, self.question, window, self.first_hop)
         self.current = None
         while True:
@@ -4464,7 +4538,7 @@ class _Run:
         retrieves with its follow-up query.
         """
         kind = action.kind
-        observed = kind.step(self, action)
+        observed = kind.step(self.view, action)
         gate = self.gate_view.get(action.label)  # before a next hop's window is judged anew
         if kind.reads_passages:
             self.note_answer(observed.candidate)
@@ -4565,7 +4639,7 @@ class _Run:
         self.next_hop = (found, fresh, novel)
         for action in self.brag.offered:
             if action.kind.gated and action.kind.needs_new:
-                window = action.kind.window(self, action)
+                window = action.kind.window(self.view, action)
                 self.gate_view[action.label] = self.judge(action.label, self.follow_up, window, found)
 
     def note_answer(self, candidate: int | None) -> None:

@@ -10,7 +10,7 @@ page act on what it declares.
 from __future__ import annotations
 
 import json
-from typing import Any
+from typing import Any, ClassVar
 
 import pytest
 from conftest import PRIORS, ScriptedLLM
@@ -192,3 +192,28 @@ def test_new_rows_load_the_shipped_calibrations_and_show_on_the_page(table):
     read = dict(zip(frame["Action"], frame["What it read"], strict=True))
     assert read["SR"] == "Lina Berg" and read["RR"] == "Home; Oslo; Lina Berg"  # each kind's own cells
     assert calibrate.prior_q("SR") == 0.8 and "SR" in calibrate.default_actions()
+
+
+class Peeking(brag.Read):
+    """A read that looks at what its context offers and tries to change the run through it."""
+
+    offered: ClassVar[set[str]] = set()
+
+    def step(self, run: brag.StepContext, action: brag.Action) -> brag.Observation:
+        Peeking.offered = {name for name in dir(run) if not name.startswith("_")}
+        run.read_ids.append(2)  # copies: the run's own state does not change
+        run.weak[action.label] = True
+        return super().step(run, action)
+
+
+def test_a_step_sees_the_run_only_through_its_context(monkeypatch):
+    row = brag.Action("PK", "peeking", Peeking(), brag.read_messages, 1, 12.0, 0.8, 0.6, passages=1)
+    monkeypatch.setattr(brag, "ACTION_TABLE", (*brag.ACTION_TABLE, row))
+    controller = BRAG(reader(), calibration=PRIORS, lam=0.0, k=3, extra_actions=("PK",))
+    _, report = controller.run(QUESTION, corpus(), actions=["PK", "R2"])
+    protocol = {n for n in vars(brag.StepContext) if not n.startswith("_")}
+    assert Peeking.offered == protocol | set(brag.StepContext.__annotations__)
+    peeked, hop = (s["observation"] for s in report["steps"] if s["action"])
+    # The hop holds what was read (one passage) and its new ones: no passage was added by the step.
+    assert hop["new_passages"] and len(hop["passages"]) - len(hop["new_passages"]) == len(peeked["passages"])
+    assert peeked["vote_type"] == "PK"  # typed on a strong window: the gate's verdict is the run's
