@@ -55,11 +55,6 @@ def prior_values() -> dict[str, Any]:
     }
 
 
-def prior_q(label: str) -> float:
-    """An action's hand-set P(it answers), from its row."""
-    return brag.action_named(label).prior_q
-
-
 def prior_rho(label: str) -> float:
     """An action's hand-set P(right | answered), from its row (0.5 when its row sets none)."""
     rho = brag.action_named(label).prior_rho
@@ -1497,6 +1492,7 @@ def refit(
     if not outcomes or not all(o.labelled for o in outcomes):
         raise brag.InputError("a refit needs questions with known answers")
     observed = observed_actions(outcomes)
+    counts = {a.label: _tally(outcomes, a.label) for a in observed}
     actions = {
         a.label: a.kind.entry_dict(
             fit_of(a).fit(
@@ -1505,7 +1501,7 @@ def refit(
                 Base(base_of(pooled, a), strength),
                 hops,
                 pooled.eta,
-                _tally(outcomes, a.label),
+                dict(counts[a.label]),  # the fit may extend its copy; the refit's counts stay tallies
             )
         )
         for a in observed
@@ -1515,7 +1511,7 @@ def refit(
         "m": pooled.m,
         "eta": pooled.eta,
         "actions": actions,
-        "counts": {a.label: _tally(outcomes, a.label) for a in observed},
+        "counts": counts,
     }
     costs = fit_costs(outcomes, observed)
     return {**fitted, "costs": costs} if costs is not None else fitted

@@ -191,7 +191,7 @@ def test_new_rows_load_the_shipped_calibrations_and_show_on_the_page(table):
     assert {"RR", "SR"} <= set(frame.columns)
     read = dict(zip(frame["Action"], frame["What it read"], strict=True))
     assert read["SR"] == "Lina Berg" and read["RR"] == "Home; Oslo; Lina Berg"  # each kind's own cells
-    assert calibrate.prior_q("SR") == 0.8 and "SR" in calibrate.default_actions()
+    assert calibrate.prior_values()["q"]["SR"] == 0.8 and "SR" in calibrate.default_actions()
 
 
 class Peeking(brag.Read):

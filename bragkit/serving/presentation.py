@@ -20,8 +20,10 @@ from bragkit import llms
 
 def action_text(label: str) -> str:
     """What the progress line says while an action runs, e.g. "R1: reading the top passages"."""
-    found = next((a for a in brag.ACTION_TABLE if a.label == label), None)
-    return f"{label}: {found.does}" if found is not None else label
+    try:
+        return f"{label}: {brag.action_named(label).does}"
+    except brag.InputError:  # a run's action no longer in the table: its label alone
+        return label
 
 
 def model_label(model: Any) -> str:
