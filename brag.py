@@ -130,6 +130,11 @@ __all__ = [  # noqa: RUF022
     "load_calibration",
     "shipped_calibration",
     "shipped_calibrations",
+    "DOCUMENTS",
+    "FOUND_SIGNALS",
+    "FoundModel",
+    "NOT_FOUND",
+    "absent_share",
     # Pricing and the policy's tables
     "COST_UNITS",
     "DEFAULT_COST_UNIT",
@@ -2187,6 +2192,18 @@ def _salient_terms(question: str, corpus: Retriever, rare_share: float = 0.01) -
     return named | rare
 
 
+def absent_share(question: str, corpus: Retriever) -> float:
+    """The share of the question's distinct terms (its first ``MAX_TERM_LOOKUPS``) no passage holds.
+
+    A question about something the documents never name asks for what they cannot answer,
+    whatever a read of the nearest passage says (a ``FoundModel`` signal).
+    """
+    terms = list(dict.fromkeys(tokenize(question, _analyzer_of(corpus))))[:MAX_TERM_LOOKUPS]
+    if not terms or not len(corpus):
+        return 0.0
+    return sum(corpus.document_share(t) == 0 for t in terms) / len(terms)
+
+
 def topk_overlap(a: np.ndarray, b: np.ndarray, k: int) -> float:
     """Share of the top-k of ``a`` that is also in the top-k of ``b``."""
     return len(set(_top(a, k)) & set(_top(b, k))) / max(1, min(k, len(a)))
@@ -3021,6 +3038,9 @@ class VoteKind:
     needs_new: ClassVar[bool] = False  # available only once a read found passages not read yet
     sets_next_hop: ClassVar[bool] = True  # its follow-up query finds the next hop's passages
     fit_shape: ClassVar[str] = "read"  # its calibration entry's shape: "read", "hop" or "samples"
+    # A self-test observes it on its questions; a kind whose reads its one-passage questions do
+    # not exercise keeps the entry of the fit the self-test refines.
+    self_tested: ClassVar[bool] = True
 
     def entry(self, label: str, raw: Mapping[str, Any]) -> ActionPrior:
         """Its calibration entry, validated (CalibrationError names the field)."""
@@ -3129,6 +3149,7 @@ class Hop(VoteKind):
     name = "hop"
     needs_new = True
     fit_shape = "hop"
+    self_tested = False  # a self-test's question is written from one passage: no second hop to find
 
     def entry(self, label: str, raw: Mapping[str, Any]) -> ActionPrior:
         """q, rho, the weak-window entry, and the ``same``/``new`` branches when present."""
@@ -3475,6 +3496,59 @@ def action_named(label: str) -> Action:
 # ------------------------------------------------------------------------------------------
 
 
+# What a run says about whether the documents hold the answer, each in [0, 1] (FoundModel).
+FOUND_SIGNALS = ("absent_terms", "read_none", "closed_book_only", "in_passage", "p_correct")
+
+
+@dataclass(frozen=True)
+class FoundModel:
+    """Whether the documents hold a question's answer: a logistic model of the run's signals.
+
+    Fitted on questions the documents answer and on questions they cannot (their key terms
+    absent), so that at most a small share of right answers is flagged (``calibrate.fit_found``).
+    ``p_found`` is the model's probability; below ``threshold`` the answer is "not in your
+    documents". :func:`found_by_rule` holds with or without one.
+    """
+
+    intercept: float
+    weights: Mapping[str, float]  # by FOUND_SIGNALS name, on the signals as they are
+    threshold: float
+
+    def p_found(self, signals: Mapping[str, float]) -> float:
+        """P(the documents hold the answer) from the run's ``signals``."""
+        z = self.intercept + sum(w * float(signals.get(name, 0.0)) for name, w in self.weights.items())
+        return 1.0 / (1.0 + math.exp(-max(-60.0, min(60.0, z))))
+
+    def found(self, signals: Mapping[str, float]) -> bool:
+        """Whether the answer is taken to come from the documents."""
+        return self.p_found(signals) >= self.threshold
+
+    def to_dict(self) -> dict[str, Any]:
+        """As a calibration's ``found`` section."""
+        return {"intercept": self.intercept, "weights": dict(self.weights), "threshold": self.threshold}
+
+
+def found_by_rule(signals: Mapping[str, float]) -> bool:
+    """Without a fitted model: found unless no read of the documents gave the answer."""
+    return not (signals.get("read_none") or signals.get("closed_book_only"))
+
+
+def _found_from_dict(raw: Any) -> FoundModel | None:
+    """A calibration's ``found`` section, when it has one."""
+    if raw is None:
+        return None
+    if not isinstance(raw, Mapping) or not isinstance(raw.get("weights"), Mapping):
+        raise CalibrationError("calibration: found must be an object with intercept, weights and threshold")
+    unknown = [name for name in raw["weights"] if name not in FOUND_SIGNALS]
+    if unknown:
+        raise CalibrationError(
+            f"calibration: found.weights.{_shown(unknown[0])} is not one of {_listed(FOUND_SIGNALS)}"
+        )
+    weights = {name: _number(w, f"found.weights.{name}", -1e3, 1e3) for name, w in raw["weights"].items()}
+    intercept = _number(raw.get("intercept"), "found.intercept", -1e3, 1e3)
+    return FoundModel(intercept, weights, _number(raw.get("threshold"), "found.threshold", 0.0, 1.0))
+
+
 @dataclass(frozen=True)
 class Calibration:
     """Population-level hyperpriors: per-action (q, rho), CB levels (pi_g, kappa_g) and eta.
@@ -3490,6 +3564,7 @@ class Calibration:
     gate: Gate | None = None
     gate_details: dict[str, Any] = field(default_factory=dict)  # AUCs, n, logistic fit
     costs: dict[str, ActionCost] | None = None
+    found: FoundModel | None = None  # whether the documents hold an answer (None: found_by_rule alone)
 
     def offered(self) -> tuple[Action, ...]:
         """The table's actions it has an entry for, in table order: the ones a controller offers."""
@@ -3542,6 +3617,7 @@ class Calibration:
             "actions": actions,
             "gate": gate,
             **({"costs": costs} if costs is not None else {}),
+            **({"found": self.found.to_dict()} if self.found is not None else {}),
         }
 
 
@@ -3560,8 +3636,12 @@ def calibration_from_dict(data: Any) -> Calibration:
     m = _samples_per_call(data, actions)
     gate, details = _gate_from_dict(data.get("gate"))
     costs = _costs_from_dict(data.get("costs"), list(actions))
-    meta = {k: v for k, v in data.items() if k not in ("version", "eta", "actions", "m", "gate", "costs")}
-    return Calibration(eta=eta, actions=actions, m=m, meta=meta, gate=gate, gate_details=details, costs=costs)
+    found = _found_from_dict(data.get("found"))
+    own = ("version", "eta", "actions", "m", "gate", "costs", "found")
+    meta = {k: v for k, v in data.items() if k not in own}
+    return Calibration(
+        eta=eta, actions=actions, m=m, meta=meta, gate=gate, gate_details=details, costs=costs, found=found
+    )
 
 
 def _actions_from_dict(raw: Any) -> dict[str, ActionPrior]:
@@ -3672,10 +3752,10 @@ def shipped_calibration(
     """The shipped calibration fitted for ``model``, else the hand-set prior.
 
     For a named ``corpus`` with a fit of its own, that fit, unless the model's pooled fit beat
-    it by cross-validation (the pooled fit ``replaces`` it). Any other corpus (uploaded or pasted
-    documents, a corpus never fitted) gets the pooled fit: every labelled set the model was
-    fitted on, together. Without one, the fit on HotpotQA, else on any corpus; never a fit for
-    another model.
+    it by cross-validation (the pooled fit ``replaces`` it); any other named corpus gets the
+    pooled fit. ``corpus`` None is the caller's own documents (uploaded, pasted, or a library
+    user's): the model's documents fit (``DOCUMENTS``: labelled questions over real manuals).
+    Without those, the fit on HotpotQA, else on any corpus; never a fit for another model.
     """
     shipped = shipped if shipped is not None else shipped_calibrations()
     fitted = [c for c in shipped.values() if c.meta.get("fitted") and c.meta.get("model") == model]
@@ -3683,7 +3763,7 @@ def shipped_calibration(
     own = next((c for c in fitted if corpus and c.meta.get("corpus") == corpus), None)
     if own is not None and not (pooled is not None and corpus in pooled.meta.get("replaces", ())):
         return own
-    for wanted in (POOLED, "HotpotQA"):
+    for wanted in (DOCUMENTS, POOLED, "HotpotQA") if corpus is None else (POOLED, "HotpotQA"):
         match = [c for c in fitted if c.meta.get("corpus") == wanted]
         if match:
             return match[0]
@@ -3691,6 +3771,7 @@ def shipped_calibration(
 
 
 POOLED = "pooled"  # the corpus name of a model's fit over every labelled set
+DOCUMENTS = "documents"  # the corpus name of a model's fit over labelled sets of real manuals
 
 
 def calibration_status(calibration: Calibration, model: str) -> str:
@@ -3708,6 +3789,10 @@ def calibration_status(calibration: Calibration, model: str) -> str:
         pooled = meta.get("pooled_from")
         sets = ", ".join(map(str, pooled if isinstance(pooled, list) else ())) or "several sets"
         return f"fitted for this model, pooled over {sets}"
+    if meta.get("corpus") == DOCUMENTS:
+        pooled = meta.get("pooled_from")
+        sets = ", ".join(map(str, pooled if isinstance(pooled, list) else ())) or "several manuals"
+        return f"the documents fit for this model (real manuals: {sets}); no self-test of these documents yet"
     return f"fitted for this model on {meta.get('corpus') or 'its corpus'}"
 
 
@@ -3716,6 +3801,8 @@ def self_test_text(fitted_on: Mapping[str, Any]) -> str:
     n, own = fitted_on.get("questions"), fitted_on.get("labelled")
     n = n if isinstance(n, int) and not isinstance(n, bool) else 0
     said = f"calibrated on {n} self-test questions from your documents"
+    if not n and not own:
+        return "self-tested, but none of its questions passed the checks: the fit it refines, as it is"
     if isinstance(own, int) and not isinstance(own, bool) and own > 0:
         said += f" and {own} of your own labelled questions"
     return said
@@ -4161,12 +4248,18 @@ class Report:
         """The answer's P(correct) (0 without one)."""
         return float(self.confidence.get("p_correct", 0.0))
 
+    @property
+    def found_in_documents(self) -> bool:
+        """Whether the documents hold the answer, as the run's signals say (False without one)."""
+        return bool(self.confidence.get("found_in_documents", False))
+
     def to_dict(self) -> dict[str, Any]:
         """The report as JSON-ready data (a new object each time)."""
         return {
             "question": self.question,
             "answer": self.answer,
             "answered": self.answered,
+            "found_in_documents": self.found_in_documents,
             "finished": self.finished,
             "note": self.note,
             "confidence": dict(self.confidence),
@@ -4285,9 +4378,19 @@ def _source_of(answer: str, shown: Sequence[_ShownPassage]) -> dict[str, str] | 
     return None
 
 
-def _confidence_summary(p_correct: float, runner_up: dict[str, Any] | None, supported: bool) -> str:
-    """One sentence a person can act on: a guess or not, the runner-up, and the corpus's say."""
-    parts = [f"a guess: {p_correct:.0%}" if p_correct < GUESS_BELOW else f"P(correct) ≈ {p_correct:.0%}"]
+NOT_FOUND = "not in your documents"  # how a report says the documents do not hold the answer
+
+
+def _confidence_summary(
+    p_correct: float, runner_up: dict[str, Any] | None, supported: bool, found: bool = True
+) -> str:
+    """One sentence a person can act on: found or not, a guess or not, the runner-up, the corpus's say."""
+    parts = [] if found else [f"{NOT_FOUND}: what follows is a guess, not an answer from them"]
+    parts.append(
+        f"a guess: {p_correct:.0%}"
+        if p_correct < GUESS_BELOW or not found
+        else f"P(correct) ≈ {p_correct:.0%}"
+    )
     if runner_up is not None and p_correct < GUESS_BELOW:
         parts.append(f"runner-up: {runner_up['answer']} ({runner_up['p']:.0%})")
     if not supported:
@@ -4410,6 +4513,7 @@ class _Run:
         self.policy_us = 0.0
         self.started = time.perf_counter()
         self.stop_reason = ""
+        self.absent: float | None = None  # absent_share of the question, once looked up
         self.floor_reason: str | None = (
             None  # why the policy alone would have stopped, if the floor overrode it
         )
@@ -4663,9 +4767,11 @@ class _Run:
     def confidence(self, answer: str) -> dict[str, Any]:
         """How far to trust ``answer``, in words as well as numbers.
 
-        ``guess`` when P(correct) is below ``GUESS_BELOW``; the runner-up candidate; and whether
-        any passage read contains the answer (``supported``), which a read-based answer that the
-        corpus does not hold lacks.
+        ``found_in_documents``: whether the run's signals say the documents hold the answer (a read
+        of them gave it, :func:`found_by_rule`, and the calibration's :class:`FoundModel`, if it has
+        one, agrees); ``guess`` when they do
+        not, or P(correct) is below ``GUESS_BELOW``; the runner-up candidate; and whether any
+        passage read contains the answer (``supported``).
         """
         if not answer:
             return {
@@ -4674,6 +4780,8 @@ class _Run:
                 "runner_up": None,
                 "supported": False,
                 "source": None,
+                "found_in_documents": False,
+                "found": {"p": None, "signals": self.found_signals(answer, False, 0.0)},
                 "summary": "",
             }
         ranked = sorted(range(len(self.probs)), key=lambda i: (-self.probs[i], i))
@@ -4684,13 +4792,39 @@ class _Run:
             runner_up = {"answer": self.candidates.texts[second], "p": round(self.probs[second], 6)}
         shown = self._passages_shown()
         supported = _appears_in(answer, shown)
+        signals = self.found_signals(answer, supported, p_correct)
+        model = self.brag.calibration.found
+        found = found_by_rule(signals) and (model is None or model.found(signals))
         return {
             "p_correct": round(p_correct, 6),
-            "guess": p_correct < GUESS_BELOW,
+            "guess": p_correct < GUESS_BELOW or not found,
             "runner_up": runner_up,
             "supported": supported,
-            "source": _source_of(answer, shown),
-            "summary": _confidence_summary(p_correct, runner_up, supported),
+            "source": _source_of(answer, shown) if found else None,
+            "found_in_documents": found,
+            "found": {"p": round(model.p_found(signals), 6) if model else None, "signals": signals},
+            "summary": _confidence_summary(p_correct, runner_up, supported, found),
+        }
+
+    def found_signals(self, answer: str, supported: bool, p_correct: float) -> dict[str, float]:
+        """What the run says about whether the documents hold ``answer`` (``FOUND_SIGNALS``)."""
+        if self.absent is None:  # the question's terms are looked up once a run
+            self.absent = absent_share(self.question, self.corpus)
+        reads = [
+            s.observation
+            for s in self.steps
+            if s.action in self.offered
+            and s.observation is not None
+            and self.offered[s.action].kind.reads_passages
+        ]
+        answered = [o for o in reads if o.answer and o.candidate is not None]
+        best = self.candidates.texts.index(answer) if answer in self.candidates.texts else None
+        return {
+            "absent_terms": round(self.absent, 6),
+            "read_none": float(not answered),
+            "closed_book_only": float(bool(answer) and all(o.candidate != best for o in answered)),
+            "in_passage": float(supported),
+            "p_correct": round(p_correct, 6),
         }
 
     def _passages_shown(self) -> list[_ShownPassage]:

@@ -1432,6 +1432,110 @@ def without_gate(outcomes: Iterable[Outcome]) -> list[Outcome]:
     return [replace(o, weak={}) for o in outcomes]
 
 
+def documents_fit(
+    sets: Mapping[str, Sequence[Outcome]],
+    m: int,
+    hops: int,
+    *,
+    model: str,
+    found: Mapping[str, Any] | None = None,
+    meta: Mapping[str, Any] | None = None,
+) -> dict[str, Any]:
+    """The model's fit for documents: labelled questions over real manuals, every set together.
+
+    What BRAG knows about documents before a self-test (which reads do well on a manual, how
+    often closed-book helps there) holds across manuals, not for one corpus: uploaded and pasted
+    documents use this fit (:func:`brag.shipped_calibration`), and a self-test refits it.
+    ``found``: its :func:`fit_found` model, fitted on runs under this fit.
+    """
+    if len(sets) < 2:
+        raise brag.InputError("a documents fit needs at least two sets of documents")
+    together = without_gate([o for outcomes in sets.values() for o in outcomes])
+    if not together or not all(o.labelled for o in together):
+        raise brag.InputError("a documents fit needs questions with gold answers")
+    fitted = fit(together, m, hops)
+    _fit_partly_observed(fitted, together, m, hops)
+    result = {
+        "version": brag.CALIBRATION_VERSION,
+        "source": "fitted",
+        "fitted": True,
+        "model": model,
+        "name": brag.DOCUMENTS,
+        **dict(meta or {}),
+        "corpus": brag.DOCUMENTS,
+        "pooled_from": list(sets),
+        "k": 5,
+        "m": m,
+        "hops": hops,
+        "n_questions": len(together),
+        "f1_threshold": 0.8,
+        "note": f"fitted by calibrate.documents_fit on {', '.join(sets)}",
+        "prior": prior_text(list(fitted["actions"])),
+        "date": dt.datetime.now(dt.UTC).strftime("%Y-%m-%d"),
+        **fitted,
+        "gate": None,
+        **({"found": dict(found)} if found is not None else {}),
+    }
+    brag.load_calibration(result)
+    return result
+
+
+def _fit_partly_observed(fitted: dict[str, Any], outcomes: Sequence[Outcome], m: int, hops: int) -> None:
+    """Into ``fitted``: each action some sets observed and others did not, fitted on those that did.
+
+    A second hop costs the most to observe, so not every set runs it; its entry (and cost) come
+    from the questions it ran on, the other actions' from every question.
+    """
+    common = set(fitted["actions"])
+    for action in brag.ACTION_TABLE:
+        some = [o for o in outcomes if action.label in o.answers]
+        if action.label in common or not some:
+            continue
+        alone = fit(some, m, hops)
+        fitted["actions"][action.label] = alone["actions"][action.label]
+        fitted["counts"][action.label] = alone["counts"][action.label]
+        if fitted.get("costs") is not None and (alone.get("costs") or {}).get(action.label):
+            fitted["costs"][action.label] = alone["costs"][action.label]
+        elif "costs" in fitted:
+            del fitted["costs"]  # a cost for every action, or none
+    order = [a.label for a in brag.ACTION_TABLE]
+    fitted["actions"] = dict(sorted(fitted["actions"].items(), key=lambda item: order.index(item[0])))
+
+
+# The share of right answers a FoundModel may flag on the questions it is fitted on (it is
+# checked on held-out sets: bench/documents_fit.py).
+FOUND_RIGHT_FLAGGED = 0.03
+FOUND_L2 = 1.0
+
+
+def fit_found(rows: Sequence[tuple[Mapping[str, float], bool, bool]]) -> dict[str, Any]:
+    """A :class:`brag.FoundModel` from runs: (signals, the documents answer it, the answer was right).
+
+    A logistic model of "the documents answer this question" on ``brag.FOUND_SIGNALS``, its
+    threshold the highest that flags at most ``FOUND_RIGHT_FLAGGED`` of the right answers.
+    Needs both kinds of question.
+    """
+    answerable = np.array([bool(a) for _, a, _ in rows])
+    if answerable.all() or not answerable.any():
+        raise brag.InputError(
+            "fitting 'not in your documents' needs questions the documents answer and ones they cannot"
+        )
+    names = brag.FOUND_SIGNALS
+    x = np.array([[float(signals.get(n, 0.0)) for n in names] for signals, _, _ in rows])
+    model = fit_logistic(x, answerable.astype(float), l2=FOUND_L2)
+    coef = np.asarray(model["coef"]) / np.asarray(model["std"])
+    intercept = model["intercept"] - float(coef @ np.asarray(model["mean"]))
+    found = brag.FoundModel(intercept, dict(zip(names, coef.tolist(), strict=True)), 0.0)
+    right = [found.p_found(signals) for signals, a, r in rows if a and r and brag.found_by_rule(signals)]
+    threshold = float(np.quantile(right, FOUND_RIGHT_FLAGGED, method="lower")) if right else 0.5
+    return {
+        "intercept": round(intercept, 6),
+        "weights": {n: round(w, 6) for n, w in found.weights.items()},
+        "threshold": round(max(0.0, min(1.0, threshold)), 6),
+        "fitted_on": {"questions": len(rows), "unanswerable": int((~answerable).sum()), "right": len(right)},
+    }
+
+
 def vote_losses(calibration: brag.Calibration, outcomes: Sequence[Outcome], hops: int) -> list[float]:
     """The log-loss of each vote's reliability against its right/wrong flag (:meth:`KindFit.loss_votes`).
 
@@ -1506,14 +1610,20 @@ def refit(
         )
         for a in observed
     }
+    kept = [a for a in pooled.offered() if a.label not in actions]  # not observed: as the base has them
+    actions.update({a.label: a.kind.entry_dict(pooled.prior_of(a)) for a in kept})
     fitted: dict[str, Any] = {
         "version": brag.CALIBRATION_VERSION,
         "m": pooled.m,
         "eta": pooled.eta,
-        "actions": actions,
+        "actions": {a.label: actions[a.label] for a in brag.ACTION_TABLE if a.label in actions},
         "counts": counts,
     }
     costs = fit_costs(outcomes, observed)
+    if costs is not None and kept:
+        base_costs = pooled.costs or {}
+        costs = {**costs, **{a.label: asdict(base_costs[a.label]) for a in kept if a.label in base_costs}}
+        costs = costs if all(a.label in costs for a in kept) else None
     return {**fitted, "costs": costs} if costs is not None else fitted
 
 
@@ -1536,7 +1646,7 @@ def self_test_fit(
     in ``fitted_on``.
     """
     base = brag.load_calibration(pooled)
-    fitted = refit(base, outcomes, strength, hops)
+    fitted = refit(base, outcomes, strength, hops) if outcomes else _as_it_is(base)
     own = sum(not o.id.startswith("self-") for o in outcomes)
     result = {
         "version": brag.CALIBRATION_VERSION,
@@ -1562,9 +1672,18 @@ def self_test_fit(
             **dict(meta or {}),
         },
         "gate": None,
+        **({"found": base.found.to_dict()} if base.found is not None else {}),
     }
     brag.load_calibration(result)
     return result
+
+
+def _as_it_is(base: brag.Calibration) -> dict[str, Any]:
+    """A refit on no questions: ``base``'s entries, eta and costs, as :func:`refit` returns them."""
+    found = base.to_dict()
+    return {key: found[key] for key in ("version", "m", "eta", "actions", "costs") if key in found} | {
+        "counts": {}
+    }
 
 
 def _toward(successes: float, trials: float, base: float, strength: float) -> float:

@@ -94,11 +94,8 @@ def fit_for(kind: str, key: str, llm_name: str) -> brag.Calibration:
 def shipped_sets() -> list[tuple[dict[str, Any], list[calibrate.Outcome]]]:
     """Each dataset's shipped fit of the embedded model, with the outcomes it was fitted on."""
     paths = sorted(brag.CALIBRATIONS_DIR.glob(f"{MODEL_PREFIX}-*.json"))
-    return [
-        (brag.read_json(path, "calibration"), calibrate.read_outcomes(path))
-        for path in paths
-        if path.stem != f"{MODEL_PREFIX}-pooled"
-    ]
+    benchmarks = [p for p in paths if p.stem not in (f"{MODEL_PREFIX}-pooled", f"{MODEL_PREFIX}-documents")]
+    return [(brag.read_json(path, "calibration"), calibrate.read_outcomes(path)) for path in benchmarks]
 
 
 def answered(item: calibrate.Labelled, answer: str, report: dict[str, Any]) -> dict[str, Any]:

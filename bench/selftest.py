@@ -50,6 +50,7 @@ RESULTS = ROOT / "bench" / "results" / "selftest.md"
 STRENGTHS = (0.0, 1.0, 2.0, 5.0, 10.0, 20.0, 50.0, 100.0, 1e6)
 FOLDS = 5
 LAM = 0.05  # the app's default price of a call
+PARTS = ("real", "unanswerable", "selftest")
 
 
 def sets() -> list[dict[str, Any]]:
@@ -59,6 +60,12 @@ def sets() -> list[dict[str, Any]]:
 def use_sets(path: Path) -> None:
     global SETS
     SETS = path
+
+
+def use_folders(out: Path, cache: Path) -> None:
+    """Where outcomes go, and which response cache the model reads and writes."""
+    global OUT, CACHE
+    OUT, CACHE = out, cache
 
 
 def local_name(name: str) -> str:
@@ -116,20 +123,41 @@ def fetch(docs: Path) -> None:
                 (target / local_name(name)).write_bytes(data)
 
 
-def observe(entry: dict[str, Any], docs: Path) -> None:
-    """Every action on the real questions, then a self-test and every action on its questions."""
+def unanswerable_of(entry: dict[str, Any]) -> list[calibrate.Labelled]:
+    """The set's questions its documents cannot answer (key terms checked absent; no gold)."""
+    path = ROOT / "bench" / "docs" / f"{entry['name']}_unanswerable.json"
+    rows = json.loads(path.read_text(encoding="utf-8")) if path.is_file() else []
+    return [calibrate.Labelled(r["id"], r["question"], ()) for r in rows]
+
+
+def observe(entry: dict[str, Any], docs: Path, parts: tuple[str, ...] = PARTS) -> None:
+    """Every action on the real and unanswerable questions; a self-test and every action on its questions."""
     name, llm = entry["name"], model("read-write")
     corpus = corpus_of(entry, docs)
     OUT.mkdir(parents=True, exist_ok=True)
     controller = observer(llm)
-    real = questions_of(entry)
-    started = time.monotonic()
-    calibrate.observe(real, corpus, controller, progress_path=outcomes_path(name, "real"), progress=name)
-    print(f"{name}: {len(real)} real questions observed in {time.monotonic() - started:.0f} s", flush=True)
+    for part, items in (("real", questions_of(entry)), ("unanswerable", unanswerable_of(entry))):
+        if part in parts and items:
+            started = time.monotonic()
+            calibrate.observe(
+                items, corpus, controller, progress_path=outcomes_path(name, part), progress=name
+            )
+            print(
+                f"{name}: {len(items)} {part} questions observed in {time.monotonic() - started:.0f} s",
+                flush=True,
+            )
+    if "selftest" in parts:
+        self_test_observed(name, corpus, llm)
+
+
+def self_test_observed(name: str, corpus: brag.Corpus, llm: CachedLLM) -> None:
+    """A self-test as the app runs one: a focused read of a question's own passage is its roundtrip."""
     pairs = OUT / f"{name}.pairs.json"
     misses = llm.misses
     started = time.monotonic()
-    test = selftest.self_test(corpus, llm, budget=fits.SelfTestPlan().budget())
+    remembered = selftest.Remembered(llm)
+    controller = observer(remembered)
+    test = selftest.self_test(corpus, remembered, budget=fits.SelfTestPlan().budget())
     written = time.monotonic() - started
     calls = llm.misses - misses
     started = time.monotonic()
@@ -141,7 +169,12 @@ def observe(entry: dict[str, Any], docs: Path) -> None:
         progress=name,
     )
     observed = time.monotonic() - started
-    cost = {"generation_s": round(written, 1), "observation_s": round(observed, 1), "generation_calls": calls}
+    cost = {
+        "generation_s": round(written, 1),
+        "observation_s": round(observed, 1),
+        "generation_calls": calls,
+        "observation_calls": llm.misses - misses - calls,
+    }
     if pairs.exists() and llm.misses == misses:  # replayed: keep the first run's measured cost
         cost = json.loads(pairs.read_text(encoding="utf-8"))["cost"]
     record = {
@@ -243,6 +276,8 @@ def run_rows(
                 "tokens": totals["prompt_tokens"] + totals["completion_tokens"],
                 "seconds": totals.get("llm_seconds", 0.0),
                 "actions": [s["action"] for s in report["steps"] if s.get("action")],
+                "found": report.get("found_in_documents", True),
+                "signals": (report["confidence"].get("found") or {}).get("signals", {}),
             }
         )
     return rows
@@ -469,8 +504,12 @@ def main() -> int:
     parser.add_argument("--set", help="observe one set only")
     parser.add_argument("--replay", action="store_true", help="report from the cache alone (no LLM)")
     parser.add_argument("--sets", type=Path, default=SETS, help="the sets' manifest")
+    parser.add_argument("--only", default=",".join(PARTS), help="observe these parts (comma-separated)")
+    parser.add_argument("--out", type=Path, default=OUT, help="where outcomes go")
+    parser.add_argument("--cache", type=Path, default=CACHE, help="the LLM response cache")
     args = parser.parse_args()
     use_sets(args.sets)
+    use_folders(args.out, args.cache)
     if args.command == "fetch":
         fetch(args.docs)
     elif args.command == "loopback":
@@ -480,7 +519,7 @@ def main() -> int:
     elif args.command == "observe":
         for entry in sets():
             if args.set in (None, entry["name"]):
-                observe(entry, args.docs)
+                observe(entry, args.docs, tuple(args.only.split(",")))
     else:
         results = report(args.docs, args.replay)
         (OUT / "report.json").write_text(json.dumps(results, indent=1, default=str) + "\n", encoding="utf-8")

@@ -28,7 +28,6 @@ def self_test_questions(test: selftest.SelfTest) -> list[calibrate.Labelled]:
 
 
 SELF_TEST_HOPS = 1  # second-hop reads per question it observes (a calibration on benchmarks runs two)
-MIN_SELF_TEST = 10  # fewer kept questions than this fit nothing: the pooled fit stays
 # The share of a self-test's seconds that writing questions may take; running the actions on
 # them takes the rest.
 SELF_TEST_WRITING_SHARE = 0.5
@@ -49,8 +48,13 @@ class SelfTestPlan:
     actions: tuple[str, ...] | None = None  # what it observes on each question (None: every action)
 
     def observed(self) -> tuple[str, ...]:
-        """The actions it runs on each kept question: its own, else every row of the table."""
-        return brag.action_labels() if self.actions is None else self.actions
+        """The actions it runs on each kept question: its own, else every row the table self-tests.
+
+        A kind that is not ``self_tested`` keeps the entry of the fit the self-test refines.
+        """
+        if self.actions is not None:
+            return self.actions
+        return tuple(a.label for a in brag.ACTION_TABLE if a.kind.self_tested)
 
     def budget(self) -> selftest.Budget:
         """The generation's share: its tries, twice as many calls (a question and its roundtrip)."""
@@ -79,8 +83,9 @@ def calibrate_corpus(
 
     ``labelled``: the user's own questions with gold answers, observed and fitted with the
     self-test's. ``on_progress(fraction, what)`` reports as it goes; ``should_stop()`` cancels
-    (:class:`selftest.Cancelled`), and so does the plan's time running out (an InputError saying so).
-    Too few kept questions is an InputError: the pooled fit stays.
+    (:class:`selftest.Cancelled`). However few questions pass the checks, or are run before the
+    plan's time or prompt characters run out, it ends with a fit on those: on fewer questions the
+    refit leans harder on ``pooled`` (none: ``pooled`` as it is), and ``fitted_on.checked`` says so.
     """
     # One meter for all of it: the stop, the clock and the prompt characters are asked before
     # every call, while writing questions and while running the actions on them.
@@ -95,14 +100,21 @@ def calibrate_corpus(
         if should_stop is not None and should_stop():
             raise selftest.Cancelled("self-test cancelled")
         if time.monotonic() - started > plan.seconds:
-            raise brag.InputError(
-                f"self-test: out of time after {done} of {total} questions ({plan.seconds:g} s allowed)"
-            )
+            raise selftest.OutOfBudget("time")
         if on_progress is not None:
-            on_progress(0.5 + 0.5 * done / total, f"Running every action: question {done} of {total}")
+            on_progress(
+                0.5 + 0.5 * (done / total if total else 1.0),
+                f"Running the actions: question {done} of {total}",
+            )
 
-    outcomes = _observed(items, corpus, llm, brag.load_calibration(pooled).m, plan, observed)
+    m = brag.load_calibration(pooled).m
+    outcomes, ran_out = _observed(items, corpus, llm, m, plan, observed)
     summary = {**test.summary(), "seconds": round(time.monotonic() - started, 1)}
+    summary["checked"] = checked_text(summary, plan.questions)
+    if ran_out:
+        summary["checked"] = "; ".join(
+            filter(None, [summary["checked"], _ran_out_text(ran_out, len(outcomes), len(items), plan)])
+        )
     return calibrate.self_test_fit(
         pooled,
         outcomes,
@@ -115,6 +127,11 @@ def calibrate_corpus(
     )
 
 
+def _ran_out_text(what: str, done: int, total: int, plan: SelfTestPlan) -> str:
+    allowed = f"{plan.seconds:g} s" if what == "time" else f"{plan.prompt_chars:,} prompt characters"
+    return f"out of {what} ({allowed} allowed) after running the actions on {done} of its {total} questions"
+
+
 def _observed(
     items: Sequence[calibrate.Labelled],
     corpus: brag.Retriever,
@@ -122,25 +139,30 @@ def _observed(
     m: int,
     plan: SelfTestPlan,
     on_question: Callable[[int, int], None],
-) -> list[calibrate.Outcome]:
-    """Every action of the plan on every question, as the controller the fit is for runs them.
+) -> tuple[list[calibrate.Outcome], str]:
+    """Every action of the plan on each question in turn, as the controller the fit is for runs them.
 
     Its reads are the controller's (its seed, ``plan.k`` passages): a focused read of a
-    question's own passage is the roundtrip's request, answered without a second call.
+    question's own passage is the roundtrip's request, answered without a second call. When
+    the plan's time or prompt characters run out, the questions done so far and what ran out.
     """
     settings = {"lam": 0.0, "k": plan.k, "m": m, "hops": SELF_TEST_HOPS}
     controller = calibrate.observer(llm, plan.observed(), None, settings)
-    try:
-        return calibrate.observe(items, corpus, controller, on_progress=on_question)
-    except brag.RunAborted as err:
-        if isinstance(err.__cause__, selftest.Cancelled):
-            raise selftest.Cancelled("self-test cancelled") from None
-        if isinstance(err.__cause__, selftest.OutOfBudget):
-            raise brag.InputError(
-                f"self-test: out of {err.__cause__} while running the actions on its questions "
-                f"({plan.seconds:g} s and {plan.prompt_chars:,} prompt characters allowed)"
-            ) from None
-        raise
+    outcomes: list[calibrate.Outcome] = []
+    for item in [*items, None]:  # None: the last report of progress, once every question is done
+        try:
+            on_question(len(outcomes), len(items))
+            if item is not None:
+                outcomes += calibrate.observe([item], corpus, controller)
+        except selftest.OutOfBudget as out:
+            return outcomes, str(out) if item is not None else ""
+        except brag.RunAborted as err:
+            if isinstance(err.__cause__, selftest.Cancelled):
+                raise selftest.Cancelled("self-test cancelled") from None
+            if isinstance(err.__cause__, selftest.OutOfBudget):
+                return outcomes, str(err.__cause__)
+            raise
+    return outcomes, ""
 
 
 def _written(
@@ -151,7 +173,7 @@ def _written(
     on_progress: Callable[[float, str], None] | None,
     should_stop: Callable[[], bool] | None,
 ) -> selftest.SelfTest:
-    """The self-test's questions, the first half of its progress; an error when too few are kept."""
+    """The self-test's questions, the first half of its progress: as many as passed the checks."""
 
     def written(kept: int, wanted: int, verdict: str) -> None:
         if on_progress is not None:
@@ -168,14 +190,32 @@ def _written(
     )
     if test.stopped == "cancelled":
         raise selftest.Cancelled("self-test cancelled")
-    if len(test.pairs) < MIN_SELF_TEST:
-        ran_out = f", then it ran out of {test.stopped}" if test.stopped not in ("", "passages") else ""
-        raise brag.InputError(
-            f"self-test: only {len(test.pairs)} of {test.yield_.tried} questions written from these "
-            f"documents passed the checks{ran_out} (at least {MIN_SELF_TEST} are needed), so BRAG keeps "
-            "its pooled fit"
-        )
     return test
+
+
+def checked_text(summary: Mapping[str, Any], wanted: int) -> str:
+    """What a self-test could not check, in words ("" when it kept all it wanted).
+
+    A short document gives few questions that pass the checks: the fit then rests on fewer
+    questions and leans harder on the fit it refines (its strength in pseudo-questions is the
+    same, so each question weighs less against it).
+    """
+    found = summary.get("yield") or {}
+    kept, tried = int(found.get("kept", 0)), int(found.get("tried", 0))
+    if kept >= wanted:
+        return ""
+    why = {"passages": "the documents gave no more questions", "time": "its time ran out"}.get(
+        str(summary.get("stopped", "")), f"it ran out of {summary.get('stopped') or 'tries'}"
+    )
+    if not kept:
+        return (
+            f"none of the {tried} questions written from these documents passed the checks ({why}): "
+            "the fit it refines is kept as it is"
+        )
+    return (
+        f"{kept} of the {wanted} questions wanted passed the checks ({tried} written; {why}): "
+        "the fit leans harder on the one it refines"
+    )
 
 
 class KeptSelfTests:

@@ -159,27 +159,66 @@ def draw(corpus: brag.Retriever, n: int, seed: int = 0) -> list[int]:
     return order[:n]
 
 
-# Answer shapes, most specific first: the order is the preference when a sentence has several.
-_SHAPES: tuple[re.Pattern[str], ...] = (
-    re.compile(r"(?<![\w-])--?[A-Za-z][\w-]*[A-Za-z0-9](?:=[\w./-]+)?"),  # an option
-    re.compile(r"(?<![\w/])(?:~|\.)?/(?:[\w.-]+/)*[\w.-]*\w|~/\.?[\w.-]+"),  # a path
-    re.compile(r"\b[A-Za-z_][\w.]*\(\)"),  # a function
-    re.compile(r"\b[A-Z][A-Z0-9]*_[A-Z0-9_]+\b|\b[A-Z]{4,}[0-9]*\b"),  # a variable or constant
-    re.compile(r"\b[a-z][a-z0-9]*(?:_[a-z0-9]+)+\b"),  # an identifier
-    re.compile(r"(?:(?<=\bnamed )|(?<=\bcalled ))\w[\w.-]*\w"),  # a named thing
-    re.compile(r"(?<![\w.])\d+(?:[.,]\d+)?(?![\w.]|[.,]\d)"),  # a number
-    # A name in the middle of a sentence (a capitalised run after a lower-case word).
-    re.compile(r"(?<=[a-z,] )[A-Z][a-z]+(?: (?:[A-Z][a-z]+|de|von|van|of))* [A-Z][a-z]+\b(?! [A-Z])"),
-    re.compile(r"[\"“‘`]([^\"”’`\n]{2,40})[\"”’`]"),  # a quoted term
+# Answer shapes. An option is the most specific, but a question for one is rarely answered
+# with it word for word (a read names the setting, or another spelling), so options come last
+# in the preference (bench/results/documents_fit.md has the yield of each shape); an option on a
+# line of its own, with its description under it, still comes first (_defined_terms).
+_OPTION = re.compile(r"(?<![\w-])--?[A-Za-z][\w-]*[A-Za-z0-9](?:=[\w./-]+)?")
+_PATH = re.compile(r"(?<![\w/])(?:~|\.)?/(?:[\w.-]+/)*[\w.-]*\w|~/\.?[\w.-]+")
+_FUNCTION = re.compile(r"\b[A-Za-z_][\w.]*\(\)")
+_VARIABLE = re.compile(r"\b[A-Z][A-Z0-9]*_[A-Z0-9_]+\b|\b[A-Z]{4,}[0-9]*\b")  # or a constant
+_IDENTIFIER = re.compile(r"\b[a-z][a-z0-9]*(?:_[a-z0-9]+)+\b")
+_NAMED = re.compile(r"(?:(?<=\bnamed )|(?<=\bcalled ))\w[\w.-]*\w")  # a thing named so
+_NUMBER = re.compile(r"(?<![\w.])\d+(?:[.,]\d+)?(?![\w.]|[.,]\d)")
+# A name in the middle of a sentence (a capitalised run after a lower-case word).
+_NAME_SHAPE = re.compile(
+    r"(?<=[a-z,] )[A-Z][a-z]+(?: (?:[A-Z][a-z]+|de|von|van|of))* [A-Z][a-z]+\b(?! [A-Z])"
 )
+_QUOTED = re.compile(r"[\"“‘`「『]([^\"”’`」』\n]{2,40})[\"”’`」』]")  # a quoted term
+_SHAPES: tuple[re.Pattern[str], ...] = (
+    _PATH,
+    _FUNCTION,
+    _VARIABLE,
+    _IDENTIFIER,
+    _NAMED,
+    _NUMBER,
+    _NAME_SHAPE,
+    _QUOTED,
+    _OPTION,
+)
+_DEFINED_SHAPES = (_OPTION, _PATH, _FUNCTION, _VARIABLE, _IDENTIFIER)  # a term on a line of its own
 # Numbers that label the text rather than say something: years in a copyright line, section numbers.
 _LABEL_LIKE = re.compile(r"^(?:19|20)\d\d$|^\d+\.\d+\.")
 # A cross-reference names a page or a section: "Section 3.8 [Shell Scripts], page 91".
 _REFERENCE = re.compile(r"(?:page|pages|p\.|section|chapter|seite|abschnitt|kapitel)\s*$", re.IGNORECASE)
 _RUNNING_HEAD = re.compile(r"(?:Chapter|Kapitel|Chapitre|Appendix|Anhang) [\dA-Z]+: [^.]{0,60}? \d+\b")
-_SENTENCE = re.compile(r"(?<=[.!?。！？])\s+|\n+")
+# A sentence ends at a full stop and a space, or at a CJK full stop with or without one.
+_SENTENCE = re.compile(r"(?<=[.!?])\s+|(?<=[。！？])\s*|\n+")
 MIN_SENTENCE_WORDS = 6  # a span is taken from a statement, not from a heading or a list entry
 MAX_SENTENCE_CHARS = 400
+_UNSPACED = re.compile(f"[{brag.UNSPACED_SCRIPTS}]")
+
+
+def word_count(text: str) -> int:
+    """Words in ``text``; in a script written without spaces, two characters count as one word.
+
+    So a Japanese or Chinese sentence passes the same length checks as a German one.
+    """
+    spaced = len(text.split())
+    unspaced = len(_UNSPACED.findall(text))
+    return spaced if not unspaced else max(spaced, len(_UNSPACED.sub(" ", text).split()) + unspaced // 2)
+
+
+# Languages that capitalise every noun: a capitalised run mid-sentence is a noun phrase there
+# ("Reihe von Dateisystempfaden"), not a name, and a read rarely gives one back word for word.
+_CAPITALISED_NOUNS = frozenset({"de"})
+
+
+def _shapes_for(text: str) -> tuple[re.Pattern[str], ...]:
+    """The answer shapes for a passage: without names where every noun is capitalised."""
+    if brag.language_of(text[:2000]) in _CAPITALISED_NOUNS:
+        return tuple(shape for shape in _SHAPES if shape is not _NAME_SHAPE)
+    return _SHAPES
 
 
 @dataclass(frozen=True)
@@ -225,9 +264,9 @@ def answer_spans(text: str, title: str = "", check: Callable[[], None] = lambda:
         sentences = [
             " ".join(part.split())
             for part in _SENTENCE.split(text)
-            if len(part.split()) >= MIN_SENTENCE_WORDS and len(part) <= MAX_SENTENCE_CHARS
+            if word_count(part) >= MIN_SENTENCE_WORDS and len(part) <= MAX_SENTENCE_CHARS
         ]
-        for pattern in _SHAPES:
+        for pattern in _shapes_for(text):
             for number, sentence in enumerate(sentences):
                 if number % 64 == 0:
                     check()
@@ -286,9 +325,9 @@ def _defined_terms(text: str, seen: _Occurrences, found: dict[str, Span]) -> Non
         if number % 64 == 0:
             seen.check()
         words = term.split()
-        if not 1 <= len(words) <= 3 or len(described.split()) < MIN_SENTENCE_WORDS:
+        if not 1 <= len(words) <= 3 or word_count(described) < MIN_SENTENCE_WORDS:
             continue
-        shaped = next((m.group(0) for p in _SHAPES[:5] if (m := p.search(term))), None)
+        shaped = next((m.group(0) for p in _DEFINED_SHAPES if (m := p.search(term))), None)
         if shaped is not None and shaped not in found and seen.usable(shaped):
             sentence = described.split(". ")[0].rstrip(".")
             found[shaped] = Span(shaped, f"{term}: {sentence[:MAX_SENTENCE_CHARS]}.")
@@ -349,6 +388,24 @@ def question_messages(passage: brag.Passage, span: Span) -> list[dict[str, str]]
     return [*messages, {"role": "user", "content": _question_turn(span.cloze())}]
 
 
+# How a generator labels its question, in the languages a self-test asks in.
+_QUESTION_LABELS = frozenset(
+    (
+        "question",
+        "frage",
+        "question posée",
+        "pregunta",
+        "domanda",
+        "pergunta",
+        "vraag",
+        "问题",
+        "問題",
+        "質問",
+        "질문",
+    )
+)
+
+
 def parse_question(text: str, max_chars: int = Budget.question_chars) -> str:
     """The question in a generator's reply: its ``Question:`` line, else its first line ending in ?.
 
@@ -357,10 +414,10 @@ def parse_question(text: str, max_chars: int = Budget.question_chars) -> str:
     """
     lines = [line.strip() for line in text.strip().splitlines() if line.strip()]
     for line in lines:
-        label, colon, rest = line.partition(":")
-        if colon and label.strip().casefold() in ("question", "frage", "question posée", "pregunta", "问题"):
+        label, colon, rest = line.replace("：", ":", 1).partition(":")
+        if colon and label.strip().casefold() in _QUESTION_LABELS:
             line = rest.strip()
-        if line.endswith(("?", "？")) and 3 <= len(line.split()) <= 40:
+        if line.endswith(("?", "？")) and 3 <= word_count(line) <= 40:
             question = " ".join(line.split())
             fits = len(question) <= max_chars and len(unicodedata.normalize("NFKC", question)) <= max_chars
             return question if fits else ""

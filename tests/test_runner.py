@@ -298,7 +298,11 @@ def test_an_answer_no_passage_holds_is_a_guess_with_its_runner_up_and_the_report
     assert answer == best["answer"] and confidence["p_correct"] == pytest.approx(best["p"], abs=1e-6)
     assert confidence["guess"] is True and confidence["supported"] is False  # neither name is in PASSAGES
     assert confidence["runner_up"] == {"answer": second["answer"], "p": second["p"]}
+    # The best answer is closed-book's alone: no read of the documents gave it (found_by_rule).
+    assert best["answer"] == "William Shakespeare" and report["found_in_documents"] is False
+    assert confidence["found"]["signals"]["closed_book_only"] == 1.0
     assert confidence["summary"] == (
+        f"{brag.NOT_FOUND}: what follows is a guess, not an answer from them; "
         f"a guess: {best['p']:.0%}; runner-up: {second['answer']} ({second['p']:.0%}); "
         "no passage read contains this answer: the corpus does not seem to hold it"
     )
@@ -662,3 +666,48 @@ def test_a_hop_scores_its_new_passages_by_the_follow_up_query_and_keeps_the_old_
     assert r2["new_passages"] and all(i in follow_up for i in r2["new_passages"])
     first = dict(docs.retrieve(question, 3).hits)  # the question found them too, with other scores
     assert any(first.get(i) != follow_up[i] for i in r2["new_passages"] if i in first)
+
+
+# ------------------------------------------------------------------------------------------
+# Found in the documents
+# ------------------------------------------------------------------------------------------
+
+
+def test_a_fitted_found_model_flags_a_question_about_what_the_documents_never_name():
+    # The read answers with words that do stand in its passage: only the question's terms that
+    # no passage holds tell that the documents cannot answer it.
+    llm = ScriptedLLM(read=lambda prompt: "Answer: Lina Berg\nFollow-up query: x")
+    calibration = {
+        **brag.load_calibration(PRIORS).to_dict(),
+        "found": {"intercept": 3.0, "weights": {"absent_terms": -10.0}, "threshold": 0.5},
+    }
+    controller = BRAG(llm, calibration=calibration, k=2)
+    corpus = Corpus(PASSAGES)
+    asked = controller.ask("Who designed the Glass Tower in Oslo?", corpus, actions=["R1"])
+    outside = controller.ask("Which Kubernetes operator did Lina Berg write?", corpus, actions=["R1"])
+    assert asked.answer == outside.answer == "Lina Berg"
+    assert asked.confidence["supported"] and outside.confidence["supported"]
+    assert asked.found_in_documents and not outside.found_in_documents
+    signals = outside.confidence["found"]["signals"]
+    assert signals["absent_terms"] > 0 and signals["in_passage"] == 1.0 and signals["read_none"] == 0.0
+    assert outside.confidence["found"]["p"] < 0.5 < asked.confidence["found"]["p"]
+    assert outside.confidence["guess"] and outside.confidence["source"] is None
+    assert outside.to_dict()["found_in_documents"] is False
+    assert outside.confidence["summary"].startswith(brag.NOT_FOUND)
+
+
+def test_without_a_found_model_an_answer_no_read_gave_is_not_found():
+    reads_none = ScriptedLLM(
+        read=lambda prompt: "Answer: NONE\nFollow-up query: x",
+        closed_book=lambda prompt, n: ["Ada Lovelace"] * n,
+    )
+    report = BRAG(reads_none, calibration=PRIORS, k=2).ask(
+        "Who designed the Analytical Engine?", Corpus(PASSAGES), actions=["R1", "CB"]
+    )
+    assert report.answer == "Ada Lovelace" and not report.found_in_documents
+    assert report.confidence["found"]["signals"]["read_none"] == 1.0
+    assert report.confidence["found"]["p"] is None  # the rule, not a model
+    nothing = BRAG(reads_none, calibration=PRIORS, k=2).ask(
+        "Who designed the Analytical Engine?", Corpus(PASSAGES), actions=["R1"]
+    )
+    assert nothing.answer == "" and not nothing.found_in_documents

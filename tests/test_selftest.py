@@ -341,3 +341,70 @@ def test_a_roundtrip_is_the_focused_reads_own_request():
         controller.run(question, docs, actions=["RT"])
         (sent, options), (read, read_options) = requests
         assert (sent == read and options == read_options) is (passage == top)
+
+
+# ------------------------------------------------------------------------------------------
+# Languages: sentences, spans and questions in scripts written without spaces
+# ------------------------------------------------------------------------------------------
+
+
+def test_a_sentence_in_a_script_without_spaces_counts_its_words_by_two_characters():
+    assert selftest.word_count("Set the cache size to a larger value.") == 8  # spaced: as before
+    assert selftest.word_count("設定は /etc/foo.conf に書きます。") >= selftest.MIN_SENTENCE_WORDS
+    assert (
+        selftest.word_count("配置文件保存在 /etc/bar.conf 中，系统启动时读取。")
+        >= selftest.MIN_SENTENCE_WORDS
+    )
+    assert selftest.word_count("はい。") < selftest.MIN_SENTENCE_WORDS  # a heading, not a statement
+
+
+@pytest.mark.parametrize(
+    ("text", "span", "cloze"),
+    [
+        (
+            "最初の文は短いです。ログは /var/log/frob.log に毎日書き込まれ、一週間保存されます。",
+            "/var/log/frob.log",
+            "ログは ____ に毎日書き込まれ、一週間保存されます。",
+        ),
+        (
+            "本機能の名前は「自動更新」と呼ばれており、毎晩実行されるように設定されています。",
+            "自動更新",
+            "本機能の名前は「____」と呼ばれており、毎晩実行されるように設定されています。",
+        ),
+        (
+            "配置文件保存在 /etc/bar.conf 中，系统启动时读取这个文件。",
+            "/etc/bar.conf",
+            "配置文件保存在 ____ 中，系统启动时读取这个文件。",
+        ),
+    ],
+    ids=["japanese-path", "japanese-quoted", "chinese-path"],
+)
+def test_spans_are_found_in_japanese_and_chinese_sentences(text, span, cloze):
+    found = {s.text: s for s in selftest.answer_spans(text)}
+    assert span in found and found[span].cloze() == cloze
+
+
+@pytest.mark.parametrize(
+    ("reply", "question"),
+    [
+        ("質問：設定ファイルはどこに保存されますか？", "設定ファイルはどこに保存されますか？"),
+        ("问题: 配置文件保存在哪里？", "配置文件保存在哪里？"),
+        (
+            "Frage: Welche Variable liest frobnicate beim Start?",
+            "Welche Variable liest frobnicate beim Start?",
+        ),
+        ("Question: Which file?", ""),  # two words: too short to name what it is about
+    ],
+)
+def test_a_question_is_read_from_a_reply_in_each_language(reply, question):
+    assert selftest.parse_question(reply) == question
+
+
+def test_a_german_noun_phrase_is_not_taken_for_a_name():
+    text = (
+        "Die Liste enthält eine Reihe von Dateisystempfaden für das System, die beim Start gelesen werden. "
+        "Der Wert steht in /etc/fstab und wird beim Booten des Rechners ausgewertet."
+    )
+    assert [s.text for s in selftest.answer_spans(text)] == ["/etc/fstab"]
+    english = "The manual was written by the famous author John Smith Baker in the summer of that year."
+    assert [s.text for s in selftest.answer_spans(english)] == ["John Smith Baker"]

@@ -454,3 +454,51 @@ def test_a_model_url_whose_port_cannot_be_read_is_refused_clearly(port):
     with pytest.raises(bragkit.serving.policy.RequestRefused, match="port must be a number"):
         pool.get(f"https://h:{port}/v1#m", "", "auto")
     assert llms.redact_url(llms.parse_model("https://u:p@h:8443/v1#m").text) == "https://***@h:8443/v1#m"
+
+
+# ------------------------------------------------------------- issue 52: the documents fit
+
+
+def test_uploads_and_pasted_text_get_the_documents_fit_named_corpora_keep_theirs_and_a_self_test_refines_it(
+    tmp_path,
+):
+    import selftest_reader
+    from openai_server import FakeOpenAI, Reply
+
+    from bragkit.serving.policy import EndpointPolicy, ModelPolicy
+
+    def reader(request: dict) -> Reply:
+        return Reply(texts=selftest_reader.replies(request["messages"], int(request.get("n") or 1)))
+
+    with FakeOpenAI(handler=reader) as llm_server:
+        model = llm_server.url + "#docs"
+        settings = bragkit.serving.server.Settings(
+            cache_dir=tmp_path,
+            endpoints=EndpointPolicy(allow_all=True),
+            models=ModelPolicy(model),
+            limits=bragkit.serving.policy.Limits(self_test_questions=10),
+        )
+        server = bragkit.serving.server.Server(settings)
+        name = brag.llm_name(llms.make_llm(model))
+        prior = brag.shipped_calibrations()["prior"].to_dict()
+        fitted = {**prior, "fitted": True, "model": name}
+        server.shipped = {
+            "prior": brag.load_calibration(prior),
+            "pooled": brag.load_calibration({**fitted, "corpus": brag.POOLED, "pooled_from": ["HotpotQA"]}),
+            "documents": brag.load_calibration(
+                {**fitted, "name": brag.DOCUMENTS, "corpus": brag.DOCUMENTS, "pooled_from": ["bash"]}
+            ),
+        }
+        pasted = "\n".join(selftest_reader.SENTENCES)
+        question = "Which folder does Garply write a crash report to?"
+
+        def calibration_of(corpus: str, documents: str) -> dict:
+            *_, (_, report) = server.run_brag(question, corpus, documents, 0.05, model, "", "auto", "")
+            return report["server"]["calibration"]
+
+        assert calibration_of("", pasted)["corpus"] == brag.DOCUMENTS
+        assert "the documents fit for this model" in calibration_of("", pasted)["status"]
+        assert calibration_of("Demo", "")["corpus"] == brag.POOLED  # a named corpus is not "your documents"
+        # A self-test of the pasted text refines the documents fit, not the benchmark one.
+        refit = json.loads(server.run_calibrate("", "", pasted, model, "", "auto", None, True))
+        assert refit["refit_of"] == brag.DOCUMENTS and refit["fitted_on"]["questions"] == 10

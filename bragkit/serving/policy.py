@@ -335,7 +335,7 @@ def check_lam(lam: Any) -> float:
 
 def read_calibration(
     text: Any,
-    corpus_label: str,
+    corpus_label: str | None,
     model: str,
     shipped: Mapping[str, brag.Calibration],
     kept: KeptCalibrations,
@@ -343,7 +343,8 @@ def read_calibration(
 ) -> brag.Calibration:
     """The calibration a request names: empty, a shipped name, a kept fit's name, or JSON.
 
-    Empty is the one shipped for this model and corpus, else the hand-set prior. Never a path:
+    Empty is the one shipped for this model and corpus (``corpus_label`` None: the caller's
+    documents), else the hand-set prior. Never a path:
     a kept fit's name is checked against its pattern before its file is opened.
     """
     text = (text or "").strip() if isinstance(text, str) else text

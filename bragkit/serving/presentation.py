@@ -157,6 +157,7 @@ def steps_frame(report: dict[str, Any]) -> pd.DataFrame:
             evidence = ""
         if action == "stop":
             read = report.get("stop_reason", "")
+            answer = NOT_FOUND_HEADLINE if not_found(report) else answer
         p_err = f"{step['posterior']['p_err']:.3f}"
         follow_up = seen.get("follow_up_query", "")
         rows.append([step["step"], p_err, *cells.values(), action, read, answer, evidence, follow_up])
@@ -226,6 +227,29 @@ def as_text(value: Any, limit: int = MAX_SHOWN_CHARS) -> str:
     return _MARKUP.sub(r"\\\1", text)
 
 
+NOT_FOUND_HEADLINE = brag.NOT_FOUND[:1].upper() + brag.NOT_FOUND[1:]
+
+
+def not_found(report: Any) -> bool:
+    """Whether a finished report says the documents do not hold the answer."""
+    return (
+        isinstance(report, dict)
+        and report.get("finished", True)
+        and report.get("found_in_documents") is False
+    )
+
+
+def stated_answer(answer: str, report: Any) -> str:
+    """The answer as /brag gives it: "Not in your documents" first when the run says so.
+
+    What follows it is the run's best candidate, named as a guess; the report keeps the
+    candidate itself in ``answer`` and says ``found_in_documents: false``.
+    """
+    if not not_found(report):
+        return answer
+    return f"{NOT_FOUND_HEADLINE}. A guess, not from them: {answer}" if answer else f"{NOT_FOUND_HEADLINE}."
+
+
 def trust_line(report: dict[str, Any]) -> str:
     """How far to trust the answer (``report["confidence"]``): in bold when it is a guess."""
     confidence = report.get("confidence") or {}
@@ -252,6 +276,13 @@ def render(answer: str, report: dict[str, Any] | None) -> tuple[Any, ...]:
     shown = as_text(answer, brag.MAX_ANSWER_CHARS) if isinstance(answer, str) else ""
     if not finished:
         headline = f"### Best so far: {shown}" if shown else "### Working…"
+    elif not_found(report):
+        guess = report.get("answer")
+        guess = as_text(guess, brag.MAX_ANSWER_CHARS) if isinstance(guess, str) and guess else ""
+        corpus = as_text(served(report).get("corpus", ""))
+        headline = f"## {NOT_FOUND_HEADLINE}\n\n"
+        headline += f"A guess, not from them: {guess}\n\n" if guess else ""
+        headline += f"{trust_line(report)} · corpus: {corpus}"
     elif shown:
         corpus = as_text(served(report).get("corpus", ""))
         headline = f"## {shown}\n\n{trust_line(report)} · corpus: {corpus}"
@@ -293,7 +324,9 @@ def fitted_on_text(calibration: Mapping[str, Any]) -> str:
     if fitted_on.get("kind") == "unlabelled":
         return f"an unlabelled fit on {n} questions (EM)"
     if fitted_on.get("kind") == "self-test":
-        return brag.self_test_text(fitted_on)
+        checked = fitted_on.get("checked")
+        said = brag.self_test_text(fitted_on)
+        return f"{said} ({as_text(checked)})" if isinstance(checked, str) and checked else said
     return f"a labelled fit on {calibration.get('n_questions', n)} questions"
 
 

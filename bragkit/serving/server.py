@@ -53,7 +53,7 @@ from .policy import (
     refused,
     trusted_proxies,
 )
-from .presentation import calibration_frame, fitted_on_text, model_label, plural
+from .presentation import calibration_frame, fitted_on_text, model_label, plural, stated_answer
 
 log = logging.getLogger("brag.app")
 
@@ -310,15 +310,20 @@ class Server:
         session: str = "",
         cancelled: Callable[[], bool] = lambda: False,
         caller: str = "",
-    ) -> tuple[brag.Corpus, str]:
-        """Uploaded files and pasted documents win over a named corpus; none is an error."""
+    ) -> tuple[brag.Corpus, str, str | None]:
+        """Uploaded files and pasted documents win over a named corpus; none is an error.
+
+        The corpus, its label, and the name its shipped fit goes by: a named corpus's own name,
+        None for the caller's documents (whatever their files are called), which get the model's
+        documents fit (:func:`brag.shipped_calibration`).
+        """
         given = read_uploads(
             files, self.limits, self.session_files, session, self.ledger, folder=upload_folder()
         )
         text = documents if isinstance(documents, str) else ""
         if given or text.strip():
             label = ", ".join(name for name, _ in given) if given else "your documents"
-            return self.store.documents(text, given, cancelled, caller), label
+            return self.store.documents(text, given, cancelled, caller), label, None
         name = (corpus or "").strip() if isinstance(corpus, str) else ""
         if name == YOUR_DOCUMENTS:
             raise refused(
@@ -329,7 +334,7 @@ class Server:
             raise refused("No corpus: choose one or paste documents (one passage per line, or a JSON list).")
         if name not in self.store.names:
             raise refused(f"Unknown corpus: use one of {', '.join(self.store.names)}, or paste documents.")
-        return self.store.named(name), name
+        return self.store.named(name), name, name
 
     def run_brag(
         self,
@@ -372,7 +377,7 @@ class Server:
         )
         with self._scrubbed_errors(), self.callers.slot(request):
             for answer, report in self._answer(ask):
-                yield self.secrets.scrub(answer), self.secrets.scrub_data(report)
+                yield self.secrets.scrub(stated_answer(answer, report)), self.secrets.scrub_data(report)
 
     def _answer(self, ask: AskRequest) -> Iterator[tuple[str, dict[str, Any]]]:
         """The run under the request's deadline, each report naming the corpus and the model."""
@@ -415,13 +420,13 @@ class Server:
 
         Also whose self-test fit it is, in words, when the server chose one unasked ("" otherwise).
         """
-        chosen, label = self.pick_corpus(
+        chosen, label, fit_name = self.pick_corpus(
             ask.corpus, ask.documents, ask.files, ask.session, ask.gone, ask.caller
         )
         backend = self.llms.get(ask.model, ask.hf_token, ask.provider)
         own, whose = self._own_fit(ask.calibration, chosen, backend, ask.session)
         cal = own or read_calibration(
-            ask.calibration, label, brag.llm_name(backend), self.shipped, self.kept, self.limits
+            ask.calibration, fit_name, brag.llm_name(backend), self.shipped, self.kept, self.limits
         )
         unit, prices = pricing
         return chosen, label, brag.BRAG(backend, calibration=cal, lam=lam, cost=unit, prices=prices), whose
@@ -485,10 +490,13 @@ class Server:
                 # for every LLM call and between questions. A self-test ends at its own bound
                 # (its meter), and no call it started outlasts that by more than the grace.
                 with llms.deadline(self._calibrate_seconds(self_test)), llms.cancellable(gone):
-                    chosen, label = self.pick_corpus(corpus, documents, files, session, gone, caller)
+                    chosen, label, fit_name = self.pick_corpus(
+                        corpus, documents, files, session, gone, caller
+                    )
                     backend = self.llms.get(model, hf_token, provider)
                     if self_test:
-                        result = self._self_test(items, chosen, label, backend, model, progress, gone)
+                        base = brag.shipped_calibration(brag.llm_name(backend), fit_name, self.shipped)
+                        result = self._self_test(items, chosen, label, base, backend, model, progress, gone)
                     else:
                         result = _fit(items, chosen, label, backend, model, progress)
             except RequestRefused:
@@ -542,12 +550,13 @@ class Server:
         items: list[calibrate.Labelled],
         corpus: brag.Corpus,
         label: str,
+        base: brag.Calibration,
         backend: llms.LLM,
         model: Any,
         progress: gr.Progress,
         gone: Callable[[], bool],
     ) -> dict[str, Any]:
-        """A self-test of ``corpus`` within the server's bounds, refitting the model's shipped fit."""
+        """A self-test of ``corpus`` within the server's bounds, refitting ``base`` (its shipped fit)."""
         limits = self.limits
         plan = fits.SelfTestPlan(
             questions=limits.self_test_questions,
@@ -565,7 +574,7 @@ class Server:
         fitted = fits.calibrate_corpus(
             corpus,
             backend,
-            brag.shipped_calibration(brag.llm_name(backend), label, self.shipped),
+            base,
             generator=self._self_test_writer(),
             plan=plan,
             labelled=items,
