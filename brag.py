@@ -134,6 +134,7 @@ __all__ = [  # noqa: RUF022
     "FOUND_SIGNALS",
     "FoundModel",
     "NOT_FOUND",
+    "found_by_rule",
     "absent_share",
     # Pricing and the policy's tables
     "COST_UNITS",
@@ -2198,10 +2199,40 @@ def absent_share(question: str, corpus: Retriever) -> float:
     A question about something the documents never name asks for what they cannot answer,
     whatever a read of the nearest passage says (a ``FoundModel`` signal).
     """
-    terms = list(dict.fromkeys(tokenize(question, _analyzer_of(corpus))))[:MAX_TERM_LOOKUPS]
+    terms = [t for t in dict.fromkeys(tokenize(question, _analyzer_of(corpus))) if not _grammar(t)]
+    terms = terms[:MAX_TERM_LOOKUPS]
     if not terms or not len(corpus):
         return 0.0
     return sum(corpus.document_share(t) == 0 for t in terms) / len(terms)
+
+
+# Japanese kana-only bigrams are grammar (どこ, すか), and these Chinese bigrams ask a question
+# (什么, 哪里): a manual's statements rarely hold them, whatever it is about. Languages that
+# separate words lose their question words as stop words already.
+_KANA_ONLY = re.compile(r"[\u3040-\u309f\u30fc]+")
+_CHINESE_QUESTION_WORDS = frozenset(
+    (
+        "什么",
+        "为什",
+        "哪里",
+        "哪个",
+        "哪些",
+        "哪种",
+        "怎么",
+        "怎样",
+        "如何",
+        "多少",
+        "是否",
+        "几个",
+        "吗",
+        "呢",
+    )
+)
+
+
+def _grammar(term: str) -> bool:
+    """Whether a term of a question is its grammar rather than what it is about."""
+    return bool(_KANA_ONLY.fullmatch(term)) or term in _CHINESE_QUESTION_WORDS
 
 
 def topk_overlap(a: np.ndarray, b: np.ndarray, k: int) -> float:
@@ -3513,6 +3544,16 @@ class FoundModel:
     intercept: float
     weights: Mapping[str, float]  # by FOUND_SIGNALS name, on the signals as they are
     threshold: float
+    fitted_on: Mapping[str, Any] = field(default_factory=dict)  # what it was fitted on, as recorded
+
+    def __post_init__(self) -> None:
+        numbers = [self.intercept, self.threshold, *self.weights.values()]
+        if not all(isinstance(x, (int, float)) and math.isfinite(x) for x in numbers):
+            raise CalibrationError("calibration: found needs finite numbers")
+        if not set(self.weights) <= set(FOUND_SIGNALS) or not 0.0 <= self.threshold <= 1.0:
+            raise CalibrationError(
+                f"calibration: found weighs {_listed(FOUND_SIGNALS)}, its threshold in [0, 1]"
+            )
 
     def p_found(self, signals: Mapping[str, float]) -> float:
         """P(the documents hold the answer) from the run's ``signals``."""
@@ -3525,7 +3566,8 @@ class FoundModel:
 
     def to_dict(self) -> dict[str, Any]:
         """As a calibration's ``found`` section."""
-        return {"intercept": self.intercept, "weights": dict(self.weights), "threshold": self.threshold}
+        found = {"intercept": self.intercept, "weights": dict(self.weights), "threshold": self.threshold}
+        return {**found, "fitted_on": dict(self.fitted_on)} if self.fitted_on else found
 
 
 def found_by_rule(signals: Mapping[str, float]) -> bool:
@@ -3546,7 +3588,11 @@ def _found_from_dict(raw: Any) -> FoundModel | None:
         )
     weights = {name: _number(w, f"found.weights.{name}", -1e3, 1e3) for name, w in raw["weights"].items()}
     intercept = _number(raw.get("intercept"), "found.intercept", -1e3, 1e3)
-    return FoundModel(intercept, weights, _number(raw.get("threshold"), "found.threshold", 0.0, 1.0))
+    threshold = _number(raw.get("threshold"), "found.threshold", 0.0, 1.0)
+    fitted_on = raw.get("fitted_on")
+    return FoundModel(
+        intercept, weights, threshold, dict(fitted_on) if isinstance(fitted_on, Mapping) else {}
+    )
 
 
 @dataclass(frozen=True)
@@ -3802,7 +3848,11 @@ def self_test_text(fitted_on: Mapping[str, Any]) -> str:
     n = n if isinstance(n, int) and not isinstance(n, bool) else 0
     said = f"calibrated on {n} self-test questions from your documents"
     if not n and not own:
-        return "self-tested, but none of its questions passed the checks: the fit it refines, as it is"
+        kept = (
+            (fitted_on.get("yield") or {}).get("kept") if isinstance(fitted_on.get("yield"), Mapping) else 0
+        )
+        why = "it ran out before running its questions" if kept else "none of its questions passed the checks"
+        return f"self-tested, but {why}: the fit it refines, as it is"
     if isinstance(own, int) and not isinstance(own, bool) and own > 0:
         said += f" and {own} of your own labelled questions"
     return said
@@ -4249,9 +4299,10 @@ class Report:
         return float(self.confidence.get("p_correct", 0.0))
 
     @property
-    def found_in_documents(self) -> bool:
-        """Whether the documents hold the answer, as the run's signals say (False without one)."""
-        return bool(self.confidence.get("found_in_documents", False))
+    def found_in_documents(self) -> bool | None:
+        """Whether the documents hold the answer, as the run's signals say; None when no read ran."""
+        found = self.confidence.get("found_in_documents")
+        return None if found is None else bool(found)
 
     def to_dict(self) -> dict[str, Any]:
         """The report as JSON-ready data (a new object each time)."""
@@ -4769,19 +4820,21 @@ class _Run:
 
         ``found_in_documents``: whether the run's signals say the documents hold the answer (a read
         of them gave it, :func:`found_by_rule`, and the calibration's :class:`FoundModel`, if it has
-        one, agrees); ``guess`` when they do
-        not, or P(correct) is below ``GUESS_BELOW``; the runner-up candidate; and whether any
-        passage read contains the answer (``supported``).
+        one, agrees); None when no read of them ran, so nothing was checked. ``guess`` when they
+        do not hold it, or P(correct) is below ``GUESS_BELOW``; the runner-up candidate; and
+        whether any passage read contains the answer (``supported``).
         """
+        reads = self._document_reads()
         if not answer:
+            signals = self.found_signals(answer, False, 0.0, reads)
             return {
                 "p_correct": 0.0,
                 "guess": True,
                 "runner_up": None,
                 "supported": False,
                 "source": None,
-                "found_in_documents": False,
-                "found": {"p": None, "signals": self.found_signals(answer, False, 0.0)},
+                "found_in_documents": False if reads else None,  # every read said NONE
+                "found": {"p": None, "signals": signals},
                 "summary": "",
             }
         ranked = sorted(range(len(self.probs)), key=lambda i: (-self.probs[i], i))
@@ -4792,36 +4845,41 @@ class _Run:
             runner_up = {"answer": self.candidates.texts[second], "p": round(self.probs[second], 6)}
         shown = self._passages_shown()
         supported = _appears_in(answer, shown)
-        signals = self.found_signals(answer, supported, p_correct)
+        signals = self.found_signals(answer, supported, p_correct, reads)
         model = self.brag.calibration.found
-        found = found_by_rule(signals) and (model is None or model.found(signals))
+        found = (found_by_rule(signals) and (model is None or model.found(signals))) if reads else None
         return {
             "p_correct": round(p_correct, 6),
-            "guess": p_correct < GUESS_BELOW or not found,
+            "guess": p_correct < GUESS_BELOW or found is False,
             "runner_up": runner_up,
             "supported": supported,
-            "source": _source_of(answer, shown) if found else None,
+            "source": _source_of(answer, shown) if found is not False else None,
             "found_in_documents": found,
             "found": {"p": round(model.p_found(signals), 6) if model else None, "signals": signals},
-            "summary": _confidence_summary(p_correct, runner_up, supported, found),
+            "summary": _confidence_summary(p_correct, runner_up, supported, found is not False),
         }
 
-    def found_signals(self, answer: str, supported: bool, p_correct: float) -> dict[str, float]:
-        """What the run says about whether the documents hold ``answer`` (``FOUND_SIGNALS``)."""
-        if self.absent is None:  # the question's terms are looked up once a run
-            self.absent = absent_share(self.question, self.corpus)
-        reads = [
+    def _document_reads(self) -> list[Observation]:
+        """The observations of the run's reads of the documents (its kinds that read passages)."""
+        return [
             s.observation
             for s in self.steps
             if s.action in self.offered
             and s.observation is not None
             and self.offered[s.action].kind.reads_passages
         ]
+
+    def found_signals(
+        self, answer: str, supported: bool, p_correct: float, reads: Sequence[Observation]
+    ) -> dict[str, float]:
+        """What the run says about whether the documents hold ``answer`` (``FOUND_SIGNALS``)."""
+        if self.absent is None:  # the question's terms are looked up once a run
+            self.absent = absent_share(self.question, self.corpus)
         answered = [o for o in reads if o.answer and o.candidate is not None]
         best = self.candidates.texts.index(answer) if answer in self.candidates.texts else None
         return {
             "absent_terms": round(self.absent, 6),
-            "read_none": float(not answered),
+            "read_none": float(bool(reads) and not answered),  # reads ran, and every one said NONE
             "closed_book_only": float(bool(answer) and all(o.candidate != best for o in answered)),
             "in_passage": float(supported),
             "p_correct": round(p_correct, 6),

@@ -1453,8 +1453,7 @@ def documents_fit(
     together = without_gate([o for outcomes in sets.values() for o in outcomes])
     if not together or not all(o.labelled for o in together):
         raise brag.InputError("a documents fit needs questions with gold answers")
-    fitted = fit(together, m, hops)
-    _fit_partly_observed(fitted, together, m, hops)
+    fitted = _fit_partly_observed(fit(together, m, hops), together, m, hops)
     result = {
         "version": brag.CALIBRATION_VERSION,
         "source": "fitted",
@@ -1480,26 +1479,34 @@ def documents_fit(
     return result
 
 
-def _fit_partly_observed(fitted: dict[str, Any], outcomes: Sequence[Outcome], m: int, hops: int) -> None:
-    """Into ``fitted``: each action some sets observed and others did not, fitted on those that did.
+def _fit_partly_observed(
+    fitted: dict[str, Any], outcomes: Sequence[Outcome], m: int, hops: int
+) -> dict[str, Any]:
+    """``fitted`` with each action some sets observed and others did not, fitted on those that did.
 
     A second hop costs the most to observe, so not every set runs it; its entry (and cost) come
-    from the questions it ran on, the other actions' from every question.
+    from the questions it ran on (``fitted_on.subsets`` says how many), the other actions' from
+    every question.
     """
-    common = set(fitted["actions"])
+    result = {**fitted, "actions": dict(fitted["actions"]), "counts": dict(fitted["counts"])}
+    costs = dict(fitted["costs"]) if fitted.get("costs") is not None else None
+    subsets = {}
     for action in brag.ACTION_TABLE:
         some = [o for o in outcomes if action.label in o.answers]
-        if action.label in common or not some:
+        if action.label in fitted["actions"] or not some:
             continue
         alone = fit(some, m, hops)
-        fitted["actions"][action.label] = alone["actions"][action.label]
-        fitted["counts"][action.label] = alone["counts"][action.label]
-        if fitted.get("costs") is not None and (alone.get("costs") or {}).get(action.label):
-            fitted["costs"][action.label] = alone["costs"][action.label]
-        elif "costs" in fitted:
-            del fitted["costs"]  # a cost for every action, or none
+        result["actions"][action.label] = alone["actions"][action.label]
+        result["counts"][action.label] = alone["counts"][action.label]
+        subsets[action.label] = len(some)
+        known = (alone.get("costs") or {}).get(action.label)
+        costs = {**costs, action.label: known} if costs is not None and known else None  # all, or none
     order = [a.label for a in brag.ACTION_TABLE]
-    fitted["actions"] = dict(sorted(fitted["actions"].items(), key=lambda item: order.index(item[0])))
+    result["actions"] = dict(sorted(result["actions"].items(), key=lambda item: order.index(item[0])))
+    result.pop("costs", None)
+    if subsets:
+        result["fitted_on"] = {**result.get("fitted_on", {}), "subsets": subsets}
+    return {**result, "costs": costs} if costs is not None else result
 
 
 # The share of right answers a FoundModel may flag on the questions it is fitted on (it is
@@ -1590,7 +1597,8 @@ def refit(
     pseudo-observations: every action's q and rho, each evidence level's share and reliability,
     a hop's branches, each closed-book agreement level's share and reliability
     (:meth:`KindFit.fit`, the estimator a labelled fit uses from the row's prior). Every action
-    the outcomes observed gets an entry.
+    the outcomes observed gets an entry; the base's others (a second hop, which a self-test does
+    not run) keep theirs, and their costs.
     """
     pooled = brag.load_calibration(pooled)
     if not outcomes or not all(o.labelled for o in outcomes):
@@ -1662,7 +1670,7 @@ def self_test_fit(
         "hops": hops,
         "n_questions": len(outcomes),
         "f1_threshold": base.meta.get("f1_threshold", 0.8),
-        "note": "the pooled fit refitted on questions written from this corpus (calibrate.self_test_fit)",
+        "note": "the shipped fit refitted on questions written from this corpus (calibrate.self_test_fit)",
         "date": dt.datetime.now(dt.UTC).strftime("%Y-%m-%d"),
         **fitted,
         "fitted_on": {

@@ -1,9 +1,9 @@
 """The app's Demo examples and the README's example, answered by the embedded model.
 
-Each question runs as a user would run it: ``BRAG(llm)`` with the calibration shipped for the
-model (the app's Demo corpus has none of its own, so the model's HotpotQA one) at the default
-λ, over the app's Demo corpus; the README example is the README's own snippet, executed as
-written. The gold answers are read off the Demo corpus by hand.
+Each question runs as the app runs it: ``BRAG(llm)`` with the calibration shipped for the model
+and the Demo corpus (it has none of its own, so the model's pooled one) at the default λ, over
+the app's Demo corpus; the README example is the README's own snippet, executed as written
+(``BRAG(llm)``: the fit for a caller's documents). The gold answers are read off the Demo corpus by hand.
 
     python bench/examples.py --model local
 """
@@ -69,7 +69,8 @@ def main(argv: list[str] | None = None) -> int:
 
     llm = llms.make_llm(args.model)
     corpus = brag.Corpus(bragkit.serving.corpora.DEMO_CORPUS_PATH.read_text(encoding="utf-8"))
-    controller = brag.BRAG(llm)
+    demo_fit = brag.shipped_calibration(brag.llm_name(llm), bragkit.serving.corpora.DEMO)
+    controller = brag.BRAG(llm, calibration=demo_fit)
     rows = []
     for question, corpus_name in app.EXAMPLES:
         assert corpus_name == bragkit.serving.corpora.DEMO and question in GOLD, question

@@ -112,7 +112,7 @@ def main_self_test(argv: Sequence[str]) -> int:
     parser = argparse.ArgumentParser(
         prog="calibrate.py self-test",
         description="Calibrate BRAG on documents without labels: it writes questions from them, checks "
-        "them, runs every action and refits the model's pooled fit. The fit is also kept for the model "
+        "them, runs the actions and refits the model's documents fit. The fit is also kept for the model "
         "and corpus (BRAG_CACHE_DIR), where the app finds it.",
     )
     parser.add_argument("files", nargs="+", help="documents (PDF, HTML, Word, Markdown, text)")
@@ -136,11 +136,11 @@ def main_self_test(argv: Sequence[str]) -> int:
         writer = llms.CachedLLM(llms.make_llm(args.generator), args.cache) if args.generator else None
         own = calibrate.read_labelled(args.questions) if args.questions else []
         plan = fits.SelfTestPlan(questions=args.keep, tries=4 * args.keep, seconds=args.seconds)
-        pooled = brag.shipped_calibration(brag.llm_name(llm))
+        base = brag.shipped_calibration(brag.llm_name(llm))  # no corpus name: the documents fit
         result = fits.calibrate_corpus(
             corpus,
             llm,
-            pooled,
+            base,
             generator=writer,
             plan=plan,
             labelled=own,

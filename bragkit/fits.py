@@ -1,7 +1,8 @@
 """A corpus's own fit: the self-test that makes it, and the store that keeps it.
 
 :func:`calibrate_corpus` writes questions from the documents (:mod:`bragkit.selftest`), runs every
-action on them (``calibrate.observe``) and refits the model's pooled fit on what it saw
+action on them (``calibrate.observe``) and refits the model's shipped fit (the documents fit, for a
+caller's documents) on what it saw
 (``calibrate.self_test_fit``), all under one :class:`SelfTestPlan`'s bounds; :class:`KeptSelfTests`
 keeps the owner's fits (``python calibrate.py self-test``) by model and corpus, where the app finds
 them.
@@ -71,7 +72,7 @@ class SelfTestPlan:
 def calibrate_corpus(
     corpus: brag.Retriever,
     llm: brag.LLM,
-    pooled: brag.Calibration | Mapping[str, Any],
+    base: brag.Calibration | Mapping[str, Any],
     *,
     generator: brag.LLM | None = None,
     plan: SelfTestPlan = SelfTestPlan(),
@@ -85,7 +86,7 @@ def calibrate_corpus(
     self-test's. ``on_progress(fraction, what)`` reports as it goes; ``should_stop()`` cancels
     (:class:`selftest.Cancelled`). However few questions pass the checks, or are run before the
     plan's time or prompt characters run out, it ends with a fit on those: on fewer questions the
-    refit leans harder on ``pooled`` (none: ``pooled`` as it is), and ``fitted_on.checked`` says so.
+    refit leans harder on ``base`` (none: ``base`` as it is), and ``fitted_on.checked`` says so.
     """
     # One meter for all of it: the stop, the clock and the prompt characters are asked before
     # every call, while writing questions and while running the actions on them.
@@ -107,7 +108,7 @@ def calibrate_corpus(
                 f"Running the actions: question {done} of {total}",
             )
 
-    m = brag.load_calibration(pooled).m
+    m = brag.load_calibration(base).m
     outcomes, ran_out = _observed(items, corpus, llm, m, plan, observed)
     summary = {**test.summary(), "seconds": round(time.monotonic() - started, 1)}
     summary["checked"] = checked_text(summary, plan.questions)
@@ -116,7 +117,7 @@ def calibrate_corpus(
             filter(None, [summary["checked"], _ran_out_text(ran_out, len(outcomes), len(items), plan)])
         )
     return calibrate.self_test_fit(
-        pooled,
+        base,
         outcomes,
         corpus=corpus.fingerprint(),
         model=brag.llm_name(llm),

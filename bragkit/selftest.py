@@ -16,7 +16,7 @@ questions. So BRAG writes its own (docs/calibration.md, "Your documents"):
    passage alone does not give the span back (the roundtrip of Alberti et al., 2019).
 
 :func:`self_test` returns the kept pairs; ``fits.calibrate_corpus`` runs every action on
-them and refits the model's pooled fit (``calibrate.self_test_fit``).
+them and refits the model's shipped fit (``calibrate.self_test_fit``).
 Every call goes through the LLM handed in (a cache, a budget) and the :class:`Budget` here
 bounds tries, calls and seconds; ``should_stop`` cancels between calls.
 """
@@ -388,6 +388,7 @@ def question_messages(passage: brag.Passage, span: Span) -> list[dict[str, str]]
     return [*messages, {"role": "user", "content": _question_turn(span.cloze())}]
 
 
+_LABELLED = re.compile(r"([^:：]{1,24})[:：](.*)")  # "Question: …", "質問：…"
 # How a generator labels its question, in the languages a self-test asks in.
 _QUESTION_LABELS = frozenset(
     (
@@ -414,9 +415,9 @@ def parse_question(text: str, max_chars: int = Budget.question_chars) -> str:
     """
     lines = [line.strip() for line in text.strip().splitlines() if line.strip()]
     for line in lines:
-        label, colon, rest = line.replace("：", ":", 1).partition(":")
-        if colon and label.strip().casefold() in _QUESTION_LABELS:
-            line = rest.strip()
+        labelled = _LABELLED.match(line)
+        if labelled and labelled.group(1).strip().casefold() in _QUESTION_LABELS:
+            line = labelled.group(2).strip()
         if line.endswith(("?", "？")) and 3 <= word_count(line) <= 40:
             question = " ".join(line.split())
             fits = len(question) <= max_chars and len(unicodedata.normalize("NFKC", question)) <= max_chars

@@ -977,6 +977,22 @@ def test_a_found_model_is_fitted_from_runs_and_flags_few_right_answers():
 def test_a_bad_found_section_is_a_clear_calibration_error(found, message):
     with pytest.raises(brag.CalibrationError, match=message):
         brag.load_calibration({**_pooled_fit().to_dict(), "found": found})
+    with pytest.raises(brag.CalibrationError, match="finite"):
+        brag.FoundModel(0.0, {"absent_terms": float("nan")}, 0.5)
+
+
+def test_a_found_section_survives_every_copy_of_a_calibration():
+    found = {
+        "intercept": 1.0,
+        "weights": {"absent_terms": -3.0},
+        "threshold": 0.4,
+        "fitted_on": {"questions": 9},
+    }
+    cal = brag.load_calibration({**_pooled_fit().to_dict(), "found": found})
+    assert cal.to_dict()["found"] == found and brag.load_calibration(cal.to_dict()) == cal
+    refit = brag.load_calibration(calibrate.self_test_fit(cal, _corpus_outcomes(10, 0.5), corpus="c"))
+    assert refit.found == cal.found
+    assert brag.load_calibration(calibrate.self_test_fit(cal, [], corpus="c")).found == cal.found
 
 
 def test_user_labels_are_added_to_the_self_test():

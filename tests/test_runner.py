@@ -710,4 +710,12 @@ def test_without_a_found_model_an_answer_no_read_gave_is_not_found():
     nothing = BRAG(reads_none, calibration=PRIORS, k=2).ask(
         "Who designed the Analytical Engine?", Corpus(PASSAGES), actions=["R1"]
     )
-    assert nothing.answer == "" and not nothing.found_in_documents
+    assert nothing.answer == "" and nothing.found_in_documents is False  # every read said NONE
+    # No read of the documents ran: nothing was checked, so nothing is said either way.
+    closed_book = BRAG(reads_none, calibration=PRIORS, k=2).ask(
+        "Who designed the Analytical Engine?", Corpus(PASSAGES), actions=["CB"]
+    )
+    assert closed_book.answer == "Ada Lovelace" and closed_book.found_in_documents is None
+    assert closed_book.to_dict()["found_in_documents"] is None
+    assert not closed_book.confidence["summary"].startswith(brag.NOT_FOUND)
+    assert closed_book.confidence["found"]["signals"]["read_none"] == 0.0

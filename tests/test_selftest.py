@@ -394,6 +394,7 @@ def test_spans_are_found_in_japanese_and_chinese_sentences(text, span, cloze):
             "Welche Variable liest frobnicate beim Start?",
         ),
         ("Question: Which file?", ""),  # two words: too short to name what it is about
+        ("Question: 設定値 a：b はどこに書きますか？", "設定値 a：b はどこに書きますか？"),  # kept as written
     ],
 )
 def test_a_question_is_read_from_a_reply_in_each_language(reply, question):
