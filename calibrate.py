@@ -1379,23 +1379,33 @@ def pool(
     fitted = fit(together, m, hops)
     names = [str(c.get("corpus") or c.get("name")) for c, _ in sets]
     comparison = {name: own_or_pooled(i, sets, m, hops) for i, name in enumerate(names)}
+    return _pooled_file(
+        fitted,
+        {
+            "model": first.get("model"),
+            "name": "pooled",
+            **(meta or {}),
+            "corpus": "pooled",
+            "pooled_from": names,
+            "replaces": [name for name, scores in comparison.items() if scores["pooled"] < scores["own"]],
+            "cross_validation": comparison,
+            "k": first.get("k"),
+            "m": m,
+            "hops": hops,
+            "n_questions": len(together),
+            "f1_threshold": first.get("f1_threshold"),
+            "note": f"pooled by calibrate.py from {', '.join(names)}",
+        },
+    )
+
+
+def _pooled_file(fitted: dict[str, Any], meta: Mapping[str, Any]) -> dict[str, Any]:
+    """A fit over several sets as a calibration file (no gate: its thresholds are one corpus's), checked."""
     result = {
         "version": brag.CALIBRATION_VERSION,
         "source": "fitted",
         "fitted": True,
-        "model": first.get("model"),
-        "name": "pooled",
-        **(meta or {}),
-        "corpus": "pooled",
-        "pooled_from": names,
-        "replaces": [name for name, scores in comparison.items() if scores["pooled"] < scores["own"]],
-        "cross_validation": comparison,
-        "k": first.get("k"),
-        "m": m,
-        "hops": hops,
-        "n_questions": len(together),
-        "f1_threshold": first.get("f1_threshold"),
-        "note": f"pooled by calibrate.py from {', '.join(names)}",
+        **meta,
         "prior": prior_text(list(fitted["actions"])),
         "date": dt.datetime.now(dt.UTC).strftime("%Y-%m-%d"),
         **fitted,
@@ -1454,10 +1464,7 @@ def documents_fit(
     if not together or not all(o.labelled for o in together):
         raise brag.InputError("a documents fit needs questions with gold answers")
     fitted = _fit_partly_observed(fit(together, m, hops), together, m, hops)
-    result = {
-        "version": brag.CALIBRATION_VERSION,
-        "source": "fitted",
-        "fitted": True,
+    meta = {
         "model": model,
         "name": brag.DOCUMENTS,
         **dict(meta or {}),
@@ -1469,14 +1476,8 @@ def documents_fit(
         "n_questions": len(together),
         "f1_threshold": 0.8,
         "note": f"fitted by calibrate.documents_fit on {', '.join(sets)}",
-        "prior": prior_text(list(fitted["actions"])),
-        "date": dt.datetime.now(dt.UTC).strftime("%Y-%m-%d"),
-        **fitted,
-        "gate": None,
-        **({"found": dict(found)} if found is not None else {}),
     }
-    brag.load_calibration(result)
-    return result
+    return _pooled_file({**fitted, **({"found": dict(found)} if found is not None else {})}, meta)
 
 
 def _fit_partly_observed(

@@ -280,12 +280,7 @@ def self_test_record(s: DocumentSet) -> dict[str, Any] | None:
 COLUMNS = ("accuracy", "ece", "auroc", "guesses", "guess_right", "sure_right", "calls", "tokens", "seconds")
 
 
-def _f(value: Any, digits: int = 3) -> str:
-    if value is None:
-        return "–"
-    if isinstance(value, float):
-        return f"{value:.{digits}f}"
-    return str(value)
+_f = observed._f  # one way to print a figure in the bench's tables
 
 
 def set_table(name: str, found: dict[str, Any]) -> list[str]:
