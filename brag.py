@@ -2206,33 +2206,28 @@ def absent_share(question: str, corpus: Retriever) -> float:
     return sum(corpus.document_share(t) == 0 for t in terms) / len(terms)
 
 
-# Japanese kana-only bigrams are grammar (どこ, すか), and these Chinese bigrams ask a question
+# Japanese kana-only bigrams are grammar (どこ, すか), a bigram across a change of script
+# (定フ, ルは) spans a word boundary a paraphrase moves, and these Chinese bigrams ask a question
 # (什么, 哪里): a manual's statements rarely hold them, whatever it is about. Languages that
 # separate words lose their question words as stop words already.
 _KANA_ONLY = re.compile(r"[\u3040-\u309f\u30fc]+")
-_CHINESE_QUESTION_WORDS = frozenset(
-    (
-        "什么",
-        "为什",
-        "哪里",
-        "哪个",
-        "哪些",
-        "哪种",
-        "怎么",
-        "怎样",
-        "如何",
-        "多少",
-        "是否",
-        "几个",
-        "吗",
-        "呢",
-    )
+_SCRIPT_OF = (
+    (re.compile(r"[\u3040-\u309f]"), "hiragana"),
+    (re.compile(r"[\u30a0-\u30ff]"), "katakana"),
+    (re.compile(r"[\u3400-\u4dbf\u4e00-\u9fff\uf900-\ufaff]"), "han"),
 )
+# A bigram holding one of these asks (什么, 哪里, 在哪, 怎么, 多少 ...): its words are the question's.
+_CHINESE_QUESTION_CHARACTERS = re.compile("[什哪吗呢怎几么谁]")
+_CHINESE_QUESTION_WORDS = frozenset(("如何", "多少", "是否"))
 
 
 def _grammar(term: str) -> bool:
     """Whether a term of a question is its grammar rather than what it is about."""
-    return bool(_KANA_ONLY.fullmatch(term)) or term in _CHINESE_QUESTION_WORDS
+    asks = term in _CHINESE_QUESTION_WORDS or _CHINESE_QUESTION_CHARACTERS.search(term)
+    if _KANA_ONLY.fullmatch(term) or asks or term in _STOP_LANGUAGES:
+        return True  # a stop word of any language ("who", "welche"), whatever the corpus drops
+    scripts = {next((name for script, name in _SCRIPT_OF if script.match(c)), "") for c in term}
+    return len(term) == 2 and "" not in scripts and len(scripts) == 2
 
 
 def topk_overlap(a: np.ndarray, b: np.ndarray, k: int) -> float:

@@ -242,3 +242,16 @@ def test_a_long_question_looks_up_at_most_max_term_lookups_shares():
     asked.clear()
     brag._salient_terms("Which town lies on river number 7?", Counting())
     assert sorted(asked) == sorted(set(brag.tokenize("Which town lies on river number 7?")))
+
+
+def test_absent_share_counts_the_question_terms_no_passage_holds_not_its_grammar():
+    english = brag.Corpus(["The Glass Tower in Oslo was designed by Lina Berg.", "Oslo is in Norway."])
+    assert brag.absent_share("Who designed the Glass Tower?", english) == 0.0
+    assert brag.absent_share("Which Kubernetes operator was designed by Lina Berg?", english) == pytest.approx(2 / 5)
+    japanese = brag.Corpus(["設定ファイルは /etc/foo.conf に保存されます。", "ネットワークの設定も同じです。"])
+    # どこ, すか (kana-only) and ルは (across scripts) are the question's grammar, not its subject.
+    assert brag.absent_share("設定ファイルはどこに保存されますか？", japanese) == 0.0
+    assert brag.absent_share("Kubernetesクラスタの設定方法は？", japanese) > 0.5
+    chinese = brag.Corpus(["配置文件保存在 /etc/bar.conf 中。", "系统启动时读取这个文件。"])
+    assert brag.absent_share("配置文件保存在哪里？", chinese) == 0.0  # 哪里 asks; it is not absent content
+    assert brag.absent_share("who and which?", english) == 0.0  # only grammar: nothing to be absent
