@@ -719,3 +719,19 @@ def test_without_a_found_model_an_answer_no_read_gave_is_not_found():
     assert closed_book.to_dict()["found_in_documents"] is None
     assert not closed_book.confidence["summary"].startswith(brag.NOT_FOUND)
     assert closed_book.confidence["found"]["signals"]["read_none"] == 0.0
+
+
+def test_old_calibrations_load_without_a_found_model_and_a_found_model_changes_no_decision():
+    for name, cal in brag.shipped_calibrations().items():
+        if cal.meta.get("corpus") != brag.DOCUMENTS:
+            assert cal.found is None and "found" not in cal.to_dict(), name
+    llm = ScriptedLLM(
+        read=two_hop_reader, closed_book=lambda p, n: ["Oslo", "Rome", "Lima", "NONE", "Bern"][:n]
+    )
+    plain = brag.load_calibration(PRIORS).to_dict()
+    flagging = {**plain, "found": {"intercept": -50.0, "weights": {}, "threshold": 0.5}}  # never found
+    before = BRAG(llm, calibration=plain, k=1, lam=0.0).ask(QUESTION, Corpus(PASSAGES))
+    after = BRAG(llm, calibration=flagging, k=1, lam=0.0).ask(QUESTION, Corpus(PASSAGES))
+    assert [s.action for s in before.steps] == [s.action for s in after.steps]
+    assert before.answer == after.answer == "Bergen" and before.p_err == after.p_err
+    assert before.found_in_documents is True and after.found_in_documents is False
