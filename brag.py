@@ -3566,7 +3566,7 @@ class FoundModel:
 
 
 def found_by_rule(signals: Mapping[str, float]) -> bool:
-    """Without a fitted model: found unless no read of the documents gave the answer."""
+    """Found only if a read of the documents gave the answer (with or without a fitted model)."""
     return not (signals.get("read_none") or signals.get("closed_book_only"))
 
 

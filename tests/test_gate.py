@@ -247,8 +247,12 @@ def test_a_long_question_looks_up_at_most_max_term_lookups_shares():
 def test_absent_share_counts_the_question_terms_no_passage_holds_not_its_grammar():
     english = brag.Corpus(["The Glass Tower in Oslo was designed by Lina Berg.", "Oslo is in Norway."])
     assert brag.absent_share("Who designed the Glass Tower?", english) == 0.0
-    assert brag.absent_share("Which Kubernetes operator was designed by Lina Berg?", english) == pytest.approx(2 / 5)
-    japanese = brag.Corpus(["設定ファイルは /etc/foo.conf に保存されます。", "ネットワークの設定も同じです。"])
+    assert brag.absent_share(
+        "Which Kubernetes operator was designed by Lina Berg?", english
+    ) == pytest.approx(2 / 5)
+    japanese = brag.Corpus(
+        ["設定ファイルは /etc/foo.conf に保存されます。", "ネットワークの設定も同じです。"]
+    )
     # どこ, すか (kana-only) and ルは (across scripts) are the question's grammar, not its subject.
     assert brag.absent_share("設定ファイルはどこに保存されますか？", japanese) == 0.0
     assert brag.absent_share("Kubernetesクラスタの設定方法は？", japanese) > 0.5
