@@ -50,6 +50,9 @@ SHIPPED = ROOT / "data" / "calibrations" / "qwen2.5-coder-0.5b-documents.json"
 # self-test in bench/results/selftest, without the actions the plan no longer runs.
 SELF_TESTS = ROOT / "bench" / "results" / "self_tests"
 M, HOPS = 5, fits.SELF_TEST_HOPS  # as every set was observed (bench/selftest.py observer)
+# The strength a self-test refit used before the documents fit (chosen then toward the benchmark
+# fit): shown beside today's choice, and the strength of the own-labels ceiling.
+EARLIER_STRENGTH = 5.0
 
 
 @dataclass
@@ -235,8 +238,11 @@ def held_out(llm: brag.LLM, sets: list[DocumentSet]) -> dict[str, Any]:
         fits_of = {"benchmark fit": benchmark, "documents fit (held out)": base}
         if s.self_test:
             fits_of["own self-test fit"] = refitted(base, s.self_test, chosen[s.name])
+            fits_of[f"own self-test fit, strength {EARLIER_STRENGTH:g}"] = refitted(
+                base, s.self_test, EARLIER_STRENGTH
+            )
         found = {label: scores(*runs(llm, fit, s)) for label, fit in fits_of.items()}
-        found["own labels (CV)"] = scores(own_labels(llm, base, s, chosen[s.name]), [])
+        found["own labels (CV)"] = scores(own_labels(llm, base, s, EARLIER_STRENGTH), [])
         for label in ("RT", "R1"):
             found[f"{label} alone"] = observed.scored(observed.fixed_rows(s.real, label))
         results["sets"][s.name] = {
@@ -291,13 +297,14 @@ def set_table(name: str, found: dict[str, Any]) -> list[str]:
         "",
         "| fit | n | "
         + " | ".join(COLUMNS)
-        + " | right flagged | unanswerable: not found | flagged | unflagged |",
-        "|---" * (len(COLUMNS) + 6) + "|",
+        + " | right: not found | right flagged | unanswerable: not found | flagged | unflagged |",
+        "|---" * (len(COLUMNS) + 7) + "|",
     ]
     for label, s in found["scores"].items():
         u = s.get("unanswerable") or {}
         cells = [_f(s.get(c), 0 if c == "tokens" else 2 if c in ("seconds", "calls") else 3) for c in COLUMNS]
         tail = [
+            _f(s.get("right_flagged_not_found")),
             _f(s.get("right_flagged")),
             _f(u.get("not_found")),
             _f(u.get("flagged")),
@@ -309,11 +316,11 @@ def set_table(name: str, found: dict[str, Any]) -> list[str]:
 
 def pooled_table(results: dict[str, Any]) -> list[str]:
     """Question-weighted over the sets, for each fit every set has."""
-    labels = [k for k in next(iter(results["sets"].values()))["scores"] if k != "own self-test fit"]
+    labels = [k for k in next(iter(results["sets"].values()))["scores"] if not k.startswith("own self-test")]
     lines = [
-        "| fit | questions | accuracy | ece (mean of sets) | right flagged "
+        "| fit | questions | accuracy | ece (mean of sets) | right: not found | right flagged "
         "| unanswerable not found | flagged | unflagged |",
-        "|---|---|---|---|---|---|---|---|",
+        "|---|---|---|---|---|---|---|---|---|",
     ]
     for label in labels:
         rows = [found["scores"][label] for found in results["sets"].values()]
@@ -321,6 +328,9 @@ def pooled_table(results: dict[str, Any]) -> list[str]:
         accuracy = sum(r["accuracy"] * r["n"] for r in rows) / n
         ece = [r["ece"] for r in rows if r.get("ece") is not None]
         flagged_right = [r["right_flagged"] for r in rows if r.get("right_flagged") is not None]
+        right_not_found = [
+            r["right_flagged_not_found"] for r in rows if r.get("right_flagged_not_found") is not None
+        ]
         un = [r["unanswerable"] for r in rows if r.get("unanswerable")]
         un_n = sum(u["n"] for u in un)
 
@@ -329,6 +339,7 @@ def pooled_table(results: dict[str, Any]) -> list[str]:
 
         lines.append(
             f"| {label} | {n} | {accuracy:.3f} | {_f(float(np.mean(ece)) if ece else None)} | "
+            f"{_f(float(np.mean(right_not_found)) if right_not_found else None)} | "
             f"{_f(float(np.mean(flagged_right)) if flagged_right else None)} | "
             f"{share('not_found')} | {share('flagged')} | {share('unflagged')} |"
         )
