@@ -321,11 +321,18 @@ def long_written_questions(lab: Any) -> str:
     answer = result(
         lab.selftest.url, "calibrate", self_test_args(model=lab.st["longq"].url + "#m"), via("203.0.113.26")
     )
-    return f"{answer[:200]} · server CPU {tree_cpu(pid) - before:.1f} s"
+    try:  # a self-test ends with a fit however few questions pass: what it kept, and fitted on
+        fitted_on = json.loads(answer)["fitted_on"]
+        kept, tried = fitted_on["yield"]["kept"], fitted_on["yield"]["tried"]
+        said = f"kept {kept} of {tried}; fitted on {fitted_on['questions']} "
+    except (ValueError, KeyError, TypeError):
+        said = answer[:200]
+    return f"{said} · server CPU {tree_cpu(pid) - before:.1f} s"
 
 
 def long_questions_refused(lab: Any, response: str) -> str | None:
-    return None if "only 0 of" in response else f"questions over the limit were kept ({response[:200]})"
+    refused = response.startswith("kept 0 of") and "fitted on 0 " in response
+    return None if refused else f"questions over the limit were kept ({response[:200]})"
 
 
 def prompt_characters(lab: Any) -> str:
