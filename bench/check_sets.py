@@ -17,7 +17,6 @@ failure, a summary per set; exit status 1 on any failure.
 
 from __future__ import annotations
 
-import argparse
 import gzip
 import json
 import re
@@ -30,6 +29,9 @@ from typing import Any
 
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
+sys.path.insert(0, str(ROOT / "bench"))
+
+from harness import documents_parser
 
 from bragkit import documents
 
@@ -129,10 +131,7 @@ def check(entry: dict[str, Any], docs: Path) -> list[str]:
 
 
 def main() -> int:
-    parser = argparse.ArgumentParser(
-        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
-    )
-    parser.add_argument("--docs", type=Path, required=True, help="the fetched documents, DIR/<set>/")
+    parser = documents_parser(__doc__)
     parser.add_argument("--fetch", action="store_true", help="apt-get download any set missing from DIR")
     parser.add_argument("--set", help="check only this set")
     args = parser.parse_args()

@@ -20,7 +20,6 @@ Every run is the controller over the cached LLM responses (``--replay``: no LLM 
 
 from __future__ import annotations
 
-import argparse
 import json
 import sys
 from dataclasses import dataclass, replace
@@ -34,7 +33,7 @@ sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(ROOT / "bench"))
 
 import selftest as observed
-from harness import write_keeping
+from harness import documents_parser, write_keeping
 
 import brag
 import calibrate
@@ -452,10 +451,7 @@ def markdown(results: dict[str, Any], command: str) -> list[str]:
 
 
 def main() -> int:
-    parser = argparse.ArgumentParser(
-        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
-    )
-    parser.add_argument("--docs", type=Path, required=True, help="where each set's files are (DIR/<set>/)")
+    parser = documents_parser(__doc__)
     parser.add_argument("--replay", action="store_true", help="from the cache alone (no LLM)")
     parser.add_argument("--ship", action="store_true", help="write the documents fit over every set")
     args = parser.parse_args()

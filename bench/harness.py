@@ -6,6 +6,7 @@ the data is asked for), so a process whose memory is measured loads nothing more
 
 from __future__ import annotations
 
+import argparse
 import resource
 import sys
 from pathlib import Path
@@ -36,3 +37,10 @@ def write_keeping(path: Path, lines: list[str], heading: str = "## Notes") -> No
     old = path.read_text(encoding="utf-8") if path.exists() else ""
     kept = [heading + old.split(heading, 1)[1].rstrip("\n")] if heading in old else []
     path.write_text("\n".join([*lines, *kept]).rstrip("\n") + "\n", encoding="utf-8")
+
+
+def documents_parser(doc: str | None) -> argparse.ArgumentParser:
+    """A command line for a script over the labelled document sets: its docstring, and ``--docs DIR``."""
+    parser = argparse.ArgumentParser(description=doc, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--docs", type=Path, required=True, help="the fetched documents, DIR/<set>/")
+    return parser
