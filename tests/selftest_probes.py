@@ -322,10 +322,10 @@ def long_written_questions(lab: Any) -> str:
         lab.selftest.url, "calibrate", self_test_args(model=lab.st["longq"].url + "#m"), via("203.0.113.26")
     )
     try:  # a self-test ends with a fit however few questions pass: what it kept, and fitted on
-        fitted_on = json.loads(answer)["fitted_on"]
+        fitted_on = json.loads(json.loads(answer.removeprefix("complete: "))[0])["fitted_on"]
         kept, tried = fitted_on["yield"]["kept"], fitted_on["yield"]["tried"]
         said = f"kept {kept} of {tried}; fitted on {fitted_on['questions']} "
-    except (ValueError, KeyError, TypeError):
+    except (ValueError, KeyError, TypeError, IndexError):
         said = answer[:200]
     return f"{said} · server CPU {tree_cpu(pid) - before:.1f} s"
 
