@@ -71,7 +71,9 @@ __all__ = [  # noqa: RUF022
     "token_f1",
     # Evidence
     "EVIDENCE_FEATURES",
+    "PRE_CALL_FEATURES",
     "read_evidence",
+    "question_signals",
     # Posterior
     "Vote",
     "posterior",
@@ -101,6 +103,9 @@ __all__ = [  # noqa: RUF022
     # Calibration entries
     "ActionPrior",
     "ActionCost",
+    "EvidenceCurve",
+    "RELIABILITY_BOUNDS",
+    "curve_to_dict",
     # Prompts
     "READ_STOP",
     "closed_book_messages",
@@ -117,9 +122,11 @@ __all__ = [  # noqa: RUF022
     "Read",
     "Hop",
     "Samples",
+    "SampledRead",
     "READ",
     "HOP",
     "SAMPLES",
+    "SAMPLED_READ",
     "action_labels",
     "action_named",
     # Calibration
@@ -791,11 +798,38 @@ def closed_book_mode(samples: Sequence[str]) -> tuple[str, int]:
 # ------------------------------------------------------------------------------------------
 
 
+# A vote's own reliability stays inside these: no evidence makes one read certain, or worthless.
+RELIABILITY_BOUNDS = (0.02, 0.98)
+
+
+def _sigmoid(x: float) -> float:
+    return 1.0 / (1.0 + math.exp(-x)) if x >= 0 else math.exp(x) / (1.0 + math.exp(x))
+
+
+def bounded_reliability(rho: float) -> float:
+    """``rho`` kept inside ``RELIABILITY_BOUNDS``."""
+    low, high = RELIABILITY_BOUNDS
+    return min(max(rho, low), high)
+
+
+# The Beta a + b a hand-set or fitted reliability is stored with (calibrate.py fits to it too).
+PRIOR_CONCENTRATION = 10.0
+
+
+def _prior_beta(mean: float) -> tuple[float, float]:
+    return mean * PRIOR_CONCENTRATION, (1 - mean) * PRIOR_CONCENTRATION
+
+
 class Vote(NamedTuple):
-    """One observation for candidate ``candidate`` from a source of type ``source`` (R1, R2, CB_g)."""
+    """One observation for candidate ``candidate`` from a source of type ``source`` (R1, R2, CB_g).
+
+    ``reliability``: the vote's own rho, when its evidence sets it (an evidence curve); None:
+    its type's.
+    """
 
     source: str
     candidate: int
+    reliability: float | None = None
 
 
 def _lnbeta(x: float, y: float) -> float:
@@ -844,15 +878,22 @@ class VoteModel:
         if rule == "spec":
             self.table = {t: [self._row(t, big_n) for big_n in range(max_votes + 1)] for t in self.priors}
 
-    def _row(self, source: str, big_n: int) -> list[float]:
-        a, b = self.priors[source]
+    def log_ratio_of(self, vote: Vote) -> float:
+        """The log likelihood ratio of one vote (floored): its own reliability's, else its type's."""
+        if vote.reliability is None:
+            return self.log_ratio[vote.source]
+        rho = bounded_reliability(vote.reliability)
+        return math.log(rho / (1 - rho)) - self.ln_eta
+
+    def _row(self, source: str, big_n: int, beta: tuple[float, float] | None = None) -> list[float]:
+        a, b = beta or self.priors[source]
         base = _lnbeta(a, b + big_n)
         return [_lnbeta(a + n, b + big_n - n) - base - n * self.ln_eta for n in range(big_n + 1)]
 
-    def row(self, source: str, big_n: int) -> list[float]:
-        """SPEC's tabulated terms for N = ``big_n`` votes of type ``source``."""
-        rows = self.table.get(source, [])
-        return rows[big_n] if big_n < len(rows) else self._row(source, big_n)
+    def row(self, source: str, big_n: int, beta: tuple[float, float] | None = None) -> list[float]:
+        """SPEC's tabulated terms for N = ``big_n`` votes of type ``source`` (or of Beta ``beta``)."""
+        rows = self.table.get(source, []) if beta is None else []
+        return rows[big_n] if big_n < len(rows) else self._row(source, big_n, beta)
 
     def beliefs(self) -> Beliefs:
         """An empty posterior state to add votes to."""
@@ -886,15 +927,23 @@ class Beliefs:
         return favour if favour is not None else max(self.weakest_best[cand], log_ratio)
 
     def add(self, vote: Vote) -> None:
-        """Record one vote."""
-        source, cand = vote
+        """Record one vote.
+
+        Under ``spec`` a vote with its own reliability is a type of its own, Beta(rho c, (1 - rho) c)
+        at ``PRIOR_CONCENTRATION`` c.
+        """
+        source, cand, own = vote
+        beta = None
+        if own is not None:
+            rho = bounded_reliability(own)
+            source, beta = f"{source}@{rho:.6f}", _prior_beta(rho)
         log_w = self.log_w
         while len(log_w) <= cand:
             log_w.append(0.0)
         counts = self.counts.setdefault(source, {})
         n = counts.get(cand, 0)
         if self.model.rule == "floored":
-            ratio = self.model.log_ratio[source]
+            ratio = self.model.log_ratio_of(vote)
             log_w[cand] = self.weight_after(cand, ratio)
             while len(self.favour) <= cand:
                 self.favour.append(None)
@@ -905,7 +954,7 @@ class Beliefs:
                 self.weakest_best[cand] = max(self.weakest_best[cand], ratio)
         else:
             big_n = sum(counts.values())
-            old, new = self.model.row(source, big_n), self.model.row(source, big_n + 1)
+            old, new = self.model.row(source, big_n, beta), self.model.row(source, big_n + 1, beta)
             for i, m in counts.items():
                 log_w[i] += new[m] - old[m]
             log_w[cand] += new[n + 1] - new[n]
@@ -2065,7 +2114,22 @@ def _remap(result: IngestionResult, ids: Sequence[int]) -> IngestionResult:
 #   answer_p_min  the probability of its least likely token
 #   span          1 / rank of the first passage read that holds the answer word for word, else 0
 #   in_question   1 when the question itself holds the answer (a choice it offered), else 0
-EVIDENCE_FEATURES = ("answer_p", "answer_p_min", "span", "in_question")
+#   question_share  the share of the answer's words the question holds (wrong answers copy it)
+#   margin        how far the top passage's retrieval score leads the next one's, as a share of it
+#   top_coverage  the share of the question's content terms the top passage holds
+#   agreement     a sampled read's share of samples that give its answer (others: None)
+EVIDENCE_FEATURES = (
+    "answer_p",
+    "answer_p_min",
+    "span",
+    "in_question",
+    "question_share",
+    "margin",
+    "top_coverage",
+    "agreement",
+)
+# Known from the question's retrieval before any call: the lookahead prices each read with them.
+PRE_CALL_FEATURES = ("margin", "top_coverage")
 
 
 _NO_WORD_BEFORE = f"(?<![^\\W{UNSPACED_SCRIPTS}])"  # no letter or digit, but Han, kana…
@@ -2136,17 +2200,17 @@ def read_evidence(
     if not answer:
         return dict.fromkeys(EVIDENCE_FEATURES)
     picked = answer_logprobs(answer, tokens) if tokens else []
-    evidence: dict[str, float | None] = {
-        "answer_p": math.exp(sum(picked) / len(picked)) if picked else None,
-        "answer_p_min": math.exp(min(picked)) if picked else None,
-        "span": None,
-        "in_question": None,
-    }
+    evidence: dict[str, float | None] = dict.fromkeys(EVIDENCE_FEATURES)
+    evidence["answer_p"] = math.exp(sum(picked) / len(picked)) if picked else None
+    evidence["answer_p_min"] = math.exp(min(picked)) if picked else None
     if normalize_answer(answer) in ("yes", "no"):
         return evidence
     rank = next((i for i, p in enumerate(passages, 1) if _find_answer(answer, p.shown())), None)
     evidence["span"] = 1.0 / rank if rank else 0.0
     evidence["in_question"] = float(_find_answer(answer, question) is not None)
+    said = {w.casefold() for w in words(answer)}
+    asked = {w.casefold() for w in words(question)}
+    evidence["question_share"] = len(said & asked) / len(said) if said else None
     return evidence
 
 
@@ -2228,6 +2292,25 @@ def _grammar(term: str) -> bool:
         return True  # a stop word of any language ("who", "welche"), whatever the corpus drops
     scripts = {next((name for script, name in _SCRIPT_OF if script.match(c)), "") for c in term}
     return len(term) == 2 and "" not in scripts and len(scripts) == 2
+
+
+def question_signals(question: str, corpus: Retriever, found: Retrieval) -> dict[str, float]:
+    """The pre-call features (``PRE_CALL_FEATURES``) of a question's own retrieval.
+
+    ``margin``: how far the top passage's score leads the next one's, as a share of it (a near
+    tie is where a read of the top passage alone misses); ``top_coverage``: the share of the
+    question's content terms the top passage holds.
+    """
+    if not found.hits:
+        return dict.fromkeys(PRE_CALL_FEATURES, 0.0)
+    top = found.hits[0][1]
+    second = found.hits[1][1] if len(found.hits) > 1 else 0.0
+    margin = min(max((top - second) / top, 0.0), 1.0) if top > 0 else 0.0
+    analyzer = _analyzer_of(corpus)
+    terms = {t for t in tokenize(question, analyzer) if not _grammar(t)}
+    held = set(tokenize(corpus[found.hits[0][0]].shown(), analyzer)) if terms else set()
+    coverage = len(terms & held) / len(terms) if terms else 0.0
+    return {"margin": round(margin, 4), "top_coverage": round(coverage, 4)}
 
 
 def topk_overlap(a: np.ndarray, b: np.ndarray, k: int) -> float:
@@ -2392,6 +2475,65 @@ class EvidenceSplit:
 
 
 @dataclass(frozen=True)
+class EvidenceCurve:
+    """A read's reliability as a monotone function of its evidence score: rho = sigmoid(score).
+
+    The score is ``intercept + sum(weight * feature)``, a logistic regression's linear predictor
+    fitted on right and wrong reads; a feature a vote lacks (a backend without log-probabilities)
+    counts at its mean over the fitted votes (``means``). ``spread``: (share, score) of the
+    fitted votes in a few bins of the part of their score that pre-call features
+    (``PRE_CALL_FEATURES``) do not set, so the lookahead prices the spread of the next vote's
+    rho given what the question's retrieval already shows. ``auc``: the score's held-out AUROC.
+    """
+
+    weights: tuple[tuple[str, float], ...]
+    intercept: float
+    means: tuple[tuple[str, float], ...]
+    spread: tuple[tuple[float, float], ...]
+    auc: float
+
+    def __post_init__(self) -> None:
+        if not self.spread or abs(sum(share for share, _ in self.spread) - 1.0) > 1e-3:
+            raise CalibrationError("calibration: an evidence curve's spread shares must sum to 1")
+
+    def _part(self, evidence: Mapping[str, float | None], features: Collection[str]) -> float:
+        means = dict(self.means)
+        total = 0.0
+        for feature, weight in self.weights:
+            if feature in features:
+                value = evidence.get(feature)
+                total += weight * (means.get(feature, 0.0) if value is None else value)
+        return total
+
+    def score(self, evidence: Mapping[str, float | None]) -> float:
+        """The vote's score (a missing feature at its mean)."""
+        return self.intercept + self._part(evidence, dict(self.weights))
+
+    def reliability(self, evidence: Mapping[str, float | None]) -> float:
+        """The vote's own reliability: sigmoid of its score, within ``RELIABILITY_BOUNDS``."""
+        return bounded_reliability(_sigmoid(self.score(evidence)))
+
+    def outcomes(self, signals: Mapping[str, float] | None, eta: float) -> tuple[tuple[float, float], ...]:
+        """(share, likelihood ratio) of the next vote, given the question's pre-call signals.
+
+        Without signals, the fitted votes' own (their means): the curve's prior view.
+        """
+        pre = self._part(signals or {}, PRE_CALL_FEATURES)
+        rhos = [(share, bounded_reliability(_sigmoid(pre + post))) for share, post in self.spread]
+        return tuple((share, rho / ((1 - rho) * eta)) for share, rho in rhos)
+
+    @property
+    def levels(self) -> tuple[EvidenceLevel, ...]:
+        """Its spread as levels (share, reliability at the mean pre-call signals), for the rates."""
+        pre = self._part({}, PRE_CALL_FEATURES)
+        levels = []
+        for i, (share, post) in enumerate(self.spread):
+            rho = bounded_reliability(_sigmoid(pre + post))
+            levels.append(EvidenceLevel(f"bin{i + 1}", share, *_prior_beta(rho)))
+        return tuple(levels)
+
+
+@dataclass(frozen=True)
 class ActionPrior(_BetaMean):
     """Answerability q and reliability Beta(a, b) of one action; CB adds agreement levels."""
 
@@ -2403,12 +2545,20 @@ class ActionPrior(_BetaMean):
     same: Branch | None = None  # R2 only: the second hop repeats an earlier read's answer
     new: Branch | None = None  # R2 only: the second hop names an answer no earlier read gave
     evidence: EvidenceSplit | None = None  # reads: vote levels by what the answer shows
+    curve: EvidenceCurve | None = None  # reads: each vote's own rho from its evidence (over levels)
+
+    @property
+    def spread(self) -> EvidenceSplit | EvidenceCurve | None:
+        """What a read's votes vary by: its curve, else its evidence levels, else nothing."""
+        return self.curve or self.evidence
 
     def on_weak_window(self) -> ActionPrior:
         """(q, rho) on a window the gate calls weak, never above the strong window's."""
         weak = self.weak or self
         a, b = (weak.a, weak.b) if weak.mean <= self.mean else (self.a, self.b)
-        return ActionPrior(min(weak.q, self.q), a, b, evidence=self.evidence)
+        return ActionPrior(
+            min(weak.q, self.q), a, b, evidence=self.evidence, curve=self.curve, same=self.same
+        )
 
 
 @dataclass(frozen=True)
@@ -2472,9 +2622,62 @@ def _read_action(name: str, entry: Mapping[str, Any], *, hop: bool = False) -> A
     same = new = None
     if hop and (entry.get("same") is not None or entry.get("new") is not None):
         same, new = _second_hop_branches(name, entry.get("same"), entry.get("new"))
+    elif not hop and entry.get("same") is not None:  # a read that repeats an earlier read's answer
+        raw_same = entry["same"]
+        if not isinstance(raw_same, Mapping):
+            raise CalibrationError(f"calibration: actions.{name}.same must be an object with pi and rho")
+        pi = _number(raw_same.get("pi"), f"actions.{name}.same.pi", 0.0, 1.0)
+        same = Branch(pi, *_beta(raw_same.get("rho"), f"actions.{name}.same.rho"))
     rho = _beta(entry.get("rho"), f"actions.{name}.rho")
     evidence = _evidence_from_dict(entry["evidence"], name) if entry.get("evidence") is not None else None
-    return ActionPrior(q, *rho, weak=weak, same=same, new=new, evidence=evidence)
+    curve = _curve_from_dict(entry["curve"], name) if entry.get("curve") is not None else None
+    return ActionPrior(q, *rho, weak=weak, same=same, new=new, evidence=evidence, curve=curve)
+
+
+def curve_to_dict(curve: EvidenceCurve) -> dict[str, Any]:
+    """An evidence curve as a calibration file holds it."""
+    return {
+        "weights": dict(curve.weights),
+        "intercept": curve.intercept,
+        "means": dict(curve.means),
+        "spread": [list(pair) for pair in curve.spread],
+        "auc": curve.auc,
+    }
+
+
+def _curve_from_dict(raw: Any, action: str) -> EvidenceCurve:
+    """A read's evidence curve: its feature weights, intercept, means, spread and AUROC."""
+    where = f"actions.{action}.curve"
+    if not isinstance(raw, Mapping):
+        raise CalibrationError(f"calibration: {where} must be an object")
+    tables = {}
+    for key in ("weights", "means"):
+        table = raw.get(key)
+        if not isinstance(table, Mapping) or not set(table) <= set(EVIDENCE_FEATURES):
+            raise CalibrationError(
+                f"calibration: {where}.{key} must map some of {', '.join(EVIDENCE_FEATURES)} to numbers"
+            )
+        tables[key] = tuple((f, _number(v, f"{where}.{key}.{f}", -1e6, 1e6)) for f, v in table.items())
+    spread = raw.get("spread")
+    if not isinstance(spread, list) or not spread or len(spread) > 20:
+        raise CalibrationError(f"calibration: {where}.spread must list 1 to 20 [share, score] pairs")
+    pairs = []
+    for i, pair in enumerate(spread):
+        if not isinstance(pair, list) or len(pair) != 2:
+            raise CalibrationError(f"calibration: {where}.spread[{i}] must be a [share, score] pair")
+        pairs.append(
+            (
+                _number(pair[0], f"{where}.spread[{i}]", 0.0, 1.0),
+                _number(pair[1], f"{where}.spread[{i}]", -1e6, 1e6),
+            )
+        )
+    return EvidenceCurve(
+        tables["weights"],
+        _number(raw.get("intercept", 0.0), f"{where}.intercept", -1e6, 1e6),
+        tables["means"],
+        tuple(pairs),
+        _number(raw.get("auc", 0.5), f"{where}.auc", 0.0, 1.0),
+    )
 
 
 def _evidence_to_dict(split: EvidenceSplit) -> dict[str, Any]:
@@ -2577,7 +2780,7 @@ def vote_information(rho: float, eta: float, rule: str = "floored") -> float:
 
 def information_rate(action: ActionPrior, eta: float, rule: str = "floored") -> float:
     """D_a = q_a d(rho_a); over levels (CB's agreement, a read's evidence), q sum_g pi_g d(rho_g)."""
-    levels = action.levels or (action.evidence.levels if action.evidence is not None else ())
+    levels = action.levels or (action.spread.levels if action.spread is not None else ())
     if levels:
         return action.q * sum(level.pi * vote_information(level.mean, eta, rule) for level in levels)
     return action.q * vote_information(action.mean, eta, rule)
@@ -2906,14 +3109,6 @@ class VoteType(NamedTuple):
         return f"{text}:{self.level}" if self.level else text
 
 
-# The Beta a + b a hand-set or fitted reliability is stored with (calibrate.py fits to it too).
-PRIOR_CONCENTRATION = 10.0
-
-
-def _prior_beta(mean: float) -> tuple[float, float]:
-    return mean * PRIOR_CONCENTRATION, (1 - mean) * PRIOR_CONCENTRATION
-
-
 def _evidence_types(base: VoteType, split: EvidenceSplit | None) -> dict[VoteType, tuple[float, float]]:
     """Each evidence level's vote type and Beta, for a read whose votes are split by evidence."""
     return {base._replace(level=lv.name): (lv.a, lv.b) for lv in split.levels} if split is not None else {}
@@ -2991,6 +3186,7 @@ class StepContext(Protocol):
     read_ids: list[int]  # passages read so far, in the order first read
     follow_up: str  # the query the latest follow-up retrieval used
     weak: dict[str, bool]  # the gate's verdict on each gated action's window
+    signals: dict[str, float]  # the question's pre-call signals (PRE_CALL_FEATURES)
 
     def ask(self, messages: list[dict[str, str]], **options: Any) -> Completion:
         """One LLM call, its reply bounded and its cost counted."""
@@ -3000,8 +3196,8 @@ class StepContext(Protocol):
         """One deterministic read of ``window``, in that order (no vote yet); ``found``: see :meth:`seen`."""
         ...
 
-    def vote(self, source: VoteType, answer: str) -> int | None:
-        """Add an answer to the posterior as a vote of type ``source``; its candidate."""
+    def vote(self, source: VoteType, answer: str, reliability: float | None = None) -> int | None:
+        """Add an answer to the posterior as a vote of type ``source`` (of its own ``reliability``)."""
         ...
 
     def repeats(self, answer: str) -> bool:
@@ -3032,14 +3228,17 @@ class Reading:
     follow_up_fallback: bool
     passages: tuple[SeenPassage, ...]
 
-    def observed(self, vote_type: VoteType, candidate: int | None, **details: Any) -> Observation:
-        """The read as an observation of a vote of ``vote_type``."""
+    def observed(
+        self, vote_type: VoteType, candidate: int | None, reliability: float | None = None, **details: Any
+    ) -> Observation:
+        """The read as an observation of a vote of ``vote_type`` (of its own ``reliability``, if any)."""
         return Observation(
             self.answer,
             str(vote_type),
             candidate,
             self.passages,
             self.evidence,
+            reliability if candidate is not None else None,
             follow_up=self.follow_up,
             details={"raw": self.raw, "follow_up_fallback": self.follow_up_fallback, **details},
         )
@@ -3079,6 +3278,10 @@ class VoteKind:
             entry["weak"] = {"q": prior.weak.q, "rho": {"a": prior.weak.a, "b": prior.weak.b}}
         if prior.evidence is not None:
             entry["evidence"] = _evidence_to_dict(prior.evidence)
+        if prior.curve is not None:
+            entry["curve"] = curve_to_dict(prior.curve)
+        if prior.same is not None:
+            entry["same"] = {"pi": prior.same.pi, "rho": {"a": prior.same.a, "b": prior.same.b}}
         return entry
 
     def prior(self, action: Action, m: int) -> ActionPrior:
@@ -3091,14 +3294,36 @@ class VoteKind:
         """Beta(a, b) of each vote type its answers may get (with m samples a call)."""
         strong, weak = prior, prior.on_weak_window()
         types = {VoteType(label): (strong.a, strong.b), VoteType(label, "weak"): (weak.a, weak.b)}
+        if prior.same is not None:
+            types[VoteType(label, "same")] = (prior.same.a, prior.same.b)
         return {**types, **_evidence_types(VoteType(label), prior.evidence)}
 
     def vote_type(
-        self, label: str, prior: ActionPrior, seen: Mapping[str, Any], weak: bool = False, **_: Any
+        self,
+        label: str,
+        prior: ActionPrior,
+        seen: Mapping[str, Any],
+        weak: bool = False,
+        repeats: bool = False,
+        **_: Any,
     ) -> VoteType:
-        """The type of the vote its answer casts: its window's, at its evidence level when split."""
+        """The type of the vote its answer casts: its window's, at its evidence level when split.
+
+        ``same`` when it repeats an earlier read's answer and its calibration fitted how much
+        such a repeat says (reads that share a passage are not independent witnesses).
+        """
+        if repeats and prior.same is not None:
+            return VoteType(label, "same")
         flat = VoteType(label, "weak") if weak else VoteType(label)
         return _typed(VoteType(label), flat, prior.evidence, seen.get("evidence") or {})
+
+    def reliability(
+        self, prior: ActionPrior, vote_type: VoteType, evidence: Mapping[str, Any]
+    ) -> float | None:
+        """A vote's own reliability: its evidence curve's, unless it repeats a read (None: its type's)."""
+        if prior.curve is None or vote_type.branch == "same":
+            return None
+        return round(prior.curve.reliability(evidence), 6)
 
     def answers_per_call(self, m: int) -> int:
         """The answers one call of it generates (with m samples a call)."""
@@ -3113,12 +3338,29 @@ class VoteKind:
         return {f"{label}_weak": information_rate(prior.on_weak_window(), eta, rule)}
 
     def view(
-        self, label: str, prior: ActionPrior, eta: float, rates: Mapping[str, float], weak: bool, **_: Any
+        self,
+        label: str,
+        prior: ActionPrior,
+        eta: float,
+        rates: Mapping[str, float],
+        weak: bool,
+        signals: Mapping[str, float] | None = None,
+        **_: Any,
     ) -> tuple[float, VoteOutlook]:
-        """Its rate and its next vote's outlook on a strong or a weak window."""
+        """Its rate and its next vote's outlook on a strong or a weak window.
+
+        With an evidence curve, the outlook is the spread of its vote's rho given the question's
+        pre-call ``signals`` (None: as over the fitted votes); a repeat of an earlier read's
+        answer has its fitted ratio when the calibration has one.
+        """
         flat = f"{label}_weak" if weak else label
         seen = prior.on_weak_window() if weak else prior
-        return rates[flat], VoteOutlook(seen.q, _outcomes(prior.evidence, _ratio_of(seen, eta), eta))
+        if prior.curve is not None:
+            outcomes = prior.curve.outcomes(signals, eta)
+        else:
+            outcomes = _outcomes(prior.evidence, _ratio_of(seen, eta), eta)
+        same = _ratio_of(prior.same, eta) if prior.same is not None else None
+        return rates[flat], VoteOutlook(seen.q, outcomes, same)
 
     def uses(self, brag: BRAG) -> int:
         """How often a run may take it: ``max_uses`` times (the runner's availability check)."""
@@ -3126,12 +3368,13 @@ class VoteKind:
 
     def step(self, run: StepContext, action: Action) -> Observation:
         """Read its window, which is all its prompt holds, in that order; one vote."""
-        label = action.label
+        label, prior = action.label, run.brag.priors[action.label]
         reading = run.read(action, self.window(run, action))
-        seen = {"evidence": reading.evidence}
-        vote_type = self.vote_type(label, run.brag.priors[label], seen, weak=run.weak.get(label, False))
-        candidate = run.vote(vote_type, reading.answer)
-        return reading.observed(vote_type, candidate, dedup_removed=run.first_hop.removed)
+        seen, repeats = {"evidence": reading.evidence}, run.repeats(reading.answer)
+        vote_type = self.vote_type(label, prior, seen, weak=run.weak.get(label, False), repeats=repeats)
+        own = self.reliability(prior, vote_type, reading.evidence)
+        candidate = run.vote(vote_type, reading.answer, own)
+        return reading.observed(vote_type, candidate, own, dedup_removed=run.first_hop.removed)
 
     def window(self, run: StepContext, action: Action) -> list[int]:
         """What its prompt holds, in prompt order (the gate judges it before it runs).
@@ -3145,7 +3388,9 @@ class VoteKind:
         evidence = ""
         if seen.get("candidate") is not None:
             parts = [evidence_text(seen.get("evidence") or {})]
-            if seen.get("vote_type"):
+            if seen.get("reliability") is not None:
+                parts.append(f"reliability {seen['reliability']:.2f}")
+            elif seen.get("vote_type"):
                 parts.append(f"level {seen['vote_type']}")
             evidence = " · ".join(p for p in parts if p)
         return "; ".join(passage_labels(seen.get("passages", []))), seen.get("answer") or "NONE", evidence
@@ -3236,10 +3481,10 @@ class Hop(VoteKind):
         """On a weak window; and read against what came before: after an answer, or none."""
         same, new = self.branches(prior)
         d_same = vote_information(same.mean, eta, rule)
-        if prior.evidence is None:
+        if prior.spread is None:
             d_new = vote_information(new.mean, eta, rule)
         else:  # a new answer's vote lands in one of the evidence levels
-            d_new = sum(level.pi * vote_information(level.mean, eta, rule) for level in prior.evidence.levels)
+            d_new = sum(level.pi * vote_information(level.mean, eta, rule) for level in prior.spread.levels)
         return {
             **super().state_rates(label, prior, eta, rule),
             f"{label}_after_answer": prior.q * (same.pi * d_same + (1 - same.pi) * d_new),
@@ -3262,7 +3507,10 @@ class Hop(VoteKind):
             return super().view(label, prior, eta, rates, weak)
         same, new = self.branches(prior)
         rate = rates[f"{label}_after_answer" if answered else f"{label}_after_none"]
-        outcomes = _outcomes(prior.evidence, _ratio_of(new, eta), eta)
+        if prior.curve is not None:  # its window is the next hop's: the question's signals say nothing of it
+            outcomes = prior.curve.outcomes(None, eta)
+        else:
+            outcomes = _outcomes(prior.evidence, _ratio_of(new, eta), eta)
         return rate, VoteOutlook(prior.q, outcomes, _ratio_of(same, eta))
 
     def uses(self, brag: BRAG) -> int:
@@ -3279,9 +3527,11 @@ class Hop(VoteKind):
         seen, weak = {"evidence": reading.evidence}, run.weak.get(label, False)
         prior, repeats = run.brag.priors[label], run.repeats(reading.answer)
         vote_type = self.vote_type(label, prior, seen, weak, repeats, conditional)
+        own = self.reliability(prior, vote_type, reading.evidence)
         return reading.observed(
             vote_type,
-            run.vote(vote_type, reading.answer),
+            run.vote(vote_type, reading.answer, own),
+            own,
             query=run.follow_up,
             new_passages=window[len(run.read_ids) :],
             dedup_removed=found.removed + [i for i in fresh if i not in novel],
@@ -3422,6 +3672,70 @@ class Samples(VoteKind):
         ]
 
 
+class SampledRead(Read):
+    """Reads the top passage m times at the sampling temperature, in one call; the mode is one vote.
+
+    How many of the m samples give the mode is its ``agreement`` evidence feature, so a fitted
+    evidence curve weighs its vote by it with the rest of its evidence; without a curve its vote
+    is typed by agreement (``RS_3``), each level at the hand-set closed-book reliability. Its
+    samples share the prompt, which a local backend evaluates once.
+    """
+
+    name = "sampled read"
+    sets_next_hop = False  # its samples stop at the answer line: no follow-up query
+    # m samples a question would double a self-test's reading time; a refit keeps its entry.
+    self_tested = False
+
+    def vote_types(
+        self, label: str, prior: ActionPrior, m: int, fitted_m: int
+    ) -> dict[VoteType, tuple[float, float]]:
+        """A read's, and one per agreement level g = 1..m for a vote no curve weighs."""
+        levels = {VoteType(label, str(g)): _prior_beta(prior_kappa(g, m)) for g in range(1, m + 1)}
+        return {**super().vote_types(label, prior, m, fitted_m), **levels}
+
+    def answers_per_call(self, m: int) -> int:
+        """Its m samples."""
+        return m
+
+    def step(self, run: StepContext, action: Action) -> Observation:
+        """Sample ``m`` reads of the top passage; their mode is one vote, weighed by its evidence."""
+        label, prior, m = action.label, run.brag.priors[action.label], run.brag.m
+        window = self.window(run, action)
+        passages = run.passages(window)
+        reply = run.ask(
+            action.messages(run.question, passages),
+            n=m,
+            temperature=run.brag.temperature,
+            max_tokens=run.brag.max_tokens,
+            stop=["\n", *READ_STOP],
+        )
+        mode, g = closed_book_mode(reply.texts)
+        answers = [parse_reading(text)[0] for text in reply.texts]
+        first = next((i for i, a in enumerate(answers) if a and same_answer(a, mode)), None)
+        tokens = reply.logprobs[first] if reply.logprobs and first is not None else None
+        evidence = {**read_evidence(mode, run.question, passages, tokens), **run.signals}
+        evidence = {k: None if v is None else round(v, 4) for k, v in evidence.items()}
+        evidence["agreement"] = round(g / m, 4) if mode else None
+        repeats = run.repeats(mode)
+        vote_type = self.vote_type(label, prior, {"evidence": evidence}, repeats=repeats)
+        if prior.curve is None and vote_type.branch != "same":
+            vote_type = VoteType(label, str(g))
+        own = self.reliability(prior, vote_type, evidence)
+        candidate = run.vote(vote_type, mode, own) if g else None
+        details = {"samples": list(reply.texts), "agreement": g, "dedup_removed": run.first_hop.removed}
+        seen = run.seen(window)
+        return Observation(
+            mode, str(vote_type), candidate, seen, evidence, own if g else None, details=details
+        )
+
+    def cells(self, label: str, seen: Mapping[str, Any]) -> tuple[str, str, str]:
+        """A read's, with how many samples agree."""
+        read, answer, evidence = super().cells(label, seen)
+        n = len(seen.get("samples") or [])
+        answer += f" ({seen.get('agreement')}/{n} agree)" if seen.get("answer") else ""
+        return read, answer, evidence
+
+
 def prior_kappa(g: int, m: int) -> float:
     """The hand-set prior reliability of a closed-book vote with g of m samples agreeing."""
     return 0.1 + 0.6 * g / m
@@ -3439,8 +3753,8 @@ def _outcomes(split: EvidenceSplit | None, flat_ratio: float, eta: float) -> tup
     return tuple((lv.pi, _ratio_of(lv, eta)) for lv in split.levels)
 
 
-READ, HOP, SAMPLES = Read(), Hop(), Samples()
-VOTE_KINDS = (READ, HOP, SAMPLES)
+READ, HOP, SAMPLES, SAMPLED_READ = Read(), Hop(), Samples(), SampledRead()
+VOTE_KINDS = (READ, HOP, SAMPLES, SAMPLED_READ)
 
 
 @dataclass(frozen=True)
@@ -3491,6 +3805,20 @@ ACTION_TABLE: tuple[Action, ...] = (
         read_messages,
         1,
         12.0,
+        0.8,
+        0.6,
+        passages=1,
+        fitted=False,
+    ),
+    # The focused read sampled m times in one call: how many samples agree is evidence. Offered
+    # by a calibration that fits it, or with BRAG(extra_actions=...).
+    Action(
+        "RS",
+        "reading the top passage several times",
+        SAMPLED_READ,
+        read_messages,
+        1,
+        6.0,
         0.8,
         0.6,
         passages=1,
@@ -4500,9 +4828,14 @@ class _StepView:
         """One deterministic read of ``window``, in that order (no vote yet)."""
         return self._run.read(action, window, found)
 
-    def vote(self, source: VoteType, answer: str) -> int | None:
-        """Add an answer to the posterior as a vote of type ``source``; its candidate."""
-        return self._run.vote(source, answer)
+    def vote(self, source: VoteType, answer: str, reliability: float | None = None) -> int | None:
+        """Add an answer to the posterior as a vote of type ``source`` (of its own ``reliability``)."""
+        return self._run.vote(source, answer, reliability)
+
+    @property
+    def signals(self) -> dict[str, float]:
+        """The question's pre-call signals."""
+        return dict(self._run.signals)
 
     def repeats(self, answer: str) -> bool:
         """Whether ``answer`` is one an earlier read voted for."""
@@ -4560,6 +4893,7 @@ class _Run:
         self.started = time.perf_counter()
         self.stop_reason = ""
         self.absent: float | None = None  # absent_share of the question, once looked up
+        self.signals: dict[str, float] = {}  # the question's pre-call signals, once retrieved
         self.floor_reason: str | None = (
             None  # why the policy alone would have stopped, if the floor overrode it
         )
@@ -4580,6 +4914,7 @@ class _Run:
         """Retrieve and judge the first window; then decide, yield the step, act, until done."""
         self.current = "retrieval"  # a retriever that raises is named in RunAborted
         self.first_hop = self.corpus.retrieve(self.question, self.brag.k)
+        self.signals = question_signals(self.question, self.corpus, self.first_hop)
         for action in self.brag.offered:
             if action.kind.gated and not action.kind.needs_new:  # a hop's: once a read found it
                 window = action.kind.window(self.view, action)
@@ -4655,7 +4990,19 @@ class _Run:
             return {a: p_err * rate_per_cost[a] for a in available}
         eta, costs, repeatable = brag.calibration.eta, brag.priced_costs, self.read_answers
         now = _Now.of(self.beliefs, self.probs, self.residual)  # what _decide just read
-        return {a: _gain(now, eta, outlooks[a], repeatable) / costs[a] for a in available}
+        return {a: _gain(now, eta, self._outlook(a, outlooks), repeatable) / costs[a] for a in available}
+
+    def _outlook(self, label: str, outlooks: Mapping[str, VoteOutlook]) -> VoteOutlook:
+        """An action's next vote: as the policy tables see it, or given the question's signals.
+
+        A read of the question's own window whose votes an evidence curve weighs is priced with
+        the question's pre-call signals; any other action as its state's table has it.
+        """
+        action, prior = self.offered[label], self.brag.priors[label]
+        if prior.curve is None or action.kind.needs_new:
+            return outlooks[label]
+        outlook = outlooks[label]
+        return replace(outlook, outcomes=prior.curve.outcomes(self.signals, self.brag.calibration.eta))
 
     def _follow_schedule(self, decision: Decision, available: list[str]) -> Decision:
         """A fixed schedule (calibration, baselines) overrides the policy's choice, not its score."""
@@ -4708,12 +5055,15 @@ class _Run:
         self.usage.add(result, waited)
         return result
 
-    def vote(self, source: VoteType, answer: str) -> int | None:
-        """Add an answer to the posterior as a vote of type ``source``; its candidate (None: no answer)."""
+    def vote(self, source: VoteType, answer: str, reliability: float | None = None) -> int | None:
+        """Add an answer to the posterior as a vote of type ``source``; its candidate (None: no answer).
+
+        ``reliability``: the vote's own, when its evidence sets it.
+        """
         if is_no_answer(answer):
             return None
         index = self.candidates.index(answer)
-        vote = Vote(source, index)
+        vote = Vote(source, index, reliability)
         t0 = time.perf_counter()
         self.beliefs.add(vote)
         self.update_us += (time.perf_counter() - t0) * 1e6
@@ -4739,7 +5089,7 @@ class _Run:
         if fallback:
             query = expand_query(self.question, passages, analyzer=analyzer)
         tokens = reply.logprobs[0] if reply.logprobs else None
-        evidence = read_evidence(answer, self.question, passages, tokens)
+        evidence = {**read_evidence(answer, self.question, passages, tokens), **self.signals}
         rounded = {k: None if v is None else round(v, 4) for k, v in evidence.items()}
         return Reading(raw, answer, rounded, query, fallback, self.seen(passage_ids, found))
 

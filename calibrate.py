@@ -401,20 +401,21 @@ def _beta(mean: float) -> dict[str, float]:
     return {"a": round(mean * CONCENTRATION, 6), "b": round((1 - mean) * CONCENTRATION, 6)}
 
 
-def fit(outcomes: Sequence[Outcome], m: int, hops: int = 1) -> dict[str, Any]:
+def fit(outcomes: Sequence[Outcome], m: int, hops: int = 1, evidence: str = "curve") -> dict[str, Any]:
     """Fitted values, counts and diagnostics (the calibration JSON without its metadata).
 
     With every question labelled, one pass of :func:`fit_counts`. With some or all unlabelled,
     expectation-maximisation over each unlabelled question's right answer (:func:`fit_unlabelled`),
     after checking that the data can tell the sources' reliabilities apart (:func:`identifiable`).
-    ``fitted_on`` records which, and on how many questions.
+    ``fitted_on`` records which, and on how many questions. ``evidence``: how a read's votes vary
+    with their evidence (:data:`EVIDENCE_VARIANTS`).
     """
     labelled = sum(o.labelled for o in outcomes)
     kind = "labelled" if labelled == len(outcomes) else "unlabelled" if not labelled else "mixed"
     fitted_on: dict[str, Any] = {"kind": kind, "questions": len(outcomes), "labelled": labelled}
     if kind == "labelled":
         fitted = fit_counts(outcomes, m, hops)
-        fit_evidence_levels(outcomes, hops, fitted)
+        fit_evidence_levels(outcomes, hops, fitted, evidence)
         return {**fitted, "fitted_on": fitted_on}
     identifiable(outcomes)
     if labelled < MIN_QUESTIONS:
@@ -618,27 +619,253 @@ EVIDENCE_FOLDS = 5
 MIN_EVIDENCE_AUC = 0.55  # held-out AUROC a split must reach to be kept, at least
 MIN_LEVEL_VOTES = 5  # votes each level must hold (and a tenth of them)
 Vote = tuple[Mapping[str, Any], float]  # (evidence features, right: 1/0 or its probability)
+# How a read's votes vary with their evidence: "curve", each vote its own rho (brag.EvidenceCurve),
+# with the dependence of reads that share a passage; "levels", two levels of the four features
+# fits had before the curve (kept so the two are compared on the same outcomes).
+EVIDENCE_VARIANTS = ("curve", "levels")
+LEVEL_FEATURES = ("answer_p", "answer_p_min", "span", "in_question")
 
 
-def fit_evidence_levels(outcomes: Sequence[Outcome], hops: int, fitted: dict[str, Any]) -> None:
-    """Split each read's votes, and a hop's votes for a new answer, into evidence levels.
+def fit_evidence_levels(
+    outcomes: Sequence[Outcome], hops: int, fitted: dict[str, Any], evidence: str = "curve"
+) -> None:
+    """Fit how each read's votes, and a hop's votes for a new answer, vary with their evidence.
 
-    In place: each read's entry in ``fitted["actions"]`` gets an ``evidence`` split when a
-    score of its features tells its right answers from its wrong ones on held-out questions (see
-    :func:`fit_evidence_split`); ``fitted["diagnostics"]["evidence"]`` has every feature's
-    held-out AUROC. Each level's reliability is shrunk toward the action's own.
+    In place. ``curve``: each read's entry gets an evidence ``curve`` (:func:`fit_evidence_curve`)
+    when its score tells right answers from wrong ones on held-out votes, and a read of the
+    question's own window a ``same`` branch: what repeating another read's answer says
+    (:func:`fit_repeats`). ``levels``: an ``evidence`` split (:func:`fit_evidence_split`).
+    ``fitted["diagnostics"]["evidence"]`` has the held-out AUROCs.
     """
+    if evidence not in EVIDENCE_VARIANTS:
+        raise brag.InputError(f"evidence must be one of {EVIDENCE_VARIANTS}, got {evidence!r}")
     actions = fitted["actions"]
     diagnostics = fitted["diagnostics"].setdefault("evidence", {})
     for action in observed_actions(outcomes):
         votes = fit_of(action).evidence_votes(outcomes, action.label, hops)
         if votes is None:
             continue
+        if evidence == "curve":
+            curve = fit_evidence_curve(votes, strength=CURVE_L2)
+            diagnostics[action.label] = {"votes": len(votes), "held_out_auc": curve["auc"] if curve else None}
+            if curve is not None and curve["auc"] >= _chance_of(votes):
+                actions[action.label]["curve"] = curve
+            if not action.kind.needs_new:
+                same = fit_repeats(outcomes, action.label, fitted["eta"])
+                if same is not None:
+                    actions[action.label]["same"] = same
+            continue
         base = shrunk(sum(right for _, right in votes), len(votes), prior_rho(action.label))
-        split, aucs = fit_evidence_split(votes, base)
+        split, aucs = fit_evidence_split([({f: v.get(f) for f in LEVEL_FEATURES}, y) for v, y in votes], base)
         diagnostics[action.label] = {"votes": len(votes), "held_out_auc": aucs}
         if split is not None:
             actions[action.label]["evidence"] = split
+
+
+def _chance_of(votes: Sequence[Vote]) -> float:
+    return chance_auc(sum(y >= 0.5 for _, y in votes), sum(y < 0.5 for _, y in votes))
+
+
+# ------------------------------------------------------------------------------------------
+# Evidence curves: each read's vote its own reliability
+# ------------------------------------------------------------------------------------------
+
+CURVE_BINS = 5  # bins of the fitted votes' scores the lookahead prices a vote's spread with
+# The penalty of a labelled fit's weights, in standardised units (toward 0): chosen by leaving one
+# documents set out at a time (bench/results/confidence_documents.md, evidence variants).
+CURVE_L2 = 1.0
+MIN_CURVE_VOTES = 20  # votes a curve is fitted on, at least, with both right and wrong ones
+# A self-test refit's pull toward its base curve: chosen on the other sets' self-tests for each
+# documents set left out (bench/results/confidence_documents.md).
+CURVE_STRENGTH = 20.0
+
+
+def curve_features(votes: Sequence[Vote]) -> list[str]:
+    """The evidence features most votes have (four in five) and that vary among them."""
+    found = []
+    for feature in brag.EVIDENCE_FEATURES:
+        values = [v.get(feature) for v, _ in votes]
+        known = [x for x in values if x is not None]
+        if len(known) >= 0.8 * len(votes) and len(set(known)) > 1:
+            found.append(feature)
+    return found
+
+
+def _design(votes: Sequence[Vote], features: Sequence[str], means: Mapping[str, float]) -> np.ndarray:
+    """The votes' features as rows, a missing one at its mean."""
+    return np.array(
+        [[means[f] if v.get(f) is None else float(v[f]) for f in features] for v, _ in votes], dtype=float
+    ).reshape(len(votes), len(features))
+
+
+def _toward_logistic(
+    x: np.ndarray, y: np.ndarray, prior: np.ndarray, l2: float, pull_intercept: bool, iterations: int = 50
+) -> np.ndarray:
+    """Logistic regression (intercept first) whose weights are pulled toward ``prior`` by ``l2``.
+
+    ``x`` standardised; the intercept is pulled too when ``pull_intercept`` (a refit toward a
+    base curve: a corpus's few votes move its level no more than its slope).
+    """
+    z = np.hstack([np.ones((len(x), 1)), x])
+    w = prior.astype(float).copy()
+    penalty = np.diag([l2 if pull_intercept else 0.0] + [l2] * x.shape[1])
+    for _ in range(iterations):
+        p = 1 / (1 + np.exp(-np.clip(z @ w, -30, 30)))
+        gradient = z.T @ (p - y) + penalty @ (w - prior)
+        hessian = z.T @ (z * (p * (1 - p))[:, None]) + penalty
+        step = np.linalg.solve(hessian + 1e-9 * np.eye(len(w)), gradient)
+        w -= step
+        if np.abs(step).max() < 1e-8:
+            break
+    return w
+
+
+def _curve_weights(
+    votes: Sequence[Vote], features: Sequence[str], base: brag.EvidenceCurve | None, strength: float
+) -> tuple[dict[str, float], float, dict[str, float]]:
+    """(weights, intercept, means) in the features' own units, fitted on ``votes``."""
+    means = {f: float(np.mean([v[f] for v, _ in votes if v.get(f) is not None])) for f in features}
+    x = _design(votes, features, means)
+    y = np.array([right for _, right in votes], dtype=float)
+    centre, scale = x.mean(axis=0), x.std(axis=0)
+    scale = np.where(scale == 0, 1.0, scale)
+    prior = np.zeros(len(features) + 1)
+    if base is not None:  # the base curve, in these votes' standardised units
+        weights = dict(base.weights)
+        raw = np.array([weights.get(f, 0.0) for f in features])
+        prior = np.concatenate([[base.score(dict(zip(features, centre, strict=True)))], raw * scale])
+    w = _toward_logistic((x - centre) / scale, y, prior, strength, base is not None)
+    raw = w[1:] / scale
+    weights = {f: round(float(x), 6) for f, x in zip(features, raw, strict=True)}
+    return weights, round(float(w[0] - raw @ centre), 6), {f: round(x, 6) for f, x in means.items()}
+
+
+def _spread(
+    votes: Sequence[Vote], weights: Mapping[str, float], intercept: float, means: Mapping[str, float]
+) -> list[list[float]]:
+    """(share, score after the call) of ``CURVE_BINS`` bins of equal count of the votes' scores."""
+    post = sorted(
+        intercept
+        + sum(
+            w * (means[f] if v.get(f) is None else v[f])
+            for f, w in weights.items()
+            if f not in brag.PRE_CALL_FEATURES
+        )
+        for v, _ in votes
+    )
+    bins = np.array_split(np.array(post), min(CURVE_BINS, len(post)))
+    return [[round(len(b) / len(post), 6), round(float(b.mean()), 6)] for b in bins if len(b)]
+
+
+def _as_curve(
+    weights: Mapping[str, float], intercept: float, means: Mapping[str, float], spread: list, auc_: float
+) -> brag.EvidenceCurve:
+    return brag.EvidenceCurve(
+        tuple(weights.items()), intercept, tuple(means.items()), tuple(map(tuple, spread)), auc_
+    )
+
+
+def fit_evidence_curve(
+    votes: Sequence[Vote], base: brag.EvidenceCurve | None = None, strength: float = CURVE_L2
+) -> dict[str, Any] | None:
+    """A read's evidence curve from its votes (features, right), as a calibration file holds it.
+
+    A logistic regression of right on the features most votes have (:func:`curve_features`, or
+    ``base``'s), its weights pulled toward ``base``'s (a refit) or toward 0 (a labelled fit)
+    by ``strength``; its ``auc`` the held-out AUROC of the same fit over ``EVIDENCE_FOLDS``
+    folds. None with too few votes, or without both right and wrong ones.
+    """
+    votes = list(votes)
+    right = sum(y >= 0.5 for _, y in votes)
+    if len(votes) < MIN_CURVE_VOTES or right in (0, len(votes)):
+        return None
+    features = [f for f, _ in base.weights] if base is not None else curve_features(votes)
+    if not features:
+        return None
+    weights, intercept, means = _curve_weights(votes, features, base, strength)
+    curve = _as_curve(weights, intercept, means, _spread(votes, weights, intercept, means), 0.5)
+    held = _held_out_reliabilities(votes, features, base, strength)
+    auc_ = auc([p for p, _ in held], [y >= 0.5 for _, y in held]) if 0 < right < len(votes) else 0.5
+    return brag.curve_to_dict(replace(curve, auc=round(float(auc_), 4)))
+
+
+def _held_out_reliabilities(
+    votes: Sequence[Vote], features: Sequence[str], base: brag.EvidenceCurve | None, strength: float
+) -> list[tuple[float, float]]:
+    """(rho, right) of each vote under the curve fitted on the other folds."""
+    held = []
+    for fold in range(EVIDENCE_FOLDS):
+        train = [v for i, v in enumerate(votes) if i % EVIDENCE_FOLDS != fold]
+        test = [v for i, v in enumerate(votes) if i % EVIDENCE_FOLDS == fold]
+        if not test:
+            continue
+        if not _both_classes([(0.0, y) for _, y in train]):
+            held += [(0.5, y) for _, y in test]
+            continue
+        weights, intercept, means = _curve_weights(train, features, base, strength)
+        curve = _as_curve(weights, intercept, means, [[1.0, 0.0]], 0.5)
+        held += [(curve.reliability(v), y) for v, y in test]
+    return held
+
+
+def refit_curve(base: brag.EvidenceCurve, votes: Sequence[Vote], strength: float) -> brag.EvidenceCurve:
+    """``base`` refitted on a corpus's votes, pulled toward it by ``strength``.
+
+    ``base`` itself unless the refit predicts these votes better on held-out folds (log-loss):
+    votes that carry no signal keep the pooled curve.
+    """
+    votes = list(votes)
+    if len(votes) < EVIDENCE_FOLDS or not _both_classes([(0.0, y) for _, y in votes]):
+        return base
+    features = [f for f, _ in base.weights]
+    held = _held_out_reliabilities(votes, features, base, strength)
+    kept = [(base.reliability(v), y) for v, y in votes]
+    if _log_loss(held) >= _log_loss(kept):
+        return base
+    weights, intercept, means = _curve_weights(votes, features, base, strength)
+    return _as_curve(weights, intercept, means, _spread(votes, weights, intercept, means), base.auc)
+
+
+def _log_loss(rows: Sequence[tuple[float, float]]) -> float:
+    return -sum(y * math.log(p) + (1 - y) * math.log(1 - p) for p, y in rows) / max(1, len(rows))
+
+
+REPEAT_PRIOR = 2.0  # pseudo-questions each side of a repeat's likelihood ratio starts from (even)
+
+
+def fit_repeats(outcomes: Sequence[Outcome], label: str, eta: float) -> dict[str, Any] | None:
+    """What a read saying another read's answer again says: its ``same`` branch, or None.
+
+    Reads of the question's own window share its top passage, so a second one that repeats the
+    first is no independent witness. Over every other read of the window that answered: how
+    often this one repeats it (``pi``), and how much more often after a right answer than a
+    wrong one (the likelihood ratio L, each side shrunk toward even by ``REPEAT_PRIOR``), stored
+    as the reliability whose ratio is L at ``eta``, as a hop's ``same`` branch is.
+    """
+    others = [
+        a.label
+        for a in observed_actions(outcomes)
+        if a.label != label and a.kind.reads_passages and not a.kind.needs_new
+    ]
+    after_right, after_wrong = [0, 0], [0, 0]  # (repeats, pairs)
+    for o in outcomes:
+        mine = o.answers.get(label)
+        if not mine or not o.labelled:
+            continue
+        for other in others:
+            theirs = o.answers.get(other)
+            if theirs:
+                tally = after_right if o.correct[other] else after_wrong
+                tally[0] += brag.same_answer(mine, theirs)
+                tally[1] += 1
+    if min(after_right[1], after_wrong[1]) < MIN_LEVEL_VOTES:
+        return None
+    ratio = ((after_right[0] + REPEAT_PRIOR / 2) / (after_right[1] + REPEAT_PRIOR)) / (
+        (after_wrong[0] + REPEAT_PRIOR / 2) / (after_wrong[1] + REPEAT_PRIOR)
+    )
+    pi = (after_right[0] + after_wrong[0]) / (after_right[1] + after_wrong[1])
+    rho = ratio * eta / (1 + ratio * eta)
+    return {"pi": round(pi, 6), "rho": _beta(rho)}
 
 
 def fit_evidence_split(
@@ -1293,13 +1520,14 @@ def calibrate(
     meta: dict[str, Any] | None = None,
     workers: int = 1,
     actions: Sequence[str] | None = None,
+    evidence: str = "curve",
 ) -> dict[str, Any]:
     """Observe every action on ``items`` and fit; the result loads with ``brag.load_calibration``.
 
     ``actions``: the table's labels to observe and fit (default: those marked ``fitted``,
-    :func:`default_actions`); the fit has an entry for each, so a controller offers them.
-    Items without gold answers are fitted by EM (:func:`fit`); :class:`Unidentifiable` when
-    they cannot be.
+    :func:`default_actions`); the fit has an entry for each, so a controller offers them
+    (``evidence``: :data:`EVIDENCE_VARIANTS`).
+    Items without gold answers are fitted by EM (:func:`fit`); :class:`Unidentifiable` when they cannot be.
     """
     chosen = _checked(items, actions)
     gate = _fit_gate_if_identifiable(items, corpus, k)
@@ -1315,7 +1543,7 @@ def calibrate(
         on_progress=on_progress,
         workers=workers,
     )
-    fitted = fit(outcomes, m, hops)
+    fitted = fit(outcomes, m, hops, evidence)
     result = {
         "version": brag.CALIBRATION_VERSION,
         "source": "fitted",
@@ -1326,6 +1554,7 @@ def calibrate(
         "k": k,
         "m": m,
         "hops": hops,
+        "evidence": evidence,
         "n_questions": len(items),
         "split_ids": [i.id for i in items],
         "f1_threshold": f1_threshold,
@@ -1346,7 +1575,9 @@ POOL_FOLDS = 5
 
 
 def pool(
-    sets: Sequence[tuple[Mapping[str, Any], Sequence[Outcome]]], meta: dict[str, Any] | None = None
+    sets: Sequence[tuple[Mapping[str, Any], Sequence[Outcome]]],
+    meta: dict[str, Any] | None = None,
+    evidence: str | None = None,
 ) -> dict[str, Any]:
     """One calibration from several calibrations' outcomes (one model, the same settings).
 
@@ -1375,10 +1606,11 @@ def pool(
                 f"{', '.join(theirs)}; pool fits of the same actions"
             )
     m, hops = int(first["m"]), int(first["hops"])
+    evidence = evidence or str(first.get("evidence") or "curve")  # as the fits pooled were fitted
     together = without_gate([o for _, outcomes in sets for o in outcomes])
-    fitted = fit(together, m, hops)
+    fitted = fit(together, m, hops, evidence)
     names = [str(c.get("corpus") or c.get("name")) for c, _ in sets]
-    comparison = {name: own_or_pooled(i, sets, m, hops) for i, name in enumerate(names)}
+    comparison = {name: own_or_pooled(i, sets, m, hops, evidence) for i, name in enumerate(names)}
     return _pooled_file(
         fitted,
         {
@@ -1392,6 +1624,7 @@ def pool(
             "k": first.get("k"),
             "m": m,
             "hops": hops,
+            "evidence": evidence,
             "n_questions": len(together),
             "f1_threshold": first.get("f1_threshold"),
             "note": f"pooled by calibrate.py from {', '.join(names)}",
@@ -1416,7 +1649,11 @@ def _pooled_file(fitted: dict[str, Any], meta: Mapping[str, Any]) -> dict[str, A
 
 
 def own_or_pooled(
-    index: int, sets: Sequence[tuple[Mapping[str, Any], Sequence[Outcome]]], m: int, hops: int
+    index: int,
+    sets: Sequence[tuple[Mapping[str, Any], Sequence[Outcome]]],
+    m: int,
+    hops: int,
+    evidence: str = "curve",
 ) -> dict[str, float]:
     """Held-out vote log-loss on set ``index``'s questions of its own fit and of the pooled fit.
 
@@ -1430,8 +1667,8 @@ def own_or_pooled(
     for fold in range(POOL_FOLDS):
         train = [o for i, o in enumerate(outcomes) if i % POOL_FOLDS != fold]
         test = [o for i, o in enumerate(outcomes) if i % POOL_FOLDS == fold]
-        own = _loaded({**fit(train, m, hops), "gate": own_calibration.get("gate")}, m)
-        pooled = _loaded(fit(others + without_gate(train), m, hops), m)
+        own = _loaded({**fit(train, m, hops, evidence), "gate": own_calibration.get("gate")}, m)
+        pooled = _loaded(fit(others + without_gate(train), m, hops, evidence), m)
         own_loss += vote_losses(own, test, hops)
         pooled_loss += vote_losses(pooled, without_gate(test), hops)
     return {"own": round(float(np.mean(own_loss)), 5), "pooled": round(float(np.mean(pooled_loss)), 5)}
@@ -1450,20 +1687,22 @@ def documents_fit(
     model: str,
     found: Mapping[str, Any] | None = None,
     meta: Mapping[str, Any] | None = None,
+    evidence: str = "curve",
 ) -> dict[str, Any]:
     """The model's fit for documents: labelled questions over real manuals, every set together.
 
     What BRAG knows about documents before a self-test (which reads do well on a manual, how
     often closed-book helps there) holds across manuals, not for one corpus: uploaded and pasted
     documents use this fit (:func:`brag.shipped_calibration`), and a self-test refits it.
-    ``found``: its :func:`fit_found` model, fitted on runs under this fit.
+    ``found``: its :func:`fit_found` model, fitted on runs under this fit; ``evidence``: see
+    :data:`EVIDENCE_VARIANTS`.
     """
     if len(sets) < 2:
         raise brag.InputError("a documents fit needs at least two sets of documents")
     together = without_gate([o for outcomes in sets.values() for o in outcomes])
     if not together or not all(o.labelled for o in together):
         raise brag.InputError("a documents fit needs questions with gold answers")
-    fitted = _fit_partly_observed(fit(together, m, hops), together, m, hops)
+    fitted = _fit_partly_observed(fit(together, m, hops, evidence), together, m, hops, evidence)
     meta = {
         "model": model,
         "name": brag.DOCUMENTS,
@@ -1473,6 +1712,7 @@ def documents_fit(
         "k": 5,
         "m": m,
         "hops": hops,
+        "evidence": evidence,
         "n_questions": len(together),
         "f1_threshold": 0.8,
         "note": f"fitted by calibrate.documents_fit on {', '.join(sets)}",
@@ -1481,7 +1721,7 @@ def documents_fit(
 
 
 def _fit_partly_observed(
-    fitted: dict[str, Any], outcomes: Sequence[Outcome], m: int, hops: int
+    fitted: dict[str, Any], outcomes: Sequence[Outcome], m: int, hops: int, evidence: str = "curve"
 ) -> dict[str, Any]:
     """``fitted`` with each action some sets observed and others did not, fitted on those that did.
 
@@ -1496,7 +1736,7 @@ def _fit_partly_observed(
         some = [o for o in outcomes if action.label in o.answers]
         if action.label in fitted["actions"] or not some:
             continue
-        alone = fit(some, m, hops)
+        alone = fit(some, m, hops, evidence)
         result["actions"][action.label] = alone["actions"][action.label]
         result["counts"][action.label] = alone["counts"][action.label]
         subsets[action.label] = len(some)
@@ -1548,16 +1788,17 @@ def vote_losses(calibration: brag.Calibration, outcomes: Sequence[Outcome], hops
     """The log-loss of each vote's reliability against its right/wrong flag (:meth:`KindFit.loss_votes`).
 
     Each vote is typed as the runner would type it under ``calibration`` (its evidence level,
-    the gate's verdict, the agreement level). A repeated answer is left out: its "reliability"
-    encodes a likelihood ratio, not how often it is right.
+    the gate's verdict, the agreement level), and weighed by its own reliability where an
+    evidence curve gives it one. A repeated answer is left out: its "reliability" encodes a
+    likelihood ratio, not how often it is right.
     """
     priors, losses = calibration.source_priors(calibration.m), []
     actions = [a for a in calibration.offered() if all(a.label in o.answers for o in outcomes)]
     for o in outcomes:
         for action in actions:
-            for vote_type, right in fit_of(action).loss_votes(calibration, action, o, hops):
+            for vote_type, right, own in fit_of(action).loss_votes(calibration, action, o, hops):
                 a, b = priors[vote_type]
-                p = min(max(a / (a + b), 1e-6), 1 - 1e-6)
+                p = min(max(a / (a + b) if own is None else own, 1e-6), 1 - 1e-6)
                 losses.append(-(right * math.log(p) + (1 - right) * math.log(1 - p)))
     return losses
 
@@ -1590,6 +1831,7 @@ def refit(
     outcomes: Sequence[Outcome],
     strength: float = SELF_TEST_STRENGTH,
     hops: int = 1,
+    curve_strength: float | None = None,
 ) -> dict[str, Any]:
     """``pooled`` refitted on ``outcomes`` (labelled): a loadable calibration's actions, eta, counts, costs.
 
@@ -1597,7 +1839,9 @@ def refit(
     transfers between corpora). Refitted, each shrunk toward its pooled value with ``strength``
     pseudo-observations: every action's q and rho, each evidence level's share and reliability,
     a hop's branches, each closed-book agreement level's share and reliability
-    (:meth:`KindFit.fit`, the estimator a labelled fit uses from the row's prior). Every action
+    (:meth:`KindFit.fit`, the estimator a labelled fit uses from the row's prior), and each
+    evidence curve, pulled toward the pooled one by ``curve_strength`` (default
+    ``CURVE_STRENGTH``) and kept unless the refit predicts better (:func:`refit_curve`). Every action
     the outcomes observed gets an entry; the base's others (a second hop, which a self-test does
     not run) keep theirs, and their costs.
     """
@@ -1611,7 +1855,11 @@ def refit(
             fit_of(a).fit(
                 outcomes,
                 a.label,
-                Base(base_of(pooled, a), strength),
+                Base(
+                    base_of(pooled, a),
+                    strength,
+                    curve_strength=CURVE_STRENGTH if curve_strength is None else curve_strength,
+                ),
                 hops,
                 pooled.eta,
                 dict(counts[a.label]),  # the fit may extend its copy; the refit's counts stay tallies
@@ -1646,6 +1894,7 @@ def self_test_fit(
     hops: int = 1,
     k: int | None = None,
     meta: Mapping[str, Any] | None = None,
+    curve_strength: float | None = None,
 ) -> dict[str, Any]:
     """A corpus's calibration: :func:`refit` of the model's pooled fit on its self-test questions.
 
@@ -1655,7 +1904,7 @@ def self_test_fit(
     in ``fitted_on``.
     """
     base = brag.load_calibration(pooled)
-    fitted = refit(base, outcomes, strength, hops) if outcomes else _as_it_is(base)
+    fitted = refit(base, outcomes, strength, hops, curve_strength) if outcomes else _as_it_is(base)
     own = sum(not o.id.startswith("self-") for o in outcomes)
     result = {
         "version": brag.CALIBRATION_VERSION,
@@ -1705,6 +1954,21 @@ def _beta_pair(mean: float) -> tuple[float, float]:
     return beta["a"], beta["b"]
 
 
+def _branch_toward(
+    base: brag.Branch, own: Mapping[str, Any], outcomes: Sequence[Outcome], strength: float
+) -> brag.Branch:
+    """A read's ``same`` branch: ``own``'s and ``base``'s reliabilities averaged in log-odds.
+
+    Weighted by the questions against ``strength``, as a hop's branch is refitted.
+    """
+    weight = len(outcomes) / (len(outcomes) + strength) if strength else 1.0
+    own_odds = own["rho"]["a"] / own["rho"]["b"]
+    base_odds = base.mean / (1 - base.mean)
+    odds = math.exp(weight * math.log(own_odds) + (1 - weight) * math.log(base_odds))
+    pi = weight * own["pi"] + (1 - weight) * base.pi
+    return brag.Branch(round(pi, 6), *_beta_pair(odds / (1 + odds)))
+
+
 def _refit_levels(split: brag.EvidenceSplit, votes: Sequence[Vote], strength: float) -> brag.EvidenceSplit:
     """``split``'s score and threshold, with its levels' shares and reliabilities from ``votes``.
 
@@ -1749,6 +2013,7 @@ class Base:
     prior: brag.ActionPrior
     strength: float
     from_row: bool = False  # the row's prior: one guess for every model, no data behind it
+    curve_strength: float = 0.0  # the pull toward its evidence curve, when it has one (CURVE_STRENGTH)
 
 
 class KindFit:
@@ -1799,8 +2064,8 @@ class KindFit:
 
     def loss_votes(
         self, calibration: brag.Calibration, action: brag.Action, outcome: Outcome, hops: int
-    ) -> list[tuple[brag.VoteType, float]]:
-        """Its votes on one question, typed under ``calibration``, with right/wrong."""
+    ) -> list[tuple[brag.VoteType, float, float | None]]:
+        """Its votes on one question, typed under ``calibration``, with right/wrong and own rho."""
         raise NotImplementedError
 
 
@@ -1842,11 +2107,22 @@ class ReadFit(KindFit):
                 weak = brag.ActionPrior(round(part_q, 6), *_beta_pair(part_rho))
             else:
                 q, rho = part_q, part_rho
-        evidence = base.prior.evidence
+        evidence, curve, same = base.prior.evidence, base.prior.curve, None
+        votes = self.evidence_votes(outcomes, label, hops) or []
         if evidence is not None:
-            votes = self.evidence_votes(outcomes, label, hops) or []
             evidence = _refit_levels(evidence, votes, base.strength)
-        return brag.ActionPrior(round(q, 6), *_beta_pair(rho), weak=weak, evidence=evidence)
+        if curve is not None and not base.from_row:
+            curve = refit_curve(curve, votes, base.curve_strength)
+        if base.prior.same is not None:
+            own = fit_repeats(outcomes, label, eta)
+            same = (
+                base.prior.same
+                if own is None
+                else _branch_toward(base.prior.same, own, outcomes, base.strength)
+            )
+        return brag.ActionPrior(
+            round(q, 6), *_beta_pair(rho), weak=weak, evidence=evidence, curve=curve, same=same
+        )
 
     def evidence_votes(self, outcomes: Sequence[Outcome], label: str, hops: int) -> list[Vote] | None:
         """The votes its evidence levels are fitted on: (features, right); None: it has none."""
@@ -1862,15 +2138,18 @@ class ReadFit(KindFit):
 
     def loss_votes(
         self, calibration: brag.Calibration, action: brag.Action, outcome: Outcome, hops: int
-    ) -> list[tuple[brag.VoteType, float]]:
+    ) -> list[tuple[brag.VoteType, float, float | None]]:
         """Its votes on one question, typed under ``calibration``, with right/wrong."""
         label = action.label
         if not outcome.answers[label]:
             return []
         weak = calibration.gate is not None and bool(outcome.weak.get(label))
         seen = {"evidence": outcome.evidence.get(label) or {}}
-        vote_type = action.kind.vote_type(label, calibration.actions[label], seen, weak=weak)
-        return [(vote_type, outcome.correct[label])]
+        prior = calibration.actions[label]
+        vote_type = action.kind.vote_type(label, prior, seen, weak=weak)
+        return [
+            (vote_type, outcome.correct[label], action.kind.reliability(prior, vote_type, seen["evidence"]))
+        ]
 
 
 class HopFit(ReadFit):
@@ -1954,13 +2233,16 @@ class HopFit(ReadFit):
 
     def loss_votes(
         self, calibration: brag.Calibration, action: brag.Action, outcome: Outcome, hops: int
-    ) -> list[tuple[brag.VoteType, float]]:
+    ) -> list[tuple[brag.VoteType, float, float | None]]:
         """Its votes on one question, typed under ``calibration``, with right/wrong."""
-        prior = calibration.actions[action.label]
-        return [
-            (action.kind.vote_type(action.label, prior, hop), hop["correct"])
+        prior, kind = calibration.actions[action.label], action.kind
+        typed = [
+            (kind.vote_type(action.label, prior, hop), hop)
             for hop in outcome.hops.get(action.label, [])[:hops]
             if hop["answer"] and not hop["repeats"]
+        ]
+        return [
+            (t, hop["correct"], kind.reliability(prior, t, hop.get("evidence") or {})) for t, hop in typed
         ]
 
 
@@ -2013,14 +2295,14 @@ class SamplesFit(KindFit):
 
     def loss_votes(
         self, calibration: brag.Calibration, action: brag.Action, outcome: Outcome, hops: int
-    ) -> list[tuple[brag.VoteType, float]]:
+    ) -> list[tuple[brag.VoteType, float, float | None]]:
         """Its votes on one question, typed under ``calibration``, with right/wrong."""
         g = outcome.agreement.get(action.label, 0)
         if not (outcome.answers[action.label] and g):
             return []
         seen = {"agreement": min(g, calibration.m)}
         vote_type = action.kind.vote_type(action.label, calibration.actions[action.label], seen)
-        return [(vote_type, outcome.correct[action.label])]
+        return [(vote_type, outcome.correct[action.label], None)]
 
 
 def _row_levels(

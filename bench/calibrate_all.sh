@@ -12,8 +12,13 @@ PY="${PYTHON:-python}"
 HOPS="${HOPS:-2}"  # brag.DEFAULT_HOPS
 CACHE_MODE="${CACHE_MODE:-read-write}"  # replay: refit from the cache alone, no LLM
 OUT=data/calibrations
+# The benchmarks' reads keep two evidence levels: fitted on two datasets, each read's own
+# reliability (an evidence curve) predicted the third's votes worse than the levels did
+# (bench/results/confidence_documents.md); the documents fit uses curves.
+EVIDENCE="${EVIDENCE:-levels}"
 fit() {  # corpus-name questions corpus file-stem
   "$PY" calibrate.py --model local --split 0:60 --hops "$HOPS" --cache-mode "$CACHE_MODE" --name "$1" \
+    --evidence "$EVIDENCE" \
     --questions "$DATA/$2" --corpus "$DATA/$3" --out "$OUT/qwen2.5-coder-0.5b-$4.json"
 }
 fit HotpotQA hotpotqa/hotpotqa_ircot500.json hotpotqa/hotpotqa_ircot500_corpus.json hotpotqa

@@ -118,8 +118,9 @@ def run_dataset(key: str, root: Path, llm: brag.LLM, n: int, k_folds: int) -> di
             rows.setdefault(method, []).append(row)
     for fold in folds(len(items), k_folds):
         train = [items[i] for i in range(len(items)) if i not in fold]
-        fits = {
-            hops: calibrate.calibrate(train, corpus, llm, hops=hops) for hops in {v.hops for v in VARIANTS}
+        fits = {  # the benchmarks' evidence variant (bench/calibrate_all.sh)
+            hops: calibrate.calibrate(train, corpus, llm, hops=hops, evidence="levels")
+            for hops in {v.hops for v in VARIANTS}
         }
         for variant in VARIANTS:
             for lam in LAMBDAS:

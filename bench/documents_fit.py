@@ -1,7 +1,7 @@
 """The documents fit, and "not in your documents", measured by leaving one set of documents out.
 
 Every labelled set over real manuals (``bench/docs/sets.json`` and ``sets_more.json``) whose
-questions were observed (``python bench/selftest.py observe --only real,unanswerable``). For each
+questions were observed (``python bench/confidence_observe.py --docs DIR``). For each
 set, with everything fitted on the *other* sets:
 
 - the documents fit (``calibrate.documents_fit``) and its "not in your documents" model
@@ -32,6 +32,7 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(ROOT / "bench"))
 
+import confidence_observe as observations
 import selftest as observed
 from harness import documents_parser, write_keeping
 
@@ -83,7 +84,7 @@ def document_sets(docs: Path) -> list[DocumentSet]:
                     observed.corpus_of(entry, docs),
                     observed.questions_of(entry),
                     unanswerable if _complete(name, "unanswerable", unanswerable) else [],
-                    observed.read_outcomes(name, "real"),
+                    outcomes_of(name, "real"),
                     self_test_outcomes(name),
                 )
             )
@@ -98,18 +99,25 @@ def self_test_folder(name: str) -> Path | None:
     return None
 
 
+def outcomes_of(name: str, part: str) -> list[calibrate.Outcome]:
+    """The set's outcomes with every action, the sampled read among them (``confidence_observe.py``)."""
+    return observations.read_outcomes(name, part)
+
+
 def self_test_outcomes(name: str) -> list[calibrate.Outcome]:
     folder = self_test_folder(name)
     if folder is None:
         return []
+    if observations.outcomes_path(name, "selftest").is_file():  # re-observed with every feature
+        return as_self_tested(observations.read_outcomes(name, "selftest"))
     found = calibrate.read_progress(folder / f"{name}.selftest.jsonl", name).values()
     return as_self_tested(list(found))
 
 
 def _complete(name: str, part: str, items: list[calibrate.Labelled]) -> bool:
     """Whether every one of ``items`` has its outcome observed."""
-    path = observed.outcomes_path(name, part)
-    return path.is_file() and {i.id for i in items} <= {o.id for o in observed.read_outcomes(name, part)}
+    path = observations.outcomes_path(name, part)
+    return path.is_file() and {i.id for i in items} <= {o.id for o in outcomes_of(name, part)}
 
 
 def as_self_tested(outcomes: list[calibrate.Outcome]) -> list[calibrate.Outcome]:

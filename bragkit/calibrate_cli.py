@@ -58,6 +58,12 @@ def main_gate(argv: Sequence[str]) -> int:
     return 0
 
 
+EVIDENCE_HELP = (
+    "how a read's votes vary with their evidence: 'curve', each its own reliability; 'levels', "
+    "two levels (default: curve; pool: as the fits pooled were fitted)"
+)
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     """Command line: calibrate and write the JSON (``gate`` as the first word: the gate alone)."""
     argv = list(sys.argv[1:] if argv is None else argv)
@@ -92,11 +98,12 @@ def main_pool(argv: Sequence[str]) -> int:
     parser.add_argument(
         "fits", nargs="+", help="calibration files, each with its NAME.outcomes.jsonl beside it"
     )
+    parser.add_argument("--evidence", choices=calibrate.EVIDENCE_VARIANTS, help=EVIDENCE_HELP)
     parser.add_argument("--out", required=True)
     args = parser.parse_args(argv)
     try:
         sets = [(brag.read_json(Path(f), "calibration"), calibrate.read_outcomes(f)) for f in args.fits]
-        result = calibrate.pool(sets, meta={"name": Path(args.out).stem})
+        result = calibrate.pool(sets, meta={"name": Path(args.out).stem}, evidence=args.evidence)
     except (ValueError, OSError) as err:
         print(f"calibrate pool: {err}", file=sys.stderr)
         return 2
@@ -195,6 +202,9 @@ def _parser(cache_modes: Sequence[str]) -> argparse.ArgumentParser:
         default=",".join(calibrate.default_actions()),
         help=f"the actions to observe and fit, of {', '.join(brag.action_labels())} (default: %(default)s)",
     )
+    parser.add_argument(
+        "--evidence", choices=calibrate.EVIDENCE_VARIANTS, default="curve", help=EVIDENCE_HELP
+    )
     parser.add_argument("--cache", default="bench/cache/llm.sqlite", help="SQLite response cache")
     parser.add_argument("--cache-mode", default="read-write", choices=cache_modes)
     parser.add_argument("--out", required=True)
@@ -228,6 +238,7 @@ def _calibrate_from_args(args: argparse.Namespace) -> dict[str, Any]:
         on_progress=progress,
         workers=args.workers,
         actions=[label.strip() for label in args.actions.split(",") if label.strip()],
+        evidence=args.evidence,
         meta={
             "name": Path(args.out).stem,
             "model_spec": args.model,

@@ -337,7 +337,7 @@ def test_shipped_calibrations_state_their_model_data_and_split(path):
     # The outcomes it was fitted on are kept, and refit to the same values.
     outcomes = calibrate.read_outcomes(path)
     assert [o.id for o in outcomes] == raw["split_ids"]
-    assert calibrate.fit(outcomes, raw["m"], raw["hops"])["actions"] == raw["actions"]
+    assert calibrate.fit(outcomes, raw["m"], raw["hops"], raw["evidence"])["actions"] == raw["actions"]
     replaced = raw["corpus"] in pooled.meta["replaces"]
     assert brag.shipped_calibration(raw["model"], raw["corpus"]) == (pooled if replaced else cal)
 
@@ -348,14 +348,14 @@ def _check_the_documents_fit(raw: dict, cal: brag.Calibration) -> None:
     assert brag.shipped_calibration(raw["model"]) == cal  # no corpus name: the caller's documents
     for corpus in ("HotpotQA", "MuSiQue", "Demo"):
         assert brag.shipped_calibration(raw["model"], corpus) != cal
-    # Its actions refit to the same values from the labelled outcomes kept in bench/results/selftest.
-    folder = ROOT / "bench" / "results" / "selftest"
+    # Its actions refit to the same values from the labelled outcomes kept beside the benchmark of it.
+    folder = ROOT / "bench" / "results" / "confidence_documents"
     sets = {
         name: list(calibrate.read_progress(folder / f"{name}.real.jsonl", name).values())
         for name in raw["pooled_from"]
     }
     assert sum(map(len, sets.values())) == raw["n_questions"]
-    again = calibrate.documents_fit(sets, raw["m"], raw["hops"], model=raw["model"])
+    again = calibrate.documents_fit(sets, raw["m"], raw["hops"], model=raw["model"], evidence=raw["evidence"])
     assert again["actions"] == raw["actions"] and again["eta"] == raw["eta"]
 
 
@@ -1159,3 +1159,92 @@ def test_a_small_german_documents_self_test_ends_with_a_fit():
     assert fitted["fitted_on"]["checked"].startswith(f"{kept} of the 30 questions wanted passed the checks")
     status = brag.calibration_status(brag.load_calibration(fitted), "selftest-reader")
     assert status == f"calibrated on {kept} self-test questions from your documents"
+
+
+# ------------------------------------------------------------------------------------------
+# Evidence curves and the dependence of reads of the same passage
+# ------------------------------------------------------------------------------------------
+
+
+def _planted_votes(n: int, intercept: float, weights: dict, seed: int = 0) -> list:
+    """Votes whose features are drawn at random and whose right/wrong flag follows a planted curve."""
+    rng = np.random.default_rng(seed)
+    votes = []
+    for _ in range(n):
+        features = {"answer_p": float(rng.uniform()), "span": float(rng.integers(0, 2))}
+        score = intercept + sum(w * features[f] for f, w in weights.items())
+        votes.append((features, float(rng.uniform() < 1 / (1 + np.exp(-score)))))
+    return votes
+
+
+def test_a_curve_is_recovered_from_planted_outcomes():
+    planted = {"answer_p": 3.0, "span": 1.5}
+    fitted = calibrate.fit_evidence_curve(_planted_votes(4000, -2.0, planted))
+    curve = (
+        brag.load_calibration(
+            {
+                "version": 1,
+                "eta": 0.1,
+                "actions": {"R1": {"q": 0.9, "rho": {"a": 6, "b": 4}, "curve": fitted}},
+            }
+        )
+        .actions["R1"]
+        .curve
+    )
+    assert dict(curve.weights) == pytest.approx(planted, abs=0.35)
+    assert curve.intercept == pytest.approx(-2.0, abs=0.3)
+    assert 0.7 < curve.auc < 0.85  # the held-out AUROC of a curve this steep, not an in-sample one
+    assert sum(share for share, _ in curve.spread) == pytest.approx(1.0)
+
+
+def test_a_refit_keeps_the_pooled_curve_on_noise_and_moves_toward_a_planted_one():
+    base = brag.EvidenceCurve(
+        (("answer_p", 3.0), ("span", 1.5)), -2.0, (("answer_p", 0.5), ("span", 0.5)), ((1.0, 0.0),), 0.8
+    )
+    rng = np.random.default_rng(1)
+    noise = [(v, float(rng.uniform() < 0.5)) for v, _ in _planted_votes(40, 0.0, {}, seed=2)]
+    assert calibrate.refit_curve(base, noise, calibrate.CURVE_STRENGTH) == base
+    steeper = _planted_votes(600, -4.0, {"answer_p": 8.0, "span": 1.5}, seed=3)
+    moved = calibrate.refit_curve(base, steeper, calibrate.CURVE_STRENGTH)
+    assert moved != base and 3.0 < dict(moved.weights)["answer_p"] <= 8.5
+
+
+def test_no_curve_without_both_right_and_wrong_votes_or_enough_of_them():
+    votes = _planted_votes(100, 0.0, {"answer_p": 1.0})
+    assert calibrate.fit_evidence_curve([(v, 1.0) for v, _ in votes]) is None
+    assert calibrate.fit_evidence_curve(votes[: calibrate.MIN_CURVE_VOTES - 1]) is None
+
+
+def _pair_outcome(i: int, rt_right: bool, repeats: bool) -> calibrate.Outcome:
+    rt = "Right" if rt_right else f"Wrong {i}"
+    r1 = rt if repeats else f"Other {i}"
+    return calibrate.Outcome(
+        f"q{i}", {"R1": r1, "RT": rt}, {"R1": r1 == "Right", "RT": rt_right}, evidence={"R1": {}, "RT": {}}
+    )
+
+
+def test_reads_of_the_same_passage_are_fitted_as_dependent_witnesses():
+    # R1 repeats RT's answer on 16 of 20 right ones and on 8 of 20 wrong ones: L = 2.
+    outcomes = [_pair_outcome(i, True, i < 16) for i in range(20)]
+    outcomes += [_pair_outcome(20 + i, False, i < 8) for i in range(20)]
+    same = calibrate.fit_repeats(outcomes, "R1", eta=0.1)
+    ratio = ((16 + 1) / (20 + 2)) / ((8 + 1) / (20 + 2))
+    assert same["pi"] == pytest.approx(24 / 40)
+    rho = same["rho"]["a"] / (same["rho"]["a"] + same["rho"]["b"])
+    assert rho / ((1 - rho) * 0.1) == pytest.approx(ratio, rel=1e-4)
+    assert calibrate.fit_repeats(outcomes[:3], "R1", eta=0.1) is None  # too few pairs to tell
+
+
+def test_the_levels_variant_is_the_fit_before_curves():
+    outcomes = [_pair_outcome(i, i % 3 != 0, i % 2 == 0) for i in range(40)]
+    for o in outcomes:
+        o.evidence = {
+            a: {"answer_p": 0.9 if o.correct[a] else 0.3, "span": 1.0, "margin": 0.5} for a in o.answers
+        }
+    levels = calibrate.fit(outcomes, 5, 1, evidence="levels")["actions"]
+    curve = calibrate.fit(outcomes, 5, 1, evidence="curve")["actions"]
+    assert "evidence" in levels["R1"] and "curve" not in levels["R1"] and "same" not in levels["R1"]
+    assert set(levels["R1"]["evidence"]["weights"]) <= set(calibrate.LEVEL_FEATURES)
+    assert "curve" in curve["R1"] and "evidence" not in curve["R1"] and "same" in curve["R1"]
+    with pytest.raises(brag.InputError, match="evidence"):
+        calibrate.fit(outcomes, 5, 1, evidence="both")

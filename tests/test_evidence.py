@@ -188,3 +188,99 @@ def test_a_replay_from_the_cache_gives_every_vote_the_evidence_and_level_the_liv
     assert reads[0]["vote_type"] == "R1:hi" and reads[0]["evidence"]["in_question"] == 1.0
     assert [s.get("observation") for s in again["steps"]] == [s.get("observation") for s in report["steps"]]
     assert again["confidence"] == report["confidence"] and never.requests == []
+
+
+# ------------------------------------------------------------------------------------------
+# Evidence curves: each vote its own reliability
+# ------------------------------------------------------------------------------------------
+
+
+def _curve(weights: dict, intercept: float = 0.0, spread=((0.5, -1.0), (0.5, 1.0))) -> brag.EvidenceCurve:
+    means = tuple((f, 0.5) for f in weights)
+    return brag.EvidenceCurve(tuple(weights.items()), intercept, means, tuple(spread), 0.8)
+
+
+def curve_calibration(curve: brag.EvidenceCurve, same: dict | None = None) -> dict:
+    """The hand-set priors with R1's votes weighed by ``curve`` (and a ``same`` branch if given)."""
+    calibration = brag.load_calibration(PRIORS).to_dict()
+    calibration["actions"]["R1"]["curve"] = brag.curve_to_dict(curve)
+    if same is not None:
+        calibration["actions"]["R1"]["same"] = same
+    return calibration
+
+
+def test_a_curve_gives_each_vote_the_reliability_of_its_score():
+    curve = _curve({"answer_p": 4.0}, intercept=-2.0)
+    low, high = curve.reliability({"answer_p": 0.2}), curve.reliability({"answer_p": 0.9})
+    assert low == pytest.approx(1 / (1 + math.exp(-(-2.0 + 0.8))))
+    assert high == pytest.approx(1 / (1 + math.exp(-(-2.0 + 3.6))))
+    # A feature the backend did not give counts at its mean, not as zero.
+    assert curve.reliability({"answer_p": None}) == pytest.approx(curve.reliability({"answer_p": 0.5}))
+    assert brag.RELIABILITY_BOUNDS[1] == _curve({"answer_p": 100.0}).reliability({"answer_p": 1.0})
+
+
+@pytest.mark.parametrize("answer_p", [0.15, 0.95])
+def test_a_reads_vote_under_a_curve_gives_p_its_own_reliability(answer_p):
+    curve = _curve({"answer_p": 5.0}, intercept=-2.5)
+    llm = ScriptedLLM(lambda prompt: READ, logprob=lambda text: math.log(answer_p))
+    controller = BRAG(llm, calibration=curve_calibration(curve), lam=0.0, min_calls=1)
+    report = controller.ask(QUESTION, Corpus(PASSAGES), actions=["R1"])
+    seen = report.steps[0].observation
+    own = curve.reliability(seen.evidence)
+    assert seen.reliability == pytest.approx(own, abs=1e-6)
+    assert report.confidence["p_correct"] == pytest.approx(own, abs=1e-5)  # one vote: P = its rho
+
+
+def test_a_calibration_with_a_curve_round_trips_and_a_malformed_one_is_named():
+    curve = _curve({"answer_p": 2.0, "margin": 1.0}, intercept=-0.5)
+    loaded = brag.load_calibration(curve_calibration(curve))
+    assert loaded.actions["R1"].curve == curve
+    assert brag.load_calibration(loaded.to_dict()).to_dict() == loaded.to_dict()
+    broken = curve_calibration(curve)
+    broken["actions"]["R1"]["curve"]["weights"] = {"shoe_size": 1.0}
+    with pytest.raises(brag.CalibrationError, match=r"curve\.weights"):
+        brag.load_calibration(broken)
+    broken["actions"]["R1"]["curve"] = {**brag.curve_to_dict(curve), "spread": [[0.3, 1.0]]}
+    with pytest.raises(brag.CalibrationError, match="spread"):
+        brag.load_calibration(broken)
+
+
+def test_pre_call_signals_move_a_reads_outlook_and_the_rest_of_the_score_spreads_it():
+    curve = _curve({"margin": 3.0, "answer_p": 2.0}, intercept=-1.0, spread=((0.5, -2.0), (0.5, 1.0)))
+    eta = 0.1
+    tie, lead = curve.outcomes({"margin": 0.0}, eta), curve.outcomes({"margin": 1.0}, eta)
+    assert [share for share, _ in tie] == [0.5, 0.5]
+    assert all(b > a for (_, a), (_, b) in zip(tie, lead, strict=True))  # a clear lead: likelier right
+    assert tie[0][1] < tie[1][1]  # the spread after the call: two kinds of vote, not one
+
+
+def test_the_question_signals_measure_the_top_passages_lead_and_coverage():
+    corpus = Corpus(PASSAGES)
+    found = corpus.retrieve("Glass Tower architect", 3)
+    signals = brag.question_signals("Glass Tower architect", corpus, found)
+    assert set(signals) == set(brag.PRE_CALL_FEATURES)
+    top, second = found.hits[0][1], found.hits[1][1]
+    assert signals["margin"] == pytest.approx((top - second) / top, abs=1e-4)
+    assert signals["top_coverage"] == 1.0  # the top passage holds glass, tower and architect
+    none = brag.question_signals("Glass Tower", corpus, brag.Retrieval([], [], 0))
+    assert none == {"margin": 0.0, "top_coverage": 0.0}
+
+
+def test_the_answers_share_of_the_question_is_evidence():
+    passage = [Passage("Lina Berg", "Lina Berg designed it.")]
+    copied = brag.read_evidence("Glass Tower", QUESTION, passage)
+    fresh = brag.read_evidence("Lina Berg", QUESTION, passage)
+    assert copied["question_share"] == 1.0 and fresh["question_share"] == 0.0
+    assert brag.read_evidence("yes", QUESTION, passage)["question_share"] is None
+
+
+def test_a_calibration_without_a_curve_runs_as_before():
+    """The shipped benchmark fits keep two evidence levels: no vote has its own reliability."""
+    pooled = brag.load_calibration(brag.CALIBRATIONS_DIR / "qwen2.5-coder-0.5b-pooled.json")
+    assert pooled.meta["evidence"] == "levels" and all(p.curve is None for p in pooled.actions.values())
+    llm = ScriptedLLM(lambda prompt: READ, logprob=lambda text: math.log(0.97))
+    report = BRAG(llm, calibration=pooled, lam=0.0).ask(QUESTION, Corpus(PASSAGES), actions=["R1"])
+    seen = report.steps[0].observation
+    level = pooled.actions["R1"].evidence.level(seen.evidence)
+    assert seen.reliability is None and seen.vote_type == f"R1:{level.name}"
+    assert report.confidence["p_correct"] == pytest.approx(level.mean, abs=1e-5)

@@ -369,3 +369,48 @@ def test_cheap_closed_book_comes_first_when_priced_in_tokens_or_seconds_but_not_
         report = BRAG(llm, calibration=PRIORS, lam=0.0, **options).run("Which moon?", corpus)[1]
         assert report["steps"][0]["action"] == "CB"
         assert report["config"]["cost"]["unit"] == (unit or "tokens")
+
+
+def _curve_entry(base: dict, weights: dict, intercept: float) -> dict:
+    curve = brag.EvidenceCurve(
+        tuple(weights.items()),
+        intercept,
+        tuple((f, 0.5) for f in weights),
+        ((0.5, intercept - 0.5), (0.5, intercept + 0.5)),  # the score after the call holds the intercept
+        0.8,
+    )
+    return {**base, "curve": brag.curve_to_dict(curve)}
+
+
+@pytest.mark.parametrize("lead", [True, False])
+def test_the_first_read_is_chosen_by_the_questions_pre_call_signals(lead):
+    """The focused read pays where the top passage leads clearly, the five-passage read on a near tie."""
+    calibration = brag.load_calibration(PRIORS).to_dict()
+    r1 = calibration["actions"]["R1"]
+    calibration["actions"]["R1"] = _curve_entry(r1, {"answer_p": 0.0}, 1.0)
+    calibration["actions"]["RT"] = _curve_entry(r1, {"margin": 10.0}, -5.0)
+    calibration["actions"] = {a: calibration["actions"][a] for a in ("R1", "RT")}  # the two first reads
+    calibration.pop("costs", None)
+    passages = [
+        {
+            "title": "Glass Tower",
+            "text": "The Glass Tower architect was Lina Berg, who designed the Glass Tower.",
+        },
+        {"title": "Oslo", "text": "Oslo is the capital of Norway."},
+        {"title": "Bergen", "text": "Bergen has a harbour and a fish market."},
+    ]
+    if not lead:  # a second passage about the tower, as strong a match as the first
+        passages[1] = {
+            "title": "Glass Tower (history)",
+            "text": "The Glass Tower architect built the Glass Tower.",
+        }
+    fillers = [
+        {"title": f"Town {i}", "text": f"Town {i} has a market, a school and {i} bridges."} for i in range(12)
+    ]
+    corpus = Corpus(passages + fillers)
+    question = "Who was the Glass Tower architect?"
+    signals = brag.question_signals(question, corpus, corpus.retrieve(question, 5))
+    assert (signals["margin"] > 0.5) is lead
+    llm = ScriptedLLM(lambda prompt: "Answer: Lina Berg\nFollow-up query: Lina Berg")
+    report = BRAG(llm, calibration=calibration, lam=0.0001).ask(question, corpus)
+    assert report.steps[0].action == ("RT" if lead else "R1")

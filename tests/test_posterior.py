@@ -151,3 +151,17 @@ def test_floored_weights_do_not_depend_on_vote_order(priors, eta, raw):
 def test_vote_model_rejects_unknown_rules():
     with pytest.raises(ValueError, match="rule must be one of"):
         VoteModel(PRIORS, ETA, rule="bayes")
+
+
+@pytest.mark.parametrize("rule", ["floored", "spec"])
+def test_a_votes_own_reliability_weighs_it_as_a_type_of_that_reliability(rule):
+    """A vote carrying its own rho moves the posterior as a vote of a type with that mean would."""
+    own = posterior(
+        [Vote("R1", 0, 0.8), Vote("CB_3", 1)], 2, {"R1": (5.0, 5.0), "CB_3": (6.0, 4.0)}, 0.1, rule
+    )
+    typed = posterior(
+        [Vote("R1x", 0), Vote("CB_3", 1)], 2, {"R1x": (8.0, 2.0), "CB_3": (6.0, 4.0)}, 0.1, rule
+    )
+    assert own[0] == pytest.approx(typed[0]) and own[1] == pytest.approx(typed[1])
+    alone = posterior([Vote("R1", 0, 0.8)], 1, {"R1": (5.0, 5.0)}, 0.1, "floored")
+    assert alone[0][0] == pytest.approx(0.8)  # one vote: P is its own reliability

@@ -1,6 +1,7 @@
 """End to end: BRAG.run with a scripted LLM over a small corpus."""
 
 import json
+import math
 from collections import Counter
 from dataclasses import replace
 
@@ -735,3 +736,95 @@ def test_old_calibrations_load_without_a_found_model_and_a_found_model_changes_n
     assert [s.action for s in before.steps] == [s.action for s in after.steps]
     assert before.answer == after.answer == "Bergen" and before.p_err == after.p_err
     assert before.found_in_documents is True and after.found_in_documents is False
+
+
+# ------------------------------------------------------------------------------------------
+# Reads that share a passage, and the sampled focused read
+# ------------------------------------------------------------------------------------------
+
+SHARED_PASSAGES = [
+    {"title": "Glass Tower", "text": "The Glass Tower in Oslo was designed by the architect Lina Berg."},
+    {"title": "Oslo", "text": "Oslo is the capital of Norway and its largest city."},
+]
+SHARED_QUESTION = "Who designed the Glass Tower?"
+
+
+def _with_repeat(rho_same: float | None) -> dict:
+    calibration = brag.load_calibration(PRIORS).to_dict()
+    calibration["actions"]["RT"] = dict(calibration["actions"]["R1"])
+    if rho_same is not None:
+        calibration["actions"]["R1"]["same"] = {
+            "pi": 0.6,
+            "rho": {"a": 10 * rho_same, "b": 10 * (1 - rho_same)},
+        }
+    return calibration
+
+
+def test_a_read_repeating_a_read_of_the_same_passage_counts_as_the_fitted_dependent_witness():
+    llm = ScriptedLLM(lambda prompt: "Answer: Lina Berg\nFollow-up query: Lina Berg")
+    corpus = Corpus(SHARED_PASSAGES)
+    p = {}
+    for name, rho_same in (("independent", None), ("dependent", 0.3)):
+        controller = BRAG(llm, calibration=_with_repeat(rho_same), lam=0.0)
+        report = controller.ask(SHARED_QUESTION, corpus, actions=["RT", "R1"])
+        second = report.steps[1].observation
+        assert second.vote_type == ("R1_same" if rho_same else "R1")
+        p[name] = report.confidence["p_correct"]
+    assert p["dependent"] < p["independent"]  # the repeat is not a second independent witness
+    eta = brag.load_calibration(_with_repeat(0.3)).eta
+    rho_rt = brag.load_calibration(_with_repeat(0.3)).actions["RT"].mean
+    odds = rho_rt / ((1 - rho_rt) * eta) * max(1.0, 0.3 / (0.7 * eta))
+    assert p["dependent"] == pytest.approx(odds / (odds + 1 / eta), abs=1e-5)
+
+
+def test_the_lookahead_prices_a_repeat_at_its_fitted_ratio():
+    prior = brag.load_calibration(_with_repeat(0.3)).actions["R1"]
+    _, outlook = brag.READ.view("R1", prior, 0.1, {"R1": 1.0, "R1_weak": 1.0}, False)
+    assert outlook.same_ratio == pytest.approx(0.3 / (0.7 * 0.1))
+    beliefs = brag.VoteModel({"RT": (7.0, 3.0), "CB": (7.0, 3.0)}, 0.1).beliefs()
+    beliefs.add(brag.Vote("RT", 0))
+    beliefs.add(brag.Vote("CB", 1))  # a tie the next read settles: by repeating RT, or not
+    dependent = brag.expected_gain(beliefs, 2, 0.1, outlook, repeatable={0})
+    independent = brag.expected_gain(beliefs, 2, 0.1, replace(outlook, same_ratio=None), repeatable={0})
+    assert dependent < independent  # a second read of the same passage is worth less
+
+
+class SampledReadLLM:
+    """Replies to a sampled read with the given samples; to any other read with the first one."""
+
+    def __init__(self, samples: list[str]) -> None:
+        self.samples, self.requests = samples, []
+
+    def complete(self, messages, *, n=1, temperature=0.0, max_tokens=64, stop=None, seed=None):
+        self.requests.append({"n": n, "temperature": temperature, "stop": stop})
+        texts = self.samples[:n] if n > 1 else self.samples[:1]
+        return brag.Completion(texts, 50, 3 * n)
+
+
+@pytest.mark.parametrize("agreeing", [5, 3, 1])
+def test_a_sampled_read_votes_its_mode_typed_by_how_many_samples_agree(agreeing):
+    samples = ["Answer: Lina Berg"] * agreeing + [f"Answer: Other {i}" for i in range(5 - agreeing)]
+    llm = SampledReadLLM(samples)
+    controller = BRAG(llm, calibration=PRIORS, extra_actions=("RS",), lam=0.0, m=5)
+    report = controller.ask(SHARED_QUESTION, Corpus(SHARED_PASSAGES), actions=["RS"])
+    seen = report.steps[0].observation
+    assert llm.requests == [{"n": 5, "temperature": controller.temperature, "stop": ["\n", *brag.READ_STOP]}]
+    assert seen.answer == "Lina Berg" and seen.details["agreement"] == agreeing
+    assert seen.evidence["agreement"] == pytest.approx(agreeing / 5)
+    assert seen.vote_type == f"RS_{agreeing}" and [p.title for p in seen.passages] == ["Glass Tower"]
+    assert report.confidence["p_correct"] == pytest.approx(brag.prior_kappa(agreeing, 5), abs=1e-4)
+
+
+def test_a_sampled_reads_curve_weighs_its_agreement():
+    calibration = brag.load_calibration(PRIORS).to_dict()
+    curve = brag.EvidenceCurve((("agreement", 4.0),), -2.0, (("agreement", 0.6),), ((1.0, 0.0),), 0.8)
+    calibration["actions"]["RS"] = {**calibration["actions"]["R1"], "curve": brag.curve_to_dict(curve)}
+    p = {}
+    for agreeing in (5, 2):
+        samples = ["Answer: Lina Berg"] * agreeing + [f"Answer: Other {i}" for i in range(5 - agreeing)]
+        controller = BRAG(SampledReadLLM(samples), calibration=calibration, lam=0.0, m=5)
+        report = controller.ask(SHARED_QUESTION, Corpus(SHARED_PASSAGES), actions=["RS"])
+        assert report.steps[0].observation.vote_type == "RS"
+        p[agreeing] = report.confidence["p_correct"]
+    assert p[5] == pytest.approx(1 / (1 + math.exp(-2.0)), abs=1e-5)
+    assert p[2] == pytest.approx(1 / (1 + math.exp(-(-2.0 + 1.6))), abs=1e-5)

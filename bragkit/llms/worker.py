@@ -160,7 +160,9 @@ def generate(model: Any, request: dict[str, Any]) -> dict[str, Any]:
             text = out["choices"][0]["text"]
         texts.append(text if scoring is None else scoring[i])
         logprobs.append(recorder.pieces[: len(forced)] if forced is not None else recorder.pieces)
-        prompt_tokens += out["usage"]["prompt_tokens"]
+        # The samples share one prompt, which the model's cache evaluates once: counted once, as
+        # an API bills n samples of one prompt.
+        prompt_tokens += out["usage"]["prompt_tokens"] if i == 0 or scoring is not None else 0
         completion_tokens += out["usage"]["completion_tokens"]
     return {
         "texts": texts,
