@@ -785,7 +785,7 @@ def fit_evidence_curve(
     weights, intercept, means = _curve_weights(votes, features, base, strength)
     curve = _as_curve(weights, intercept, means, _spread(votes, weights, intercept, means), 0.5)
     held = _held_out_reliabilities(votes, features, base, strength)
-    auc_ = auc([p for p, _ in held], [y >= 0.5 for _, y in held]) if 0 < right < len(votes) else 0.5
+    auc_ = auc([p for p, _ in held], [y >= 0.5 for _, y in held])
     return brag.curve_to_dict(replace(curve, auc=round(float(auc_), 4)))
 
 
@@ -2195,7 +2195,10 @@ class HopFit(ReadFit):
         of base's and these outcomes' own in log-odds (its weight the reads after an answer,
         against base's strength); the row's prior has none, so the outcomes' own stands.
         """
-        read = super().fit(outcomes, label, base, hops, eta, counts)
+        # Its branches are its own: the read's fit of a repeat (a read of the question's window) is not.
+        read = super().fit(
+            outcomes, label, replace(base, prior=replace(base.prior, same=None)), hops, eta, counts
+        )
         own_same, new, counts["hops"] = fit_second_hop(outcomes, label, hops, eta, base)
         same = brag.Branch(own_same["pi"], own_same["rho"]["a"], own_same["rho"]["b"])
         if base.prior.same is not None:

@@ -33,6 +33,7 @@ sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(ROOT / "bench"))
 
 import confidence_observe as observations
+import documents_fit as documents
 import selftest as observed
 from harness import documents_parser, write_keeping
 
@@ -43,7 +44,6 @@ from bragkit.llms import CachedLLM, make_llm
 
 RESULTS = ROOT / "bench" / "results" / "confidence_documents.md"
 DETAILS = ROOT / "bench" / "results" / "confidence_documents" / "results.json"
-MANIFESTS = (ROOT / "bench" / "docs" / "sets.json", ROOT / "bench" / "docs" / "sets_more.json")
 M, HOPS = 5, fits.SELF_TEST_HOPS
 LAM = observed.LAM  # the app's default price of a call
 CURVE_STRENGTHS = (1.0, 5.0, 20.0, 100.0, 1e6)  # tried for a self-test's refit of a curve
@@ -51,74 +51,18 @@ BEFORE_ACTIONS = ("R1", "R2", "CB", "RT")  # what the documents fit observed bef
 FIXED = ("RT", "R1", "RS", "CB")
 
 
-class DocumentSet:
-    """One labelled set: its corpus, questions and outcomes (with every action)."""
-
-    def __init__(self, entry: dict[str, Any], docs: Path) -> None:
-        self.entry, self.name = entry, entry["name"]
-        self.corpus = observed.corpus_of(entry, docs)
-        self.items = observed.questions_of(entry)
-        self.unanswerable = observed.unanswerable_of(entry)
-        self.real = _ordered(observations.read_outcomes(self.name, "real"), self.items)
-        self.unanswered = _ordered(observations.read_outcomes(self.name, "unanswerable"), self.unanswerable)
-        self.self_test = observations.read_outcomes(self.name, "selftest")
+DocumentSet = documents.DocumentSet  # each set's corpus, questions, outcomes and self-test
 
 
-def _ordered(outcomes: list[calibrate.Outcome], items: list[calibrate.Labelled]) -> list[calibrate.Outcome]:
-    by_id = {o.id: o for o in outcomes}
-    return [by_id[i.id] for i in items if i.id in by_id]
-
-
-def document_sets(docs: Path) -> list[DocumentSet]:
-    """Every set whose questions were all observed, in manifest order."""
-    found = []
-    for manifest in MANIFESTS:
-        for entry in json.loads(manifest.read_text(encoding="utf-8"))["sets"]:
-            s = DocumentSet(entry, docs)
-            if s.items and len(s.real) == len(s.items):
-                found.append(s)
-    return found
-
-
-def without(outcomes: list[calibrate.Outcome], keep: tuple[str, ...]) -> list[calibrate.Outcome]:
-    """Outcomes with only the ``keep`` actions (as they were observed before the sampled read)."""
-
-    def only(values: dict[str, Any]) -> dict[str, Any]:
-        return {k: v for k, v in values.items() if k in keep}
-
-    return [
-        replace(
-            o,
-            answers=only(o.answers),
-            correct=only(o.correct),
-            agreement=only(o.agreement),
-            weak=only(o.weak),
-            hops=only(o.hops),
-            usage=only(o.usage),
-            evidence=only(o.evidence),
-        )
-        for o in outcomes
-    ]
-
-
-# ------------------------------------------------------------------------------------------
-# Fits
-# ------------------------------------------------------------------------------------------
+def keep_of(evidence: str) -> tuple[str, ...]:
+    """The actions a variant's fit sees: before this issue's, the documents fit had no sampled read."""
+    return BEFORE_ACTIONS if evidence == "levels" else (*BEFORE_ACTIONS, "RS")
 
 
 def documents_fit(llm: brag.LLM, sets: list[DocumentSet], evidence: str) -> brag.Calibration:
     """The documents fit over ``sets`` (``evidence``: the variant), with its found model."""
-    keep = BEFORE_ACTIONS if evidence == "levels" else (*BEFORE_ACTIONS, "RS")
-    outcomes = {s.name: without(s.real, keep) for s in sets}
-    model = str(observed.pooled().meta["model"])
-    plain = brag.load_calibration(calibrate.documents_fit(outcomes, M, HOPS, model=model, evidence=evidence))
-    rows = []
-    for s in sets:
-        rows += [(r["signals"], True, r["right"]) for r in run_rows(llm, plain, s.items, s)]
-        rows += [(r["signals"], False, False) for r in run_rows(llm, plain, s.unanswerable, s)]
-    found = calibrate.fit_found(rows)
-    fitted = calibrate.documents_fit(outcomes, M, HOPS, model=model, found=found, evidence=evidence)
-    return brag.load_calibration(fitted)
+    kept = [replace(s, real=observations.with_actions(s.real, keep_of(evidence))) for s in sets]
+    return brag.load_calibration(documents.documents_fit(llm, kept, evidence=evidence))
 
 
 def refitted(
@@ -149,43 +93,16 @@ def curve_strengths(
 # ------------------------------------------------------------------------------------------
 
 
-def run_rows(
-    llm: brag.LLM, fit: brag.Calibration, items: list[calibrate.Labelled], s: DocumentSet
-) -> list[dict[str, Any]]:
-    """The controller under ``fit`` at the app's λ on ``items``: one row a question."""
-    rows = observed.run_rows(llm, fit, items, s.corpus)
-    return rows
-
-
-def own_labels(llm: brag.LLM, base: brag.Calibration, s: DocumentSet, keep: tuple[str, ...]) -> list[dict]:
-    """The set's own labels as the fit, each fold answered by a refit on the other folds."""
-    rows: list[dict[str, Any]] = []
-    real = without(s.real, keep)
-    for fold in range(observed.FOLDS):
-        train = [o for n, o in enumerate(real) if n % observed.FOLDS != fold]
-        test = [i for n, i in enumerate(s.items) if n % observed.FOLDS == fold]
-        rows += run_rows(llm, refitted(base, train, calibrate.CURVE_STRENGTH), test, s)
-    return rows
-
-
 def scores(answerable: list[dict], unanswerable: list[dict] | None = None) -> dict[str, Any]:
     """Accuracy, AUROC, ECE, Brier, distinct P, guesses, cost, later calls; unanswerable flagged."""
     result = observed.scored(answerable)
     if "p" in answerable[0]:
         result["distinct_p"] = len({round(r["p"], 4) for r in answerable})
-        first = [r for r in answerable if not r["first_right"]]
-        result["first_wrong_later"] = sum(len(r["actions"]) > 1 for r in first)
-        right_first = [r for r in answerable if r["first_right"]]
-        result["first_right"] = len(right_first)
         result["first_counts"] = {a: sum(r["actions"][:1] == [a] for r in answerable) for a in FIXED}
     if unanswerable:
         flagged = [(not r["found"]) or r["guess"] for r in unanswerable]
         result["unanswerable_unflagged"] = float(np.mean([not f for f in flagged]))
     return result
-
-
-def fixed_rows(outcomes: list[calibrate.Outcome], label: str) -> list[dict[str, Any]]:
-    return observed.fixed_rows(outcomes, label)
 
 
 CURVE_L2S = (1.0, 5.0, 20.0, 50.0)  # a labelled fit's pull of a curve's weights toward 0, tried
@@ -239,22 +156,21 @@ def held_out(llm: brag.LLM, sets: list[DocumentSet]) -> dict[str, Any]:
     results: dict[str, Any] = {"curve_strength": chosen, "curve_losses": losses, "sets": {}}
     for s in sets:
         found: dict[str, Any] = {}
-        for v in variants:
+        for v, evidence in variants.items():
             base = bases[v][s.name]
-            keep = BEFORE_ACTIONS if v == "before" else (*BEFORE_ACTIONS, "RS")
-            found[f"documents fit ({v})"] = scores(
-                run_rows(llm, base, s.items, s), run_rows(llm, base, s.unanswerable, s)
-            )
+            found[f"documents fit ({v})"] = scores(*documents.runs(llm, base, s))
             if s.self_test:
                 own = refitted(base, s.self_test, chosen[s.name])
-                found[f"own self-test fit ({v})"] = scores(run_rows(llm, own, s.items, s))
-            found[f"own labels, CV ({v})"] = scores(own_labels(llm, base, s, keep))
+                found[f"own self-test fit ({v})"] = scores(observed.run_rows(llm, own, s.items, s.corpus))
+            real = observations.with_actions(s.real, keep_of(evidence))
+            own_labels = observed.own_labels(llm, base, s.items, real, s.corpus, calibrate.SELF_TEST_STRENGTH)
+            found[f"own labels, CV ({v})"] = scores(own_labels)
         for label in FIXED:
-            found[f"{label} alone"] = scores(fixed_rows(s.real, label))
+            found[f"{label} alone"] = scores(observed.fixed_rows(s.real, label))
         results["sets"][s.name] = {"entry": s.entry, "scores": found, "n": len(s.items)}
     results["sampled_read_cost"] = sampled_read_cost(sets)
-    documents = {s.name: calibrate.without_gate(s.real) for s in sets}
-    results["variant_losses"] = variant_losses({"documents": documents, "benchmarks": benchmark_outcomes()})
+    manuals = {s.name: calibrate.without_gate(s.real) for s in sets}
+    results["variant_losses"] = variant_losses({"documents": manuals, "benchmarks": benchmark_outcomes()})
     return results
 
 
@@ -302,7 +218,7 @@ COLUMNS = (
     "tokens",
     "seconds",
     "wrong_first",
-    "first_wrong_later",
+    "later_after_wrong",
     "fixed",
     "broke",
 )
@@ -345,7 +261,6 @@ def pooled(results: dict[str, Any]) -> dict[str, dict[str, float]]:
                     "later": 0,
                     "fixed": 0,
                     "broke": 0,
-                    "first_right": 0,
                     "sets": 0,
                 },
             )
@@ -355,10 +270,9 @@ def pooled(results: dict[str, Any]) -> dict[str, dict[str, float]]:
             row["tokens"] += sc["tokens"] * n
             for key, src in (
                 ("wrong_first", "wrong_first"),
-                ("later", "first_wrong_later"),
+                ("later", "later_after_wrong"),
                 ("fixed", "fixed"),
                 ("broke", "broke"),
-                ("first_right", "first_right"),
             ):
                 row[key] += sc.get(src) or 0
     return out
@@ -385,13 +299,8 @@ def targets(results: dict[str, Any]) -> list[str]:
         f"{100 * (acc - best_acc):+.1f} points (target +3), at {tokens_ratio:.2f}× its tokens "
         "(target ≤ 1.5×).",
     ]
-    wrong, later, fixed, broke, first_right = (
-        brag_row["wrong_first"],
-        brag_row["later"],
-        brag_row["fixed"],
-        brag_row["broke"],
-        brag_row["first_right"],
-    )
+    wrong, later, fixed, broke = (brag_row[k] for k in ("wrong_first", "later", "fixed", "broke"))
+    first_right = brag_row["n"] - wrong  # right first reads: every question whose first read was not wrong
     lines.append(
         f"- Wrong first reads: {wrong:.0f}; a later call after {later:.0f} "
         f"({later / max(1, wrong):.2f}, target ≥ 0.5); fixed {fixed:.0f} "
@@ -488,7 +397,7 @@ def markdown(results: dict[str, Any], command: str) -> list[str]:
         *mean_table(results),
         "## Per set",
         "",
-        "`wrong_first`: questions whose first read was wrong; `first_wrong_later`: of them, those "
+        "`wrong_first`: questions whose first read was wrong; `later_after_wrong`: of them, those "
         "where a later call ran; `fixed`: of them, answered right in the end; `broke`: a right first "
         "read whose final answer is wrong. `guess_right`/`sure_right`: accuracy of answers shown as "
         "a guess and of the rest.",
@@ -504,7 +413,7 @@ def main() -> int:
     parser.add_argument("--replay", action="store_true", help="from the cache alone (no LLM)")
     args = parser.parse_args()
     llm = CachedLLM(make_llm("local"), observed.CACHE, mode="replay" if args.replay else "read-write")
-    sets = document_sets(args.docs)
+    sets = documents.document_sets(args.docs)
     results = held_out(llm, sets)
     DETAILS.write_text(
         json.dumps(results, indent=1, ensure_ascii=False, default=float) + "\n", encoding="utf-8"

@@ -15,7 +15,10 @@ from __future__ import annotations
 import json
 import sys
 import time
+from collections.abc import Sequence
+from dataclasses import replace
 from pathlib import Path
+from typing import Any
 
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
@@ -39,6 +42,27 @@ def observer(llm: object) -> object:
 
 def outcomes_path(name: str, part: str) -> Path:
     return OUT / f"{name}.{part}.jsonl"
+
+
+def with_actions(outcomes: list[calibrate.Outcome], keep: Sequence[str]) -> list[calibrate.Outcome]:
+    """Outcomes with only the ``keep`` actions, as a run that observed only those would have them."""
+
+    def only(values: dict[str, Any]) -> dict[str, Any]:
+        return {k: v for k, v in values.items() if k in keep}
+
+    return [
+        replace(
+            o,
+            answers=only(o.answers),
+            correct=only(o.correct),
+            agreement=only(o.agreement),
+            weak=only(o.weak),
+            hops=only(o.hops),
+            usage=only(o.usage),
+            evidence=only(o.evidence),
+        )
+        for o in outcomes
+    ]
 
 
 def read_outcomes(name: str, part: str) -> list[calibrate.Outcome]:

@@ -22,7 +22,7 @@ from __future__ import annotations
 
 import json
 import sys
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -126,24 +126,7 @@ def as_self_tested(outcomes: list[calibrate.Outcome]) -> list[calibrate.Outcome]
     Self-tests observed before hops were left out of the plan ran R2 as well; its reads do
     not enter the fit now (the documents fit's entry is kept), so they are dropped here.
     """
-    keep = set(fits.SelfTestPlan().observed())
-
-    def only(values: dict[str, Any]) -> dict[str, Any]:
-        return {k: v for k, v in values.items() if k in keep}
-
-    return [
-        replace(
-            o,
-            answers=only(o.answers),
-            correct=only(o.correct),
-            agreement=only(o.agreement),
-            weak=only(o.weak),
-            hops=only(o.hops),
-            usage=only(o.usage),
-            evidence=only(o.evidence),
-        )
-        for o in outcomes
-    ]
+    return observations.with_actions(outcomes, fits.SelfTestPlan().observed())
 
 
 # ------------------------------------------------------------------------------------------
@@ -173,13 +156,14 @@ def found_rows(llm: brag.LLM, fit: brag.Calibration, sets: list[DocumentSet]) ->
 
 
 def documents_fit(
-    llm: brag.LLM, sets: list[DocumentSet], meta: dict[str, Any] | None = None
+    llm: brag.LLM, sets: list[DocumentSet], meta: dict[str, Any] | None = None, evidence: str = "curve"
 ) -> dict[str, Any]:
     """The documents fit over ``sets``, with its found model fitted on their runs under it."""
     outcomes = {s.name: s.real for s in sets}
-    plain = calibrate.documents_fit(outcomes, M, HOPS, model=model_name())
+    options = {"model": model_name(), "evidence": evidence}
+    plain = calibrate.documents_fit(outcomes, M, HOPS, **options)
     found = calibrate.fit_found(found_rows(llm, brag.load_calibration(plain), sets))
-    return calibrate.documents_fit(outcomes, M, HOPS, model=model_name(), found=found, meta=meta)
+    return calibrate.documents_fit(outcomes, M, HOPS, found=found, meta=meta, **options)
 
 
 def refitted(base: brag.Calibration, outcomes: list[calibrate.Outcome], strength: float) -> brag.Calibration:
