@@ -723,12 +723,20 @@ def _toward_logistic(
 def _curve_weights(
     votes: Sequence[Vote], features: Sequence[str], base: brag.EvidenceCurve | None, strength: float
 ) -> tuple[dict[str, float], float, dict[str, float]]:
-    """(weights, intercept, means) in the features' own units, fitted on ``votes``."""
-    means = {f: float(np.mean([v[f] for v, _ in votes if v.get(f) is not None])) for f in features}
+    """(weights, intercept, means) in the features' own units, fitted on ``votes``.
+
+    A feature none of the votes has (a backend without log-probabilities) keeps ``base``'s mean:
+    its column is constant, so its weight stays where ``base`` put it.
+    """
+    base_means = dict(base.means) if base is not None else {}
+    means = {}
+    for f in features:
+        known = [v[f] for v, _ in votes if v.get(f) is not None]
+        means[f] = float(np.mean(known)) if known else base_means.get(f, 0.0)
     x = _design(votes, features, means)
     y = np.array([right for _, right in votes], dtype=float)
     centre, scale = x.mean(axis=0), x.std(axis=0)
-    scale = np.where(scale == 0, 1.0, scale)
+    scale = np.where(scale < 1e-9, 1.0, scale)  # a constant column (rounding leaves a hair of spread)
     prior = np.zeros(len(features) + 1)
     if base is not None:  # the base curve, in these votes' standardised units
         weights = dict(base.weights)

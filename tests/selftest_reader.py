@@ -82,3 +82,21 @@ class SelfTestReader:
         )
         self.calls.append(kind)
         return brag.Completion(replies(messages, n, self.wrong, self.copy, self.vague))
+
+
+class WideReadsErr(SelfTestReader):
+    """Right on a read of one passage (so its questions pass the roundtrip), wrong on every
+    ``every``-th read of several; no token log-probabilities, as many backends give none."""
+
+    def __init__(self, every: int = 3) -> None:
+        super().__init__()
+        self.every, self.reads = every, 0
+
+    def complete(self, messages, *, n=1, temperature=0.0, max_tokens=64, stop=None, seed=None):
+        prompt = messages[-1]["content"]
+        if messages[0]["content"] != brag.CLOSED_BOOK_INSTRUCTIONS and "[2]" in prompt:
+            self.reads += 1
+            if self.reads % self.every == 0:
+                self.calls.append("read")
+                return brag.Completion(["Answer: a wrong guess\nFollow-up query: x"])
+        return super().complete(messages, n=n, temperature=temperature, max_tokens=max_tokens, stop=stop)

@@ -677,6 +677,7 @@ def test_named_corpus_downloads_once_from_the_hub(tmp_path, llm_server):
         "BRAG_DATA_DIR": str(empty),
         "BRAG_CORPUS_REPO": "test-org/HippoRAG_2",
         "HF_HOME": str(tmp_path / "hf"),
+        "HF_HUB_OFFLINE": "0",  # this test's Hub is on loopback: the download is what it checks
     }
     with FakeHub(files) as hub:
         with AppProcess({**env, "HF_ENDPOINT": hub.url}) as app:

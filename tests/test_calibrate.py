@@ -13,7 +13,7 @@ from dataclasses import replace
 import numpy as np
 import pytest
 from conftest import ROOT, without
-from selftest_reader import PASSAGES, SelfTestReader
+from selftest_reader import PASSAGES, SelfTestReader, WideReadsErr
 
 import brag
 import calibrate
@@ -877,6 +877,24 @@ def test_calibrate_corpus_fits_every_action_and_records_the_self_test():
     assert brag.calibration_status(cal, "selftest-reader") == (
         "calibrated on 10 self-test questions from your documents"
     )
+
+
+def test_a_backend_without_log_probabilities_self_tests_to_a_fit():
+    # The documents fit's curves weigh the answer's token probabilities, which this reader never
+    # gives; its wide reads are right and wrong, so each curve is refitted on votes that lack them.
+    documents = brag.load_calibration(brag.CALIBRATIONS_DIR / "qwen2.5-coder-0.5b-documents.json")
+    assert "answer_p" in dict(documents.actions["R1"].curve.weights)
+    reader = WideReadsErr()
+    fitted = fits.calibrate_corpus(_self_test_corpus(), reader, documents, plan=fits.SelfTestPlan(12, 24))
+    assert fitted["fitted_on"]["questions"] == 12
+    assert 0 < fitted["counts"]["R1"]["correct"] < fitted["counts"]["R1"]["answered"]  # both kinds
+    cal = brag.load_calibration(fitted)
+    curve = cal.actions["R1"].curve
+    numbers = [curve.intercept, *dict(curve.weights).values(), *dict(curve.means).values()]
+    assert all(np.isfinite(numbers))
+    # A vote without the feature counts at the mean it was fitted with: the documents fit's.
+    assert dict(curve.means)["answer_p"] == dict(documents.actions["R1"].curve.means)["answer_p"]
+    assert 0 < curve.reliability({"span": 1.0}) < 1
 
 
 def test_a_self_test_that_keeps_nothing_ends_with_the_base_fit_and_says_why():

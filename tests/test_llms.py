@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import os
 import sqlite3
 import threading
 import time
@@ -311,6 +312,19 @@ def test_missing_usage_is_estimated_and_marked():
     with FakeOpenAI(handler=lambda r: Reply(usage={})) as server:
         result = make_llm(server.url + "#m").complete(MESSAGES)
     assert result.estimated is True and result.prompt_tokens > 0 and result.completion_tokens > 0
+
+
+def test_offline_mode_blocks_the_hub_in_plain_words_but_not_a_server_named_by_url(monkeypatch):
+    assert os.environ["HF_HUB_OFFLINE"] == "1"  # every test runs offline (conftest)
+    with FakeOpenAI() as server:
+        assert hf_backend(server.url).complete(MESSAGES).texts  # loopback, named by its URL
+    hosted = llms.HFInference("m", model="org/model", token="hf_test", retry=llms.RetryPolicy(max_retries=0))
+    with pytest.raises(llms.EndpointUnreachable, match="offline mode is enabled"):
+        hosted.complete(MESSAGES)  # refused before any connection: the Hub is what offline means
+    monkeypatch.delenv("HF_TOKEN", raising=False)
+    tokenless = llms.HFInference("m", model="org/model", retry=llms.RetryPolicy(max_retries=0))
+    with pytest.raises(llms.TokenRejected, match="needs a Hugging Face token"):
+        tokenless.complete(MESSAGES)
 
 
 def test_hf_backend_sends_the_token():

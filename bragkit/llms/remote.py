@@ -12,7 +12,7 @@ import threading
 import time
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
-from contextvars import copy_context
+from contextvars import ContextVar, copy_context
 from dataclasses import dataclass, field, replace
 from typing import Any, ClassVar
 
@@ -30,6 +30,7 @@ from .errors import (
     ModelNotFound,
     RequestRejected,
     Retryable,
+    TokenRejected,
     check_token,
     http_error,
     retry_after_seconds,
@@ -315,6 +316,8 @@ class HFInference(RemoteBackend):
             )
         if isinstance(err, httpx2.TransportError | ConnectionError):
             return Retryable(EndpointUnreachable(f"cannot reach {where}: {err}"))
+        if isinstance(err, ValueError) and "api_key" in str(err):  # asked for before any request
+            return TokenRejected(f"{where} needs a Hugging Face token: give one, or set HF_TOKEN")
         if isinstance(err, ValueError) and "provider" in str(err).lower():
             return ModelNotFound(f"{where}: {err}")
         return MalformedResponse(f"{where} sent a malformed response ({_fault(err)})")
@@ -323,12 +326,15 @@ class HFInference(RemoteBackend):
         kwargs = options.request_fields()
 
         def send(extra: dict[str, Any]) -> Any:
+            named = _NAMED_SERVER.set(self.base_url)
             try:
                 return self._client.chat_completion(messages, **kwargs, **extra)
             except LLMError:
                 raise
             except Exception as err:
                 raise self._classify(err) from None
+            finally:
+                _NAMED_SERVER.reset(named)
 
         response = self._with_logprobs(send)
         try:
@@ -346,6 +352,27 @@ class HFInference(RemoteBackend):
 
 _HUB_BOUND = False
 _HUB_LOCK = threading.Lock()
+# The server an HFInference call was given by URL (``base_url``), while it runs: the Hub's own
+# offline switch (HF_HUB_OFFLINE) is about the Hub, not a server the caller named.
+_NAMED_SERVER: ContextVar[str | None] = ContextVar("brag_hf_named_server", default=None)
+
+
+def _hub_request_hook(request: httpx2.Request) -> Any:
+    """The hub library's own hook, but for a request to the server an HFInference call named."""
+    from huggingface_hub.utils._http import hf_request_event_hook  # what the stock client hooks in
+
+    named = _NAMED_SERVER.get()
+    if named:
+        base = httpx2.URL(named)
+        path = base.path.rstrip("/")
+        same_server = (request.url.scheme, request.url.host, request.url.port) == (
+            base.scheme,
+            base.host,
+            base.port,
+        )
+        if same_server and (request.url.path == path or request.url.path.startswith(path + "/")):
+            return None
+    return hf_request_event_hook(request)
 
 
 def bound_hub_calls() -> None:
@@ -362,7 +389,6 @@ def bound_hub_calls() -> None:
             return
         _HUB_BOUND = True
     from huggingface_hub import set_client_factory
-    from huggingface_hub.utils._http import hf_request_event_hook  # what the stock client hooks in
 
     cap = max_response_bytes()
 
@@ -370,7 +396,7 @@ def bound_hub_calls() -> None:
         return httpx2.Client(
             # Inference calls are POSTs; the owner's corpus downloads (GET) are not capped.
             transport=GuardedTransport(max_bytes=cap, capped_methods=frozenset({"POST"})),
-            event_hooks={"request": [hf_request_event_hook]},
+            event_hooks={"request": [_hub_request_hook]},
             follow_redirects=True,
             timeout=None,
         )
