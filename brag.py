@@ -73,7 +73,6 @@ __all__ = [  # noqa: RUF022
     "EVIDENCE_FEATURES",
     "PRE_CALL_FEATURES",
     "read_evidence",
-    "question_signals",
     # Posterior
     "Vote",
     "posterior",
@@ -1370,6 +1369,7 @@ class Retrieval:
     considered: int
     bm25: np.ndarray | None = None  # every kept passage's score, kept for the gate's signals
     dense: np.ndarray | None = None
+    query: str = ""  # what it searched for (the runner records it when a retriever does not)
 
     @property
     def dedup_ratio(self) -> float:
@@ -2104,32 +2104,64 @@ def _remap(result: IngestionResult, ids: Sequence[int]) -> IngestionResult:
 
 
 # ------------------------------------------------------------------------------------------
-# Evidence: what an answer shows about itself, at no extra LLM call
+# Evidence: what a read holds (its window) and what its answer shows, at no extra LLM call
 # ------------------------------------------------------------------------------------------
 
-# What a read's vote carries about its own answer. Calibration picks the feature that best tells
-# right answers from wrong ones on held-out questions and splits the votes into levels by it; a
-# feature a backend cannot give (None) leaves the vote at its action's flat reliability.
-#   answer_p      the model's probability of the answer's tokens (geometric mean)
-#   answer_p_min  the probability of its least likely token
-#   span          1 / rank of the first passage read that holds the answer word for word, else 0
-#   in_question   1 when the question itself holds the answer (a choice it offered), else 0
-#   question_share  the share of the answer's words the question holds (wrong answers copy it)
-#   margin        how far the top passage's retrieval score leads the next one's, as a share of it
-#   top_coverage  the share of the question's content terms the top passage holds
-#   agreement     a sampled read's share of samples that give its answer (others: None)
-EVIDENCE_FEATURES = (
-    "answer_p",
-    "answer_p_min",
-    "span",
-    "in_question",
-    "question_share",
-    "margin",
-    "top_coverage",
-    "agreement",
-)
-# Known from the question's retrieval before any call: the lookahead prices each read with them.
-PRE_CALL_FEATURES = ("margin", "top_coverage")
+
+@dataclass(frozen=True)
+class SeenPassage:
+    """A passage a window holds: its id, title and label, and its retrieval score (by id).
+
+    ``lead``: how far its score led the next passage's in the retrieval that scored it, as a
+    share of its own (0 unless it ranked first there): a near tie at the top is where a read of
+    the top passage alone misses.
+    """
+
+    id: int
+    title: str
+    label: str
+    score: float | None  # BM25-scale, from the retrieval that found it; None if none ranked it
+    lead: float = 0.0
+
+    def to_dict(self) -> dict[str, Any]:
+        """As a report lists it (the score goes in the observation's ``scores``)."""
+        return {"id": self.id, "title": self.title, "label": self.label}
+
+
+@dataclass(frozen=True)
+class Window:
+    """What one read's prompt holds, built once by its kind and read by everything after.
+
+    ``passages`` in prompt order, each scored by id when the window was built (a passage read
+    before by the score it was read with, any other by ``found``, the retrieval that put it in
+    the window); ``new``: those no read had held then; ``removed``: what dedup dropped from it;
+    ``signals``: its before-call evidence features (``EVIDENCE``), which the lookahead prices the
+    read by and its vote's evidence carries; ``gate``: the gate's signals and verdict, once
+    judged (None: no gate, or not gated). The gate, the step, the evidence, the lookahead and a
+    hop's observation all read this one value.
+    """
+
+    passages: tuple[SeenPassage, ...]
+    found: Retrieval
+    new: tuple[int, ...] = ()
+    removed: tuple[int, ...] = ()
+    signals: Mapping[str, float] = field(default_factory=dict)
+    gate: Mapping[str, Any] | None = None
+
+    @property
+    def ids(self) -> list[int]:
+        """Its passages' ids, in prompt order."""
+        return [p.id for p in self.passages]
+
+    @property
+    def query(self) -> str:
+        """What the retrieval behind it searched for."""
+        return self.found.query
+
+    @property
+    def weak(self) -> bool:
+        """Whether the gate called it weak."""
+        return bool(self.gate and self.gate.get("weak"))
 
 
 _NO_WORD_BEFORE = f"(?<![^\\W{UNSPACED_SCRIPTS}])"  # no letter or digit, but Han, kana…
@@ -2186,31 +2218,161 @@ def answer_logprobs(answer: str, tokens: Sequence[tuple[str, float]]) -> list[fl
     return picked
 
 
+# Japanese kana-only bigrams are grammar (どこ, すか), a bigram across a change of script
+# (定フ, ルは) spans a word boundary a paraphrase moves, and these Chinese bigrams ask a question
+# (什么, 哪里): a manual's statements rarely hold them, whatever it is about. Languages that
+# separate words lose their question words as stop words already.
+_KANA_ONLY = re.compile(r"[\u3040-\u309f\u30fc]+")
+_SCRIPT_OF = (
+    (re.compile(r"[\u3040-\u309f]"), "hiragana"),
+    (re.compile(r"[\u30a0-\u30ff]"), "katakana"),
+    (re.compile(r"[\u3400-\u4dbf\u4e00-\u9fff\uf900-\ufaff]"), "han"),
+)
+# A bigram holding one of these asks (什么, 哪里, 在哪, 怎么, 多少 ...): its words are the question's.
+_CHINESE_QUESTION_CHARACTERS = re.compile("[什哪吗呢怎几么谁]")
+_CHINESE_QUESTION_WORDS = frozenset(("如何", "多少", "是否"))
+
+
+def _grammar(term: str) -> bool:
+    """Whether a term of a question is its grammar rather than what it is about."""
+    asks = term in _CHINESE_QUESTION_WORDS or _CHINESE_QUESTION_CHARACTERS.search(term)
+    if _KANA_ONLY.fullmatch(term) or asks or term in _STOP_LANGUAGES:
+        return True  # a stop word of any language ("who", "welche"), whatever the corpus drops
+    scripts = {next((name for script, name in _SCRIPT_OF if script.match(c)), "") for c in term}
+    return len(term) == 2 and "" not in scripts and len(scripts) == 2
+
+
+@dataclass(frozen=True)
+class ReadFacts:
+    """What an evidence feature is computed from: a read's question, window and passages, and its reply.
+
+    Before the call (a feature known from the window alone) ``answer`` is ""; ``tokens``: the
+    reply's (piece, log-probability) pairs, None when the backend gave none; ``samples``: a
+    sampled read's m replies (``()`` for any other read).
+    """
+
+    question: str
+    window: Window
+    passages: Sequence[Passage]  # the window's, as the prompt holds them
+    answer: str = ""
+    tokens: Sequence[tuple[str, float]] | None = None
+    samples: Sequence[str] = ()
+    analyzer: Analyzer | None = None  # the corpus's, for features that match its terms
+
+    @property
+    def yes_no(self) -> bool:
+        """A yes/no answer: a passage or a question can say "yes" or "no" about anything."""
+        return normalize_answer(self.answer) in ("yes", "no")
+
+    @property
+    def answer_tokens(self) -> list[float]:
+        """The log-probabilities of the tokens that spell the answer (:func:`answer_logprobs`)."""
+        return answer_logprobs(self.answer, self.tokens) if self.tokens and self.answer else []
+
+
+def _answer_p(read: ReadFacts) -> float | None:
+    picked = read.answer_tokens
+    return math.exp(sum(picked) / len(picked)) if picked else None
+
+
+def _answer_p_min(read: ReadFacts) -> float | None:
+    picked = read.answer_tokens
+    return math.exp(min(picked)) if picked else None
+
+
+def _span(read: ReadFacts) -> float | None:
+    if not read.answer or read.yes_no:
+        return None
+    rank = next((i for i, p in enumerate(read.passages, 1) if _find_answer(read.answer, p.shown())), None)
+    return 1.0 / rank if rank else 0.0
+
+
+def _in_question(read: ReadFacts) -> float | None:
+    if not read.answer or read.yes_no:
+        return None
+    return float(_find_answer(read.answer, read.question) is not None)
+
+
+def _question_share(read: ReadFacts) -> float | None:
+    if not read.answer or read.yes_no:
+        return None
+    said = {w.casefold() for w in words(read.answer)}
+    asked = {w.casefold() for w in words(read.question)}
+    return len(said & asked) / len(said) if said else None
+
+
+def _margin(read: ReadFacts) -> float:
+    return read.window.passages[0].lead if read.window.passages else 0.0
+
+
+def _top_coverage(read: ReadFacts) -> float:
+    terms = {t for t in tokenize(read.question, read.analyzer) if not _grammar(t)}
+    if not terms or not read.passages:
+        return 0.0
+    return len(terms & set(tokenize(read.passages[0].shown(), read.analyzer))) / len(terms)
+
+
+def _agreement(read: ReadFacts) -> float | None:
+    if not read.samples or not read.answer:
+        return None
+    return closed_book_mode(read.samples)[1] / len(read.samples)
+
+
+class EvidenceFeature(NamedTuple):
+    """One thing a read's vote carries about its own answer: its name and how it is computed.
+
+    ``value`` gives None where it cannot be known (no answer; a backend without
+    log-probabilities). ``before_call``: known from the window alone, so the lookahead prices a
+    read by it before the read is made (it then ignores the reply).
+    """
+
+    name: str
+    value: Callable[[ReadFacts], float | None]
+    before_call: bool = False
+
+
+# Every evidence feature, in the order evidence lists them: the one list to add one to. Each
+# read's observation carries them, calibration records them with each outcome and fits a read's
+# evidence curve on those its votes have (a refit too, a new one among them), and a calibration
+# whose fits never saw one says so (Calibration.unweighed_features).
+EVIDENCE: tuple[EvidenceFeature, ...] = (
+    EvidenceFeature("answer_p", _answer_p),  # the answer's tokens' probability (geometric mean)
+    EvidenceFeature("answer_p_min", _answer_p_min),  # its least likely token's
+    EvidenceFeature("span", _span),  # 1 / rank of the first passage that holds it word for word, else 0
+    EvidenceFeature("in_question", _in_question),  # 1 when the question holds it (a choice offered)
+    EvidenceFeature("question_share", _question_share),  # its words' share the question holds
+    EvidenceFeature("margin", _margin, before_call=True),  # the window's first passage's lead
+    EvidenceFeature("top_coverage", _top_coverage, before_call=True),  # question terms it holds
+    EvidenceFeature("agreement", _agreement),  # a sampled read's share of samples giving its answer
+)
+EVIDENCE_FEATURES = tuple(f.name for f in EVIDENCE)
+# Known from the window before any call: the lookahead prices each read with them.
+PRE_CALL_FEATURES = tuple(f.name for f in EVIDENCE if f.before_call)
+
+
+def window_evidence(read: ReadFacts) -> dict[str, float]:
+    """A window's before-call features (``read``'s answer unused), as :attr:`Window.signals` holds them."""
+    return {f.name: round(float(f.value(read)), 4) for f in EVIDENCE if f.before_call}
+
+
 def read_evidence(
     answer: str,
     question: str,
     passages: Sequence[Passage],
     tokens: Sequence[tuple[str, float]] | None = None,
+    *,
+    window: Window | None = None,
+    samples: Sequence[str] = (),
 ) -> dict[str, float | None]:
-    """The evidence features (``EVIDENCE_FEATURES``) of a read's answer; None where unknown.
+    """Every evidence feature of a read's answer (``EVIDENCE``), rounded; None where unknown.
 
-    A yes/no answer has no span or question feature: a passage or a question can say "yes" or
-    "no" about anything.
+    The before-call ones are its ``window``'s signals (None without a window).
     """
-    if not answer:
-        return dict.fromkeys(EVIDENCE_FEATURES)
-    picked = answer_logprobs(answer, tokens) if tokens else []
-    evidence: dict[str, float | None] = dict.fromkeys(EVIDENCE_FEATURES)
-    evidence["answer_p"] = math.exp(sum(picked) / len(picked)) if picked else None
-    evidence["answer_p_min"] = math.exp(min(picked)) if picked else None
-    if normalize_answer(answer) in ("yes", "no"):
-        return evidence
-    rank = next((i for i, p in enumerate(passages, 1) if _find_answer(answer, p.shown())), None)
-    evidence["span"] = 1.0 / rank if rank else 0.0
-    evidence["in_question"] = float(_find_answer(answer, question) is not None)
-    said = {w.casefold() for w in words(answer)}
-    asked = {w.casefold() for w in words(question)}
-    evidence["question_share"] = len(said & asked) / len(said) if said else None
+    read = ReadFacts(question, window or Window((), Retrieval([], [], 0)), passages, answer, tokens, samples)
+    evidence: dict[str, float | None] = {}
+    for feature in EVIDENCE:
+        value = read.window.signals.get(feature.name) if feature.before_call else feature.value(read)
+        evidence[feature.name] = None if value is None else round(value, 4)
     return evidence
 
 
@@ -2268,49 +2430,6 @@ def absent_share(question: str, corpus: Retriever) -> float:
     if not terms or not len(corpus):
         return 0.0
     return sum(corpus.document_share(t) == 0 for t in terms) / len(terms)
-
-
-# Japanese kana-only bigrams are grammar (どこ, すか), a bigram across a change of script
-# (定フ, ルは) spans a word boundary a paraphrase moves, and these Chinese bigrams ask a question
-# (什么, 哪里): a manual's statements rarely hold them, whatever it is about. Languages that
-# separate words lose their question words as stop words already.
-_KANA_ONLY = re.compile(r"[\u3040-\u309f\u30fc]+")
-_SCRIPT_OF = (
-    (re.compile(r"[\u3040-\u309f]"), "hiragana"),
-    (re.compile(r"[\u30a0-\u30ff]"), "katakana"),
-    (re.compile(r"[\u3400-\u4dbf\u4e00-\u9fff\uf900-\ufaff]"), "han"),
-)
-# A bigram holding one of these asks (什么, 哪里, 在哪, 怎么, 多少 ...): its words are the question's.
-_CHINESE_QUESTION_CHARACTERS = re.compile("[什哪吗呢怎几么谁]")
-_CHINESE_QUESTION_WORDS = frozenset(("如何", "多少", "是否"))
-
-
-def _grammar(term: str) -> bool:
-    """Whether a term of a question is its grammar rather than what it is about."""
-    asks = term in _CHINESE_QUESTION_WORDS or _CHINESE_QUESTION_CHARACTERS.search(term)
-    if _KANA_ONLY.fullmatch(term) or asks or term in _STOP_LANGUAGES:
-        return True  # a stop word of any language ("who", "welche"), whatever the corpus drops
-    scripts = {next((name for script, name in _SCRIPT_OF if script.match(c)), "") for c in term}
-    return len(term) == 2 and "" not in scripts and len(scripts) == 2
-
-
-def question_signals(question: str, corpus: Retriever, found: Retrieval) -> dict[str, float]:
-    """The pre-call features (``PRE_CALL_FEATURES``) of a question's own retrieval.
-
-    ``margin``: how far the top passage's score leads the next one's, as a share of it (a near
-    tie is where a read of the top passage alone misses); ``top_coverage``: the share of the
-    question's content terms the top passage holds.
-    """
-    if not found.hits:
-        return dict.fromkeys(PRE_CALL_FEATURES, 0.0)
-    top = found.hits[0][1]
-    second = found.hits[1][1] if len(found.hits) > 1 else 0.0
-    margin = min(max((top - second) / top, 0.0), 1.0) if top > 0 else 0.0
-    analyzer = _analyzer_of(corpus)
-    terms = {t for t in tokenize(question, analyzer) if not _grammar(t)}
-    held = set(tokenize(corpus[found.hits[0][0]].shown(), analyzer)) if terms else set()
-    coverage = len(terms & held) / len(terms) if terms else 0.0
-    return {"margin": round(margin, 4), "top_coverage": round(coverage, 4)}
 
 
 def topk_overlap(a: np.ndarray, b: np.ndarray, k: int) -> float:
@@ -2378,6 +2497,12 @@ class Gate:
         """The verdict for a window's signals; None when none of the gate's signals is present."""
         verdicts = [s.orientation * signals[s.name] <= s.threshold for s in self.signals if s.name in signals]
         return any(verdicts) if verdicts else None
+
+    def judge(self, window: Window, corpus: Retriever) -> Window:
+        """``window`` with its gate signals and the verdict on them (:attr:`Window.gate`)."""
+        signals = window_signals(window.query, corpus, window.ids, self.k, window.found)
+        rounded = {name: round(value, 6) for name, value in signals.items()}
+        return replace(window, gate={"signals": rounded, "weak": self.fires(signals)})
 
 
 # ------------------------------------------------------------------------------------------
@@ -2450,6 +2575,7 @@ class EvidenceSplit:
     hi: EvidenceLevel
     lo: EvidenceLevel
     auc: float
+    features: tuple[str, ...] = ()  # what its fit looked at (older files: what it weighs)
 
     @property
     def levels(self) -> tuple[EvidenceLevel, EvidenceLevel]:
@@ -2484,6 +2610,7 @@ class EvidenceCurve:
     fitted votes in a few bins of the part of their score that pre-call features
     (``PRE_CALL_FEATURES``) do not set, so the lookahead prices the spread of the next vote's
     rho given what the question's retrieval already shows. ``auc``: the score's held-out AUROC.
+    ``features``: the evidence features its fit looked at (those BRAG computed then).
     """
 
     weights: tuple[tuple[str, float], ...]
@@ -2491,6 +2618,7 @@ class EvidenceCurve:
     means: tuple[tuple[str, float], ...]
     spread: tuple[tuple[float, float], ...]
     auc: float
+    features: tuple[str, ...] = ()  # what its fit looked at (older files: what it weighs)
 
     def __post_init__(self) -> None:
         if not self.spread or abs(sum(share for share, _ in self.spread) - 1.0) > 1e-3:
@@ -2636,13 +2764,22 @@ def _read_action(name: str, entry: Mapping[str, Any], *, hop: bool = False) -> A
 
 def curve_to_dict(curve: EvidenceCurve) -> dict[str, Any]:
     """An evidence curve as a calibration file holds it."""
-    return {
+    found = {
         "weights": dict(curve.weights),
         "intercept": curve.intercept,
         "means": dict(curve.means),
         "spread": [list(pair) for pair in curve.spread],
         "auc": curve.auc,
     }
+    return {**found, "features": list(curve.features)} if curve.features else found
+
+
+def _looked_at(raw: Mapping[str, Any], where: str) -> tuple[str, ...]:
+    """An evidence fit's ``features``: the names BRAG computed when it was fitted (none recorded: ())."""
+    listed = raw.get("features", [])
+    if not isinstance(listed, list) or len(listed) > 100 or not all(isinstance(f, str) for f in listed):
+        raise CalibrationError(f"calibration: {where}.features must list feature names")
+    return tuple(f[:80] for f in listed)
 
 
 def _curve_from_dict(raw: Any, action: str) -> EvidenceCurve:
@@ -2677,12 +2814,13 @@ def _curve_from_dict(raw: Any, action: str) -> EvidenceCurve:
         tables["means"],
         tuple(pairs),
         _number(raw.get("auc", 0.5), f"{where}.auc", 0.0, 1.0),
+        _looked_at(raw, where),
     )
 
 
 def _evidence_to_dict(split: EvidenceSplit) -> dict[str, Any]:
     levels = {lv.name: {"pi": lv.pi, "rho": {"a": lv.a, "b": lv.b}} for lv in split.levels}
-    return {
+    found = {
         "name": split.name,
         "weights": dict(split.weights),
         "intercept": split.intercept,
@@ -2690,6 +2828,7 @@ def _evidence_to_dict(split: EvidenceSplit) -> dict[str, Any]:
         "auc": split.auc,
         "levels": levels,
     }
+    return {**found, "features": list(split.features)} if split.features else found
 
 
 def _evidence_from_dict(raw: Any, action: str) -> EvidenceSplit:
@@ -2717,7 +2856,8 @@ def _evidence_from_dict(raw: Any, action: str) -> EvidenceSplit:
     if abs(parsed["hi"].pi + parsed["lo"].pi - 1.0) > 1e-3:
         raise CalibrationError(f"calibration: {where}.levels pi values must sum to 1")
     name = str(raw.get("name") or "+".join(weights))[:80]
-    return EvidenceSplit(name, parsed_weights, intercept, threshold, parsed["hi"], parsed["lo"], auc)
+    hi, lo, features = parsed["hi"], parsed["lo"], _looked_at(raw, where)
+    return EvidenceSplit(name, parsed_weights, intercept, threshold, hi, lo, auc, features)
 
 
 def _second_hop_branches(name: str, raw_same: Any, raw_new: Any) -> tuple[Branch, Branch]:
@@ -3123,20 +3263,6 @@ def _typed(
 
 
 @dataclass(frozen=True)
-class SeenPassage:
-    """A passage a step's prompt held: its id, title and label, and its retrieval score (by id)."""
-
-    id: int
-    title: str
-    label: str
-    score: float | None  # BM25-scale, from the retrieval that found it; None if none ranked it
-
-    def to_dict(self) -> dict[str, Any]:
-        """As a report lists it (the score goes in the observation's ``scores``)."""
-        return {"id": self.id, "title": self.title, "label": self.label}
-
-
-@dataclass(frozen=True)
 class Observation:
     """What one step of an action saw: the typed result of :meth:`VoteKind.step`.
 
@@ -3173,27 +3299,60 @@ class Observation:
         return {**out, **self.details}
 
 
-class StepContext(Protocol):
-    """What a kind's step may use of the run: the question, the settings, retrieval, and calls.
+class NextHop(NamedTuple):
+    """The latest follow-up retrieval: what it found, the passages not read yet, the novel ones.
 
-    The runner (``_Run``) is one; a step never reaches past this.
+    ``novel``: those of ``fresh`` that repeat none of the passages read (a hop adds only these).
+    """
+
+    found: Retrieval
+    fresh: tuple[int, ...]
+    novel: tuple[int, ...]
+
+
+class WindowContext(Protocol):
+    """What a kind's :meth:`VoteKind.window` may use of the run: its retrievals and a window builder.
+
+    The runner calls it once for each window (the question's own at the start; a hop's each
+    time a read's follow-up query retrieves), and everything after reads the window it built.
     """
 
     question: str
-    brag: BRAG  # the controller's settings (k, m, temperature, seed, max_tokens, priors...)
+    brag: BRAG  # the controller's settings (k, m, hops...)
     first_hop: Retrieval  # the question's own retrieval
-    next_hop: tuple[Retrieval, list[int], list[int]] | None  # a follow-up's: found, fresh, novel
-    read_ids: list[int]  # passages read so far, in the order first read
-    follow_up: str  # the query the latest follow-up retrieval used
-    weak: dict[str, bool]  # the gate's verdict on each gated action's window
-    signals: dict[str, float]  # the question's pre-call signals (PRE_CALL_FEATURES)
+    next_hop: NextHop | None  # the latest follow-up retrieval (None until a read asked for one)
+    read_ids: tuple[int, ...]  # passages read so far, in the order first read
+
+    def retrieve(self, query: str, k: int) -> Retrieval:
+        """The top ``k`` passages for ``query`` (a pool to rerank, say)."""
+        ...
+
+    def window(
+        self, ids: Sequence[int], found: Retrieval | None = None, removed: Sequence[int] | None = None
+    ) -> Window:
+        """A window of ``ids`` in that order, each scored by id, from ``found`` (default: the question's).
+
+        ``removed``: what dedup dropped from it (default: ``found``'s).
+        """
+        ...
+
+
+class StepContext(Protocol):
+    """What a kind's :meth:`VoteKind.step` may use of the run: the question, the settings and calls."""
+
+    question: str
+    brag: BRAG  # the controller's settings (k, m, temperature, seed, max_tokens, priors...)
 
     def ask(self, messages: list[dict[str, str]], **options: Any) -> Completion:
         """One LLM call, its reply bounded and its cost counted."""
         ...
 
-    def read(self, action: Action, window: Sequence[int], found: Retrieval | None = None) -> Reading:
-        """One deterministic read of ``window``, in that order (no vote yet); ``found``: see :meth:`seen`."""
+    def read(self, action: Action, window: Window) -> Reading:
+        """One deterministic read of ``window``, in its order (no vote yet)."""
+        ...
+
+    def passages(self, window: Window) -> list[Passage]:
+        """The window's passages, in its order, as a prompt holds them."""
         ...
 
     def vote(self, source: VoteType, answer: str, reliability: float | None = None) -> int | None:
@@ -3202,18 +3361,6 @@ class StepContext(Protocol):
 
     def repeats(self, answer: str) -> bool:
         """Whether ``answer`` is one an earlier read voted for."""
-        ...
-
-    def seen(self, window: Sequence[int], found: Retrieval | None = None) -> tuple[SeenPassage, ...]:
-        """The window's passages as an observation lists them, each with its score by id.
-
-        A passage not read before is scored by ``found``, the retrieval that put it in the
-        window (default: the question's own); one read before keeps the score it was read with.
-        """
-        ...
-
-    def passages(self, window: Sequence[int]) -> list[Passage]:
-        """The window's passages, in its order, as a prompt holds them."""
         ...
 
 
@@ -3245,14 +3392,15 @@ class Reading:
 
 
 class VoteKind:
-    """What an action's answers mean to BRAG; one object per kind: Read, Hop, Samples.
+    """What an action's answers mean to BRAG; one object per kind: Read, Hop, Samples, SampledRead.
 
-    For each action of its kind it knows the vote types its answers get and their Beta priors;
-    how its calibration entry is read and written, and the prior it has without one; its
-    information rate and the outlook of its next vote in each state the policy knows; its run
-    step; what calibration observes of a run of it; and its cells in the app's steps table. An
-    :class:`Action` is a row of the table: a label, a kind, a prompt, and the sizes and priors
-    the estimates start from.
+    Its calibration entry (``entry``, ``entry_dict``) and the prior it has without one
+    (``prior``); the vote types its answers get and their Betas (``vote_types``, ``vote_type``,
+    ``reliability``); its information rates and one-vote outlook for the policy (``rates``,
+    ``view``, ``outlook``); how often it may run (``uses``); what its prompt holds
+    (``window``) and its run step (``step``); its cells in the app's steps table and its cases in
+    the calibration table (``cells``, ``cases``). An :class:`Action` is a row: a label, a kind, a
+    prompt, and the sizes and priors the estimates start from.
     """
 
     name: ClassVar[str] = ""
@@ -3263,6 +3411,7 @@ class VoteKind:
     needs_new: ClassVar[bool] = False  # available only once a read found passages not read yet
     sets_next_hop: ClassVar[bool] = True  # its follow-up query finds the next hop's passages
     fit_shape: ClassVar[str] = "read"  # its calibration entry's shape: "read", "hop" or "samples"
+    sampled: ClassVar[bool] = False  # one call draws m answers at the temperature
     # A self-test observes it on its questions; a kind whose reads its one-passage questions do
     # not exercise keeps the entry of the fit the self-test refines.
     self_tested: ClassVar[bool] = True
@@ -3288,9 +3437,7 @@ class VoteKind:
         """The hand-set prior of an action no calibration has fitted: its row's q and rho."""
         return ActionPrior(action.prior_q, *_prior_beta(action.prior_rho or 0.5))
 
-    def vote_types(
-        self, label: str, prior: ActionPrior, m: int, fitted_m: int
-    ) -> dict[VoteType, tuple[float, float]]:
+    def vote_types(self, label: str, prior: ActionPrior, m: int) -> dict[VoteType, tuple[float, float]]:
         """Beta(a, b) of each vote type its answers may get (with m samples a call)."""
         strong, weak = prior, prior.on_weak_window()
         types = {VoteType(label): (strong.a, strong.b), VoteType(label, "weak"): (weak.a, weak.b)}
@@ -3302,20 +3449,24 @@ class VoteKind:
         self,
         label: str,
         prior: ActionPrior,
-        seen: Mapping[str, Any],
+        evidence: Mapping[str, Any],
+        *,
         weak: bool = False,
         repeats: bool = False,
-        **_: Any,
+        agreement: int = 0,
+        second_hop: str = "conditional",
     ) -> VoteType:
         """The type of the vote its answer casts: its window's, at its evidence level when split.
 
         ``same`` when it repeats an earlier read's answer and its calibration fitted how much
         such a repeat says (reads that share a passage are not independent witnesses).
+        ``agreement``: how many of a sampled call's answers gave it; ``second_hop``: how a hop
+        is read (``BRAG.second_hop``).
         """
         if repeats and prior.same is not None:
             return VoteType(label, "same")
         flat = VoteType(label, "weak") if weak else VoteType(label)
-        return _typed(VoteType(label), flat, prior.evidence, seen.get("evidence") or {})
+        return _typed(VoteType(label), flat, prior.evidence, evidence)
 
     def reliability(
         self, prior: ActionPrior, vote_type: VoteType, evidence: Mapping[str, Any]
@@ -3325,17 +3476,12 @@ class VoteKind:
             return None
         return round(prior.curve.reliability(evidence), 6)
 
-    def answers_per_call(self, m: int) -> int:
-        """The answers one call of it generates (with m samples a call)."""
-        return 1
-
-    def rate(self, prior: ActionPrior, eta: float, rule: str) -> float:
-        """Its information rate D on a strong window (the policy's first view of it)."""
-        return information_rate(prior, eta, rule)
-
-    def state_rates(self, label: str, prior: ActionPrior, eta: float, rule: str) -> dict[str, float]:
-        """Its information rate in the other states it is read in: on a weak window."""
-        return {f"{label}_weak": information_rate(prior.on_weak_window(), eta, rule)}
+    def rates(self, label: str, prior: ActionPrior, eta: float, rule: str) -> dict[str, float]:
+        """Its information rate D in each state it is read in: on a strong window, and a weak one."""
+        return {
+            label: information_rate(prior, eta, rule),
+            f"{label}_weak": information_rate(prior.on_weak_window(), eta, rule),
+        }
 
     def view(
         self,
@@ -3343,45 +3489,49 @@ class VoteKind:
         prior: ActionPrior,
         eta: float,
         rates: Mapping[str, float],
+        *,
         weak: bool,
-        signals: Mapping[str, float] | None = None,
-        **_: Any,
+        answered: bool,
+        second_hop: str,
     ) -> tuple[float, VoteOutlook]:
-        """Its rate and its next vote's outlook on a strong or a weak window.
+        """Its rate and its next vote's outlook in a policy state: its window weak or not, an answer before.
 
-        With an evidence curve, the outlook is the spread of its vote's rho given the question's
-        pre-call ``signals`` (None: as over the fitted votes); a repeat of an earlier read's
+        With an evidence curve, the outlook is the spread of its vote's rho over the fitted votes
+        (:meth:`outlook` prices it with its window's own signals); a repeat of an earlier read's
         answer has its fitted ratio when the calibration has one.
         """
         flat = f"{label}_weak" if weak else label
         seen = prior.on_weak_window() if weak else prior
         if prior.curve is not None:
-            outcomes = prior.curve.outcomes(signals, eta)
+            outcomes = prior.curve.outcomes(None, eta)
         else:
             outcomes = _outcomes(prior.evidence, _ratio_of(seen, eta), eta)
         same = _ratio_of(prior.same, eta) if prior.same is not None else None
         return rates[flat], VoteOutlook(seen.q, outcomes, same)
 
+    def outlook(self, prior: ActionPrior, table: VoteOutlook, window: Window, eta: float) -> VoteOutlook:
+        """Its next vote's outlook given its window: with a curve, at the window's before-call signals."""
+        if prior.curve is None:
+            return table
+        return replace(table, outcomes=prior.curve.outcomes(window.signals, eta))
+
     def uses(self, brag: BRAG) -> int:
         """How often a run may take it: ``max_uses`` times (the runner's availability check)."""
         return brag.max_uses
 
-    def step(self, run: StepContext, action: Action) -> Observation:
+    def window(self, run: WindowContext, action: Action) -> Window:
+        """What its prompt holds, in prompt order: the question's own top passages, as many as it holds."""
+        return run.window([i for i, _ in run.first_hop.hits][: action.passages or None])
+
+    def step(self, run: StepContext, action: Action, window: Window) -> Observation:
         """Read its window, which is all its prompt holds, in that order; one vote."""
         label, prior = action.label, run.brag.priors[action.label]
-        reading = run.read(action, self.window(run, action))
-        seen, repeats = {"evidence": reading.evidence}, run.repeats(reading.answer)
-        vote_type = self.vote_type(label, prior, seen, weak=run.weak.get(label, False), repeats=repeats)
+        reading = run.read(action, window)
+        repeats = run.repeats(reading.answer)
+        vote_type = self.vote_type(label, prior, reading.evidence, weak=window.weak, repeats=repeats)
         own = self.reliability(prior, vote_type, reading.evidence)
         candidate = run.vote(vote_type, reading.answer, own)
-        return reading.observed(vote_type, candidate, own, dedup_removed=run.first_hop.removed)
-
-    def window(self, run: StepContext, action: Action) -> list[int]:
-        """What its prompt holds, in prompt order (the gate judges it before it runs).
-
-        The question's own top passages, as many as the action's prompt holds.
-        """
-        return [i for i, _ in run.first_hop.hits][: action.passages or None]
+        return reading.observed(vote_type, candidate, own, dedup_removed=list(window.removed))
 
     def cells(self, label: str, seen: Mapping[str, Any]) -> tuple[str, str, str]:
         """Its cells in the steps table: what it read, its answer, and what its vote rested on."""
@@ -3443,11 +3593,9 @@ class Hop(VoteKind):
         fallback = Branch(0.5, prior.a, prior.b)
         return prior.same or fallback, prior.new or fallback
 
-    def vote_types(
-        self, label: str, prior: ActionPrior, m: int, fitted_m: int
-    ) -> dict[VoteType, tuple[float, float]]:
+    def vote_types(self, label: str, prior: ActionPrior, m: int) -> dict[VoteType, tuple[float, float]]:
         """As a read's, and ``_same``/``_new`` with the new answer's evidence levels."""
-        types = super().vote_types(label, prior, m, fitted_m)
+        types = super().vote_types(label, prior, m)
         levels = {t: v for t, v in types.items() if t.level}
         types = {t: v for t, v in types.items() if not t.level}
         same, new = self.branches(prior)
@@ -3458,27 +3606,24 @@ class Hop(VoteKind):
         self,
         label: str,
         prior: ActionPrior,
-        seen: Mapping[str, Any],
+        evidence: Mapping[str, Any],
+        *,
         weak: bool = False,
         repeats: bool = False,
-        conditional: bool = True,
-        **_: Any,
+        agreement: int = 0,
+        second_hop: str = "conditional",
     ) -> VoteType:
         """``same`` when it repeats an earlier read's answer, else ``new`` at its evidence level.
 
         Not ``conditional`` (SPEC's independent second hop): typed as a read of its window.
         """
-        if not conditional:
-            return super().vote_type(label, prior, seen, weak)
+        if second_hop != "conditional":
+            return super().vote_type(label, prior, evidence, weak=weak)
         fresh = VoteType(label, "new")
-        return (
-            VoteType(label, "same")
-            if repeats
-            else _typed(fresh, fresh, prior.evidence, seen.get("evidence") or {})
-        )
+        return VoteType(label, "same") if repeats else _typed(fresh, fresh, prior.evidence, evidence)
 
-    def state_rates(self, label: str, prior: ActionPrior, eta: float, rule: str) -> dict[str, float]:
-        """On a weak window; and read against what came before: after an answer, or none."""
+    def rates(self, label: str, prior: ActionPrior, eta: float, rule: str) -> dict[str, float]:
+        """A read's; and read against what came before: after an answer, or none."""
         same, new = self.branches(prior)
         d_same = vote_information(same.mean, eta, rule)
         if prior.spread is None:
@@ -3486,7 +3631,7 @@ class Hop(VoteKind):
         else:  # a new answer's vote lands in one of the evidence levels
             d_new = sum(level.pi * vote_information(level.mean, eta, rule) for level in prior.spread.levels)
         return {
-            **super().state_rates(label, prior, eta, rule),
+            **super().rates(label, prior, eta, rule),
             f"{label}_after_answer": prior.q * (same.pi * d_same + (1 - same.pi) * d_new),
             f"{label}_after_none": prior.q * d_new,
         }
@@ -3497,53 +3642,61 @@ class Hop(VoteKind):
         prior: ActionPrior,
         eta: float,
         rates: Mapping[str, float],
+        *,
         weak: bool,
-        answered: bool = False,
-        second_hop: str = "conditional",
-        **_: Any,
+        answered: bool,
+        second_hop: str,
     ) -> tuple[float, VoteOutlook]:
         """Read against the answers before it (``conditional``), or as a read of its window."""
         if second_hop != "conditional":
-            return super().view(label, prior, eta, rates, weak)
+            return super().view(label, prior, eta, rates, weak=weak, answered=answered, second_hop=second_hop)
         same, new = self.branches(prior)
         rate = rates[f"{label}_after_answer" if answered else f"{label}_after_none"]
-        if prior.curve is not None:  # its window is the next hop's: the question's signals say nothing of it
+        if prior.curve is not None:
             outcomes = prior.curve.outcomes(None, eta)
         else:
             outcomes = _outcomes(prior.evidence, _ratio_of(new, eta), eta)
         return rate, VoteOutlook(prior.q, outcomes, _ratio_of(same, eta))
 
+    def outlook(self, prior: ActionPrior, table: VoteOutlook, window: Window, eta: float) -> VoteOutlook:
+        """As its state's table has it, whatever its window's signals.
+
+        Its window leads with the passages read before, whose signals the earlier reads' votes
+        carry already; what it adds is its new passages.
+        """
+        return table
+
     def uses(self, brag: BRAG) -> int:
         """Up to ``hops`` times, and only once a read found passages not read yet (``needs_new``)."""
         return brag.hops
 
-    def step(self, run: StepContext, action: Action) -> Observation:
+    def window(self, run: WindowContext, action: Action) -> Window:
+        """The passages read so far and the new ones: judged once a read found them.
+
+        Old passages first, in the order read, so each hop's prompt extends the last one.
+        """
+        hop = run.next_hop
+        assert hop is not None  # the runner builds a hop's window once a read retrieved its next hop
+        removed = [*hop.found.removed, *(i for i in hop.fresh if i not in hop.novel)]
+        return run.window([*run.read_ids, *hop.novel[: run.brag.k]], hop.found, removed)
+
+    def step(self, run: StepContext, action: Action, window: Window) -> Observation:
         """Read the passages read so far plus the new ones the latest follow-up query found."""
-        assert run.next_hop is not None  # a hop is only available after a read found new passages
-        found, fresh, novel = run.next_hop
-        window, label = self.window(run, action), action.label
-        reading = run.read(action, window, found)
-        conditional = run.brag.second_hop == "conditional"
-        seen, weak = {"evidence": reading.evidence}, run.weak.get(label, False)
-        prior, repeats = run.brag.priors[label], run.repeats(reading.answer)
-        vote_type = self.vote_type(label, prior, seen, weak, repeats, conditional)
+        label, prior = action.label, run.brag.priors[action.label]
+        reading = run.read(action, window)
+        repeats, second_hop = run.repeats(reading.answer), run.brag.second_hop
+        vote_type = self.vote_type(
+            label, prior, reading.evidence, weak=window.weak, repeats=repeats, second_hop=second_hop
+        )
         own = self.reliability(prior, vote_type, reading.evidence)
         return reading.observed(
             vote_type,
             run.vote(vote_type, reading.answer, own),
             own,
-            query=run.follow_up,
-            new_passages=window[len(run.read_ids) :],
-            dedup_removed=found.removed + [i for i in fresh if i not in novel],
+            query=window.query,
+            new_passages=list(window.new),
+            dedup_removed=list(window.removed),
         )
-
-    def window(self, run: StepContext, action: Action) -> list[int]:
-        """The passages read so far and the new ones: judged once a read found them.
-
-        Old passages first, in the order read, so each hop's prompt extends the last one.
-        """
-        assert run.next_hop is not None
-        return run.read_ids + run.next_hop[2][: run.brag.k]
 
     def cells(self, label: str, seen: Mapping[str, Any]) -> tuple[str, str, str]:
         """As a read's, but what it read is what it added: the new passages."""
@@ -3584,6 +3737,7 @@ class Samples(VoteKind):
     gated = False
     sets_next_hop = False
     fit_shape = "samples"
+    sampled = True
 
     def entry(self, label: str, raw: Mapping[str, Any]) -> ActionPrior:
         """The q and one {pi, kappa} per agreement level g = 1..m."""
@@ -3606,9 +3760,7 @@ class Samples(VoteKind):
         g_fitted = min(max(round(g * fitted_m / m), 1), fitted_m)
         return next(level for level in prior.levels if level.g == g_fitted)
 
-    def vote_types(
-        self, label: str, prior: ActionPrior, m: int, fitted_m: int
-    ) -> dict[VoteType, tuple[float, float]]:
+    def vote_types(self, label: str, prior: ActionPrior, m: int) -> dict[VoteType, tuple[float, float]]:
         """One per agreement level g = 1..m."""
         types = {}
         for g in range(1, m + 1):
@@ -3616,44 +3768,57 @@ class Samples(VoteKind):
             types[VoteType(label, str(g))] = (level.a, level.b)
         return types
 
-    def vote_type(self, label: str, prior: ActionPrior, seen: Mapping[str, Any], **_: Any) -> VoteType:
+    def vote_type(
+        self,
+        label: str,
+        prior: ActionPrior,
+        evidence: Mapping[str, Any],
+        *,
+        weak: bool = False,
+        repeats: bool = False,
+        agreement: int = 0,
+        second_hop: str = "conditional",
+    ) -> VoteType:
         """Typed by how many of its samples agree with their mode."""
-        return VoteType(label, str(seen["agreement"]))
+        return VoteType(label, str(agreement))
 
-    def answers_per_call(self, m: int) -> int:
-        """Its m samples."""
-        return m
-
-    def state_rates(self, label: str, prior: ActionPrior, eta: float, rule: str) -> dict[str, float]:
-        """None beyond its one: no window, no answer before it changes what it is."""
-        return {}
+    def rates(self, label: str, prior: ActionPrior, eta: float, rule: str) -> dict[str, float]:
+        """Its one: no window, no answer before it changes what it is."""
+        return {label: information_rate(prior, eta, rule)}
 
     def view(
-        self, label: str, prior: ActionPrior, eta: float, rates: Mapping[str, float], weak: bool, **_: Any
+        self,
+        label: str,
+        prior: ActionPrior,
+        eta: float,
+        rates: Mapping[str, float],
+        *,
+        weak: bool,
+        answered: bool,
+        second_hop: str,
     ) -> tuple[float, VoteOutlook]:
         """Its rate, and an outlook with one kind of vote per agreement level."""
         levels = tuple((lv.pi, _likelihood_ratio(lv.mean, eta, "spec")) for lv in prior.levels)
         return rates[label], VoteOutlook(prior.q, levels)
 
-    def step(self, run: StepContext, action: Action) -> Observation:
+    def window(self, run: WindowContext, action: Action) -> Window:
+        """None: it reads no passage."""
+        return run.window([])
+
+    def step(self, run: StepContext, action: Action, window: Window) -> Observation:
         """Sample ``m`` closed-book answers; their mode is one vote, typed by how many agree."""
-        m = run.brag.m
         reply = run.ask(
             action.messages(run.question, []),
-            n=m,
+            n=run.brag.m,
             temperature=run.brag.temperature,
             max_tokens=16,
             stop=["\n"],
         )
         mode, g = closed_book_mode(reply.texts)
-        vote_type = self.vote_type(action.label, run.brag.priors[action.label], {"agreement": g})
+        vote_type = self.vote_type(action.label, run.brag.priors[action.label], {}, agreement=g)
         candidate = run.vote(vote_type, mode) if g else None
         details = {"samples": list(reply.texts), "agreement": g}
         return Observation(mode, str(vote_type), candidate, details=details)
-
-    def window(self, run: StepContext, action: Action) -> list[int]:
-        """None: it reads no passage."""
-        return []
 
     def cells(self, label: str, seen: Mapping[str, Any]) -> tuple[str, str, str]:
         """How many samples, the mode and how many agree, and its level."""
@@ -3683,28 +3848,22 @@ class SampledRead(Read):
 
     name = "sampled read"
     sets_next_hop = False  # its samples stop at the answer line: no follow-up query
+    sampled = True
     # m samples a question would double a self-test's reading time; a refit keeps its entry.
     self_tested = False
 
-    def vote_types(
-        self, label: str, prior: ActionPrior, m: int, fitted_m: int
-    ) -> dict[VoteType, tuple[float, float]]:
+    def vote_types(self, label: str, prior: ActionPrior, m: int) -> dict[VoteType, tuple[float, float]]:
         """A read's, and one per agreement level g = 1..m for a vote no curve weighs."""
         levels = {VoteType(label, str(g)): _prior_beta(prior_kappa(g, m)) for g in range(1, m + 1)}
-        return {**super().vote_types(label, prior, m, fitted_m), **levels}
+        return {**super().vote_types(label, prior, m), **levels}
 
-    def answers_per_call(self, m: int) -> int:
-        """Its m samples."""
-        return m
-
-    def step(self, run: StepContext, action: Action) -> Observation:
+    def step(self, run: StepContext, action: Action, window: Window) -> Observation:
         """Sample ``m`` reads of the top passage; their mode is one vote, weighed by its evidence."""
-        label, prior, m = action.label, run.brag.priors[action.label], run.brag.m
-        window = self.window(run, action)
+        label, prior = action.label, run.brag.priors[action.label]
         passages = run.passages(window)
         reply = run.ask(
             action.messages(run.question, passages),
-            n=m,
+            n=run.brag.m,
             temperature=run.brag.temperature,
             max_tokens=run.brag.max_tokens,
             stop=["\n", *READ_STOP],
@@ -3713,19 +3872,15 @@ class SampledRead(Read):
         answers = [parse_reading(text)[0] for text in reply.texts]
         first = next((i for i, a in enumerate(answers) if a and same_answer(a, mode)), None)
         tokens = reply.logprobs[first] if reply.logprobs and first is not None else None
-        evidence = {**read_evidence(mode, run.question, passages, tokens), **run.signals}
-        evidence = {k: None if v is None else round(v, 4) for k, v in evidence.items()}
-        evidence["agreement"] = round(g / m, 4) if mode else None
-        repeats = run.repeats(mode)
-        vote_type = self.vote_type(label, prior, {"evidence": evidence}, repeats=repeats)
-        if prior.curve is None and vote_type.branch != "same":
+        evidence = read_evidence(mode, run.question, passages, tokens, window=window, samples=reply.texts)
+        vote_type = self.vote_type(label, prior, evidence, weak=window.weak, repeats=run.repeats(mode))
+        if prior.curve is None and vote_type.branch != "same":  # no curve weighs it: by its agreement
             vote_type = VoteType(label, str(g))
         own = self.reliability(prior, vote_type, evidence)
         candidate = run.vote(vote_type, mode, own) if g else None
-        details = {"samples": list(reply.texts), "agreement": g, "dedup_removed": run.first_hop.removed}
-        seen = run.seen(window)
+        details = {"samples": list(reply.texts), "agreement": g, "dedup_removed": list(window.removed)}
         return Observation(
-            mode, str(vote_type), candidate, seen, evidence, own if g else None, details=details
+            mode, str(vote_type), candidate, window.passages, evidence, own if g else None, details=details
         )
 
     def cells(self, label: str, seen: Mapping[str, Any]) -> tuple[str, str, str]:
@@ -3787,7 +3942,7 @@ class Action:
     def estimated_cost(self, question: str, passage: Passage, k: int, m: int) -> ActionCost:
         """Its cost from its prompt's size (about 4 characters a token), without a calibration."""
         prompt = self.messages(question, [passage] * (self.passages or self.window * k))
-        answers = self.answer_tokens * self.kind.answers_per_call(m)
+        answers = self.answer_tokens * (m if self.kind.sampled else 1)
         return ActionCost(sum(len(x["content"]) for x in prompt) / 4, answers, 1.0, None)
 
 
@@ -3827,22 +3982,39 @@ ACTION_TABLE: tuple[Action, ...] = (
 )
 
 
-def action_labels() -> tuple[str, ...]:
-    """The labels of :data:`ACTION_TABLE`'s actions, in table order, as the table is now.
+def check_actions(actions: Any) -> tuple[Action, ...]:
+    """``actions`` as a table of rows: a sequence of :class:`Action`, at least one, no label twice."""
+    rows = tuple(actions) if isinstance(actions, Sequence) and not isinstance(actions, str) else None
+    if not rows or not all(isinstance(a, Action) for a in rows):
+        raise InputError(f"actions must be a sequence of brag.Action rows, got {_shown(actions)}")
+    labels = [a.label for a in rows]
+    twice = sorted({label for label in labels if labels.count(label) > 1})
+    if twice:
+        raise InputError(f"actions: {_listed(twice)} named twice; each row needs a label of its own")
+    return rows
 
-    The table is the one registry of actions, and everything reads it when it runs: a row added
-    to it (``brag.ACTION_TABLE = (*brag.ACTION_TABLE, row)``) is offered, priced, calibrated and
-    shown like the shipped ones.
-    """
-    return tuple(a.label for a in ACTION_TABLE)
+
+def action_labels(actions: Sequence[Action] = ACTION_TABLE) -> tuple[str, ...]:
+    """The labels of a table's actions (default: the shipped :data:`ACTION_TABLE`), in its order."""
+    return tuple(a.label for a in actions)
 
 
-def action_named(label: str) -> Action:
+def action_named(label: str, actions: Sequence[Action] = ACTION_TABLE) -> Action:
     """The table's action with this label."""
-    found = next((a for a in ACTION_TABLE if a.label == label), None)
+    found = next((a for a in actions if a.label == label), None)
     if found is None:
-        raise InputError(f"no action {label!r} in the table ({_listed(action_labels())})")
+        raise InputError(f"no action {label!r} in the table ({_listed(action_labels(actions))})")
     return found
+
+
+def with_shipped(actions: Sequence[Action]) -> tuple[Action, ...]:
+    """``actions`` and then the shipped rows whose labels they do not use, in that order.
+
+    What a calibration is read with for a controller of these rows: a shipped file's entries
+    still parse, and a row of the caller's own replaces the shipped one of its label.
+    """
+    labels = {a.label for a in actions}
+    return (*actions, *(a for a in ACTION_TABLE if a.label not in labels))
 
 
 # ------------------------------------------------------------------------------------------
@@ -3934,10 +4106,25 @@ class Calibration:
     gate_details: dict[str, Any] = field(default_factory=dict)  # AUCs, n, logistic fit
     costs: dict[str, ActionCost] | None = None
     found: FoundModel | None = None  # whether the documents hold an answer (None: found_by_rule alone)
+    # The rows its entries were read with (load_calibration's ``actions``), in table order.
+    table: tuple[Action, ...] = field(default=ACTION_TABLE, repr=False, compare=False)
 
     def offered(self) -> tuple[Action, ...]:
-        """The table's actions it has an entry for, in table order: the ones a controller offers."""
-        return tuple(a for a in ACTION_TABLE if a.label in self.actions)
+        """Its table's actions it has an entry for, in table order: the ones a controller offers."""
+        return tuple(a for a in self.table if a.label in self.actions)
+
+    def unweighed_features(self) -> tuple[str, ...]:
+        """The evidence features BRAG computes (``EVIDENCE``) that none of its reads' fits looked at.
+
+        A fit records the features there were when it was made (an older file: those it weighs);
+        one added since is computed for every read but weighs nothing until a refit sees it.
+        """
+        looked: set[str] = set()
+        for prior in self.actions.values():
+            for fit in (prior.curve, prior.evidence):
+                if fit is not None:
+                    looked |= set(fit.features or (name for name, _ in fit.weights))
+        return tuple(name for name in EVIDENCE_FEATURES if name not in looked)
 
     def prior_of(self, action: Action) -> ActionPrior:
         """An action's entry, or its kind's hand-set prior when it has none (:meth:`VoteKind.prior`)."""
@@ -3954,7 +4141,7 @@ class Calibration:
         """
         priors: dict[VoteType, tuple[float, float]] = {}
         for action in self.offered() if actions is None else actions:
-            priors.update(action.kind.vote_types(action.label, self.prior_of(action), m, self.m))
+            priors.update(action.kind.vote_types(action.label, self.prior_of(action), m))
         return priors
 
     def rates(self, rule: str = "floored", actions: Sequence[Action] | None = None) -> dict[str, float]:
@@ -3965,9 +4152,10 @@ class Calibration:
         an earlier read answered, so it may repeat it; ``R2_after_none``: none did).
         """
         chosen = self.offered() if actions is None else actions
-        rates = {a.label: a.kind.rate(self.prior_of(a), self.eta, rule) for a in chosen}
-        for a in chosen:
-            rates.update(a.kind.state_rates(a.label, self.prior_of(a), self.eta, rule))
+        each = {a.label: a.kind.rates(a.label, self.prior_of(a), self.eta, rule) for a in chosen}
+        rates = {label: found[label] for label, found in each.items()}  # every strong window first
+        for found in each.values():
+            rates.update(found)
         return rates
 
     def to_dict(self) -> dict[str, Any]:
@@ -3990,8 +4178,12 @@ class Calibration:
         }
 
 
-def calibration_from_dict(data: Any) -> Calibration:
-    """Validate a calibration object and build a :class:`Calibration`; ValueError names the field."""
+def calibration_from_dict(data: Any, actions: Sequence[Action] = ACTION_TABLE) -> Calibration:
+    """Validate a calibration object and build a :class:`Calibration`; ValueError names the field.
+
+    ``actions``: the rows its entries belong to (each entry read by its row's kind).
+    """
+    table = check_actions(actions)
     if not isinstance(data, Mapping):
         raise CalibrationError(f"calibration: expected a JSON object, got {type(data).__name__}")
     version = data.get("version")
@@ -4001,32 +4193,31 @@ def calibration_from_dict(data: Any) -> Calibration:
         )
     # Below this η the likelihood ratios overflow; no fitted calibration comes near it.
     eta = _number(data.get("eta"), "eta", _MIN_ETA, 1.0)
-    actions = _actions_from_dict(data.get("actions"))
-    m = _samples_per_call(data, actions)
+    entries = _actions_from_dict(data.get("actions"), table)
+    m = _samples_per_call(data, entries)
     gate, details = _gate_from_dict(data.get("gate"))
-    costs = _costs_from_dict(data.get("costs"), list(actions))
+    costs = _costs_from_dict(data.get("costs"), list(entries))
     found = _found_from_dict(data.get("found"))
     own = ("version", "eta", "actions", "m", "gate", "costs", "found")
     meta = {k: v for k, v in data.items() if k not in own}
-    return Calibration(
-        eta=eta, actions=actions, m=m, meta=meta, gate=gate, gate_details=details, costs=costs, found=found
-    )
+    return Calibration(eta, entries, m, meta, gate, details, costs, found, table)
 
 
-def _actions_from_dict(raw: Any) -> dict[str, ActionPrior]:
+def _actions_from_dict(raw: Any, table: Sequence[Action]) -> dict[str, ActionPrior]:
     """Each action's entry, by its kind; any of the table's, at least one (table order kept)."""
-    labels = action_labels()
+    labels = action_labels(table)
     if not isinstance(raw, Mapping) or not raw:
         raise CalibrationError(f"calibration: 'actions' must be an object with some of {_listed(labels)}")
     unknown = [name for name in raw if name not in labels]
     if unknown:
         raise CalibrationError(
-            f"calibration: actions.{_shown(unknown[0])} is not an action of this BRAG ({_listed(labels)})"
+            f"calibration: actions.{_shown(unknown[0])} is not an action of this BRAG ({_listed(labels)}); "
+            "a calibration of rows of your own is read with them: load_calibration(source, actions=rows)"
         )
     for name, entry in raw.items():
         if not isinstance(entry, Mapping):
             raise CalibrationError(f"calibration: actions.{name} must be an object")
-    return {a.label: a.kind.entry(a.label, raw[a.label]) for a in ACTION_TABLE if a.label in raw}
+    return {a.label: a.kind.entry(a.label, raw[a.label]) for a in table if a.label in raw}
 
 
 def _samples_per_call(data: Mapping[str, Any], actions: Mapping[str, ActionPrior]) -> int:
@@ -4097,14 +4288,18 @@ def _gate_from_dict(raw: Any) -> tuple[Gate | None, dict[str, Any]]:
 
 def load_calibration(
     source: Calibration | Mapping[str, Any] | str | os.PathLike[str] | None = None,
+    actions: Sequence[Action] = ACTION_TABLE,
 ) -> Calibration:
-    """A calibration from an object, a JSON string, a file path, or None for the hand-set prior."""
+    """A calibration from an object, a JSON string, a file path, or None for the hand-set prior.
+
+    ``actions``: the rows its entries are read with (a calibration read with others is read again).
+    """
     if isinstance(source, Calibration):
-        return source
+        return source if source.table == tuple(actions) else calibration_from_dict(source.to_dict(), actions)
     if source is None or (isinstance(source, str) and not source.strip()):
         source = PRIOR_CALIBRATION_PATH
     source = read_json(source, "calibration")
-    return calibration_from_dict(source)
+    return calibration_from_dict(source, actions)
 
 
 def shipped_calibrations() -> dict[str, Calibration]:
@@ -4250,7 +4445,7 @@ def action_costs(
     read = next((a.label for a in chosen if a.kind.reads_passages and not a.kind.needs_new), labels[0])
     measured = {a: c for a, c in (calibration.costs or {}).items() if a in labels}
     usable = read in measured and (unit != "seconds" or all(c.seconds for c in measured.values()))
-    estimated = {a: _price(c, unit, output_ratio, prices) for a, c in _estimated_costs(k, m).items()}
+    estimated = {a: _price(c, unit, output_ratio, prices) for a, c in _estimated_costs(chosen, k, m).items()}
     if usable:
         raw = {a: _price(c, unit, output_ratio, prices) for a, c in measured.items()}
         unmeasured = [a for a in labels if a not in raw]
@@ -4282,11 +4477,11 @@ def _seconds_estimate(cost: ActionCost) -> float:
     return (cost.prompt_tokens + _DECODE_WEIGHT * cost.completion_tokens) / 1000
 
 
-def _estimated_costs(k: int, m: int) -> dict[str, ActionCost]:
+def _estimated_costs(actions: Sequence[Action], k: int, m: int) -> dict[str, ActionCost]:
     """Costs from the prompts' own sizes, for k passages of a hundred words each."""
     passage = Passage("A title", " ".join(["word"] * 100))
     question = "In which city was the person this question is about born?"
-    estimated = {a.label: a.estimated_cost(question, passage, k, m) for a in ACTION_TABLE}
+    estimated = {a.label: a.estimated_cost(question, passage, k, m) for a in actions}
     return {a: replace(c, seconds=_seconds_estimate(c)) for a, c in estimated.items()}
 
 
@@ -4336,7 +4531,7 @@ def _policy_tables(
                 priors[a.label],
                 cal.eta,
                 rates,
-                weak.get(a.label, False),
+                weak=weak.get(a.label, False),
                 answered=answered,
                 second_hop=second_hop,
             )
@@ -4348,14 +4543,15 @@ def _policy_tables(
     return tables
 
 
-def _offered(calibration: Calibration, extra: Sequence[str]) -> tuple[Action, ...]:
-    """The calibration's actions and the ``extra`` ones (table actions it lacks), in table order."""
+def _offered(calibration: Calibration, extra: Sequence[str], rows: Sequence[Action]) -> tuple[Action, ...]:
+    """The ``rows`` the calibration has an entry for and the ``extra`` ones, in the rows' order."""
     if isinstance(extra, str) or not all(isinstance(label, str) for label in extra):
-        raise InputError(f"extra_actions must be a tuple of action labels, got {extra!r}")
-    unknown = sorted(set(extra) - set(action_labels()))
+        raise InputError(f"extra_actions must be a tuple of action labels, got {_shown(extra)}")
+    unknown = sorted(set(extra) - set(action_labels(rows)))
     if unknown:
-        raise InputError(f"extra_actions: {_listed(unknown)} not in the table ({_listed(action_labels())})")
-    return tuple(a for a in ACTION_TABLE if a.label in calibration.actions or a.label in extra)
+        labels = _listed(action_labels(rows))
+        raise InputError(f"extra_actions: {_listed(unknown)} not in the actions ({labels})")
+    return tuple(a for a in rows if a.label in calibration.actions or a.label in extra)
 
 
 # ------------------------------------------------------------------------------------------
@@ -4404,8 +4600,9 @@ class BRAG:
     ``rule="spec", second_hop="independent", policy="rate", hops=1`` is SPEC as first written.
     ``min_calls`` (default 1) calls are made whatever their price, so every question gets an
     answer when any action gives one; ``min_calls=0`` (with the settings above) prices strictly.
-    The actions offered are the calibration's (:meth:`Calibration.offered`) and
-    ``extra_actions``, table actions it has no entry for, each weighed by its kind's prior
+    ``actions`` are the rows it may offer (default: the shipped :data:`ACTION_TABLE`; a label
+    each, refused twice): it offers those its calibration has an entry for and
+    ``extra_actions``, labels of rows it has none for, each weighed by its kind's prior
     (``offered`` and ``priors`` after construction; the report says which were not fitted).
     """
 
@@ -4427,7 +4624,8 @@ class BRAG:
     second_hop: str = "conditional"
     policy: str = "lookahead"
     min_calls: int = 1
-    extra_actions: tuple[str, ...] = ()  # table actions beyond the calibration's, on their kind's prior
+    extra_actions: tuple[str, ...] = ()  # labels of ``actions`` it has no entry for, on their kind's prior
+    actions: tuple[Action, ...] = ACTION_TABLE  # the rows it may offer (a label each)
     # Each action's relative cost as runs price it: ``costs`` when given, else from ``cost``.
     priced_costs: dict[str, float] = field(init=False, repr=False, compare=False)
     offered: tuple[Action, ...] = field(init=False, repr=False, compare=False)  # in table order
@@ -4435,8 +4633,11 @@ class BRAG:
 
     def __post_init__(self) -> None:
         # Derived once here: a frozen dataclass sets its own fields through object.__setattr__.
+        rows = check_actions(self.actions)
+        object.__setattr__(self, "actions", rows)
         given = self.calibration
-        calibration = load_calibration(shipped_calibration(llm_name(self.llm)) if given is None else given)
+        shipped = shipped_calibration(llm_name(self.llm)) if given is None else given
+        calibration = load_calibration(shipped, with_shipped(rows))
         object.__setattr__(self, "calibration", calibration)
         if not (isinstance(self.lam, (int, float)) and self.lam >= 0):
             raise InputError(f"lam must be a number >= 0, got {self.lam!r}")
@@ -4446,7 +4647,7 @@ class BRAG:
             if not isinstance(value, int) or isinstance(value, bool) or value < least:
                 kind = "a whole number >= 0" if least == 0 else "a positive integer"
                 raise InputError(f"{name} must be {kind}, got {value!r}")
-        offered = _offered(calibration, self.extra_actions)
+        offered = _offered(calibration, self.extra_actions, rows)
         labels = [a.label for a in offered]
         object.__setattr__(self, "offered", offered)
         object.__setattr__(self, "priors", {a.label: calibration.prior_of(a) for a in offered})
@@ -4479,14 +4680,14 @@ class BRAG:
         object.__setattr__(self, "_tables", tables)
 
     def settings(self) -> dict[str, Any]:
-        """Every setting it was made with, JSON-ready, but the model and the calibration."""
+        """Every setting it was made with, JSON-ready, but the model, the calibration and the rows."""
 
         def plain(value: Any) -> Any:
             if isinstance(value, Mapping):
                 return {str(k): plain(v) for k, v in value.items()}
             return [plain(v) for v in value] if isinstance(value, (tuple, list)) else value
 
-        chosen = (f.name for f in fields(self) if f.init and f.name not in ("llm", "calibration"))
+        chosen = (f.name for f in fields(self) if f.init and f.name not in ("llm", "calibration", "actions"))
         return {name: plain(getattr(self, name)) for name in chosen}
 
     def run(self, question: str, corpus: Retriever, **options: Any) -> tuple[str, dict[str, Any]]:
@@ -4773,10 +4974,10 @@ def _confidence_summary(
 
 
 class _StepView:
-    """The run as a kind's step and window see it (:class:`StepContext`), and nothing more of it.
+    """The run as a kind's window and step see it (:class:`WindowContext`, :class:`StepContext`).
 
-    What it reads of the run is a copy (the passages read, the gate's verdicts), so a kind can
-    change the run only through its calls: ``ask``, ``read`` and ``vote``.
+    What it reads of the run is a copy (the passages read) or immutable (the retrievals), so a
+    kind can change the run only through its calls: ``ask``, ``read`` and ``vote``.
     """
 
     __slots__ = ("_run",)
@@ -4800,54 +5001,53 @@ class _StepView:
         return self._run.first_hop
 
     @property
-    def next_hop(self) -> tuple[Retrieval, list[int], list[int]] | None:
+    def next_hop(self) -> NextHop | None:
         """The latest follow-up retrieval: what it found, the passages not read yet, the novel ones."""
-        found = self._run.next_hop
-        return None if found is None else (found[0], list(found[1]), list(found[2]))
+        return self._run.next_hop
 
     @property
-    def read_ids(self) -> list[int]:
+    def read_ids(self) -> tuple[int, ...]:
         """The passages read so far, in the order first read."""
-        return list(self._run.read_ids)
+        return tuple(self._run.read_ids)
 
-    @property
-    def follow_up(self) -> str:
-        """The query the latest follow-up retrieval used."""
-        return self._run.follow_up
+    def retrieve(self, query: str, k: int) -> Retrieval:
+        """The top ``k`` passages for ``query``."""
+        return self._run.retrieve(query, k)
 
-    @property
-    def weak(self) -> dict[str, bool]:
-        """The gate's verdict on each gated action's window."""
-        return dict(self._run.weak)
+    def window(
+        self, ids: Sequence[int], found: Retrieval | None = None, removed: Sequence[int] | None = None
+    ) -> Window:
+        """A window of ``ids``, each scored by id (:meth:`_Run.make_window`)."""
+        return self._run.make_window(ids, found, removed)
 
     def ask(self, messages: list[dict[str, str]], **options: Any) -> Completion:
         """One LLM call, its reply bounded and its cost counted."""
         return self._run.ask(messages, **options)
 
-    def read(self, action: Action, window: Sequence[int], found: Retrieval | None = None) -> Reading:
-        """One deterministic read of ``window``, in that order (no vote yet)."""
-        return self._run.read(action, window, found)
+    def read(self, action: Action, window: Window) -> Reading:
+        """One deterministic read of ``window``, in its order (no vote yet)."""
+        return self._run.read(action, window)
+
+    def passages(self, window: Window) -> list[Passage]:
+        """The window's passages, in its order, as a prompt holds them."""
+        return self._run.passages(window)
 
     def vote(self, source: VoteType, answer: str, reliability: float | None = None) -> int | None:
         """Add an answer to the posterior as a vote of type ``source`` (of its own ``reliability``)."""
         return self._run.vote(source, answer, reliability)
 
-    @property
-    def signals(self) -> dict[str, float]:
-        """The question's pre-call signals."""
-        return dict(self._run.signals)
-
     def repeats(self, answer: str) -> bool:
         """Whether ``answer`` is one an earlier read voted for."""
         return self._run.repeats(answer)
 
-    def seen(self, window: Sequence[int], found: Retrieval | None = None) -> tuple[SeenPassage, ...]:
-        """The window's passages as an observation lists them, each with its score by id."""
-        return self._run.seen(window, found)
 
-    def passages(self, window: Sequence[int]) -> list[Passage]:
-        """The window's passages, in its order, as a prompt holds them."""
-        return self._run.passages(window)
+def _lead(found: Retrieval) -> float:
+    """How far ``found``'s top score leads the next one's, as a share of it (0 without a positive top)."""
+    if not found.hits:
+        return 0.0
+    top = found.hits[0][1]
+    second = found.hits[1][1] if len(found.hits) > 1 else 0.0
+    return min(max((top - second) / top, 0.0), 1.0) if top > 0 else 0.0
 
 
 class _Run:
@@ -4878,22 +5078,21 @@ class _Run:
         self.read_ids: list[int] = []
         self.shown: dict[int, _ShownPassage] = {}  # each passage read, as shown (confidence)
         self.read_answers: set[int] = set()  # candidates that some read (R1 or R2) voted for
-        self.follow_up = ""
         # The gate's verdict on each gated action's window, in table order (a key of the policy tables).
         self.weak = dict.fromkeys([a.label for a in brag.offered if a.kind.gated], False)
-        self.next_hop: tuple[Retrieval, list[int], list[int]] | None = None
+        self.next_hop: NextHop | None = None
         self.first_hop = Retrieval([], [], 0)  # set by loop, where a retriever's failure is caught
-        self.gate_view: dict[str, dict[str, Any] | None] = {}
+        # Each action's window, built once by its kind (a hop's anew with each next hop).
+        self.windows: dict[str, Window] = {}
         self.steps: list[Step] = []
         self.usage = _Usage()
         self.offered = {a.label: a for a in brag.offered}
-        self.view = _StepView(self)  # what a kind's step may use of the run
-        self.scores: dict[int, float | None] = {}  # each passage's score as it was read
+        self.view = _StepView(self)  # what a kind's window and step may use of the run
+        self.read_as: dict[int, SeenPassage] = {}  # each passage with the score it was read with
         self.policy_us = 0.0
         self.started = time.perf_counter()
         self.stop_reason = ""
         self.absent: float | None = None  # absent_share of the question, once looked up
-        self.signals: dict[str, float] = {}  # the question's pre-call signals, once retrieved
         self.floor_reason: str | None = (
             None  # why the policy alone would have stopped, if the floor overrode it
         )
@@ -4903,7 +5102,7 @@ class _Run:
 
     def available(self) -> list[str]:
         """The actions left, as each one's kind says (a read up to ``max_uses``, a hop up to ``hops``)."""
-        ready = self.next_hop is not None and bool(self.next_hop[2])  # set by a read
+        ready = self.next_hop is not None and bool(self.next_hop.novel)  # set by a read
         return [
             a.label
             for a in self.brag.offered
@@ -4911,14 +5110,12 @@ class _Run:
         ]
 
     def loop(self) -> Iterator[dict[str, Any]]:
-        """Retrieve and judge the first window; then decide, yield the step, act, until done."""
+        """Retrieve, build and judge the question's windows; then decide, yield the step, act, until done."""
         self.current = "retrieval"  # a retriever that raises is named in RunAborted
-        self.first_hop = self.corpus.retrieve(self.question, self.brag.k)
-        self.signals = question_signals(self.question, self.corpus, self.first_hop)
+        self.first_hop = self.retrieve(self.question, self.brag.k)
         for action in self.brag.offered:
-            if action.kind.gated and not action.kind.needs_new:  # a hop's: once a read found it
-                window = action.kind.window(self.view, action)
-                self.gate_view[action.label] = self.judge(action.label, self.question, window, self.first_hop)
+            if not action.kind.needs_new:  # a hop's: once a read found its new passages
+                self.build(action)
         self.current = None
         while True:
             step = self._decide()
@@ -4993,16 +5190,12 @@ class _Run:
         return {a: _gain(now, eta, self._outlook(a, outlooks), repeatable) / costs[a] for a in available}
 
     def _outlook(self, label: str, outlooks: Mapping[str, VoteOutlook]) -> VoteOutlook:
-        """An action's next vote: as the policy tables see it, or given the question's signals.
-
-        A read of the question's own window whose votes an evidence curve weighs is priced with
-        the question's pre-call signals; any other action as its state's table has it.
-        """
-        action, prior = self.offered[label], self.brag.priors[label]
-        if prior.curve is None or action.kind.needs_new:
+        """An action's next vote: its state's table's, as its kind prices it given its window."""
+        window = self.windows.get(label)
+        if window is None:
             return outlooks[label]
-        outlook = outlooks[label]
-        return replace(outlook, outcomes=prior.curve.outcomes(self.signals, self.brag.calibration.eta))
+        kind, prior = self.offered[label].kind, self.brag.priors[label]
+        return kind.outlook(prior, outlooks[label], window, self.brag.calibration.eta)
 
     def _follow_schedule(self, decision: Decision, available: list[str]) -> Decision:
         """A fixed schedule (calibration, baselines) overrides the policy's choice, not its score."""
@@ -5028,15 +5221,18 @@ class _Run:
         self.current = None
 
     def _observe(self, action: Action) -> Observation:
-        """Run the action's step; what its kind declares decides what the run does with it.
+        """Run the action's step on its window; what its kind declares decides what the run does with it.
 
         A gated kind's observation carries the gate's view of its window; a kind that reads
         passages notes its answer (a hop after it may repeat it); one that sets the next hop
         retrieves with its follow-up query.
         """
-        kind = action.kind
-        observed = kind.step(self.view, action)
-        gate = self.gate_view.get(action.label)  # before a next hop's window is judged anew
+        kind, window = action.kind, self.windows[action.label]
+        observed = kind.step(self.view, action, window)
+        for passage in observed.passages or ():
+            if passage.id not in self.read_ids:  # scored as this read held it, until it is read
+                self.read_as[passage.id] = passage
+        gate = window.gate  # before a next hop's window is judged anew
         if kind.reads_passages:
             self.note_answer(observed.candidate)
         if kind.sets_next_hop and observed.follow_up is not None:
@@ -5070,9 +5266,9 @@ class _Run:
         self.votes.append(vote)
         return index
 
-    def read(self, action: Action, passage_ids: Sequence[int], found: Retrieval | None = None) -> Reading:
-        """One read of ``passage_ids``: the answer and the follow-up query (no vote yet)."""
-        passages = self.passages(passage_ids)
+    def read(self, action: Action, window: Window) -> Reading:
+        """One read of ``window``: the answer, its evidence and the follow-up query (no vote yet)."""
+        passages = self.passages(window)
         reply = self.ask(
             action.messages(self.question, passages),
             n=1,
@@ -5089,40 +5285,60 @@ class _Run:
         if fallback:
             query = expand_query(self.question, passages, analyzer=analyzer)
         tokens = reply.logprobs[0] if reply.logprobs else None
-        evidence = {**read_evidence(answer, self.question, passages, tokens), **self.signals}
-        rounded = {k: None if v is None else round(v, 4) for k, v in evidence.items()}
-        return Reading(raw, answer, rounded, query, fallback, self.seen(passage_ids, found))
+        evidence = read_evidence(answer, self.question, passages, tokens, window=window)
+        return Reading(raw, answer, evidence, query, fallback, window.passages)
 
-    def passages(self, window: Sequence[int]) -> list[Passage]:
+    def passages(self, window: Window) -> list[Passage]:
         """The window's passages, in its order, as a prompt holds them."""
-        return [self.corpus[i] for i in window]
+        return [self.corpus[i] for i in window.ids]
 
-    def seen(self, window: Sequence[int], found: Retrieval | None = None) -> tuple[SeenPassage, ...]:
-        """The window's passages as an observation lists them, each with its score by id.
+    def retrieve(self, query: str, k: int) -> Retrieval:
+        """The top ``k`` passages for ``query``, which the retrieval records."""
+        found = self.corpus.retrieve(query, k)
+        return found if found.query == query else replace(found, query=query)
 
-        A passage not read before is scored by ``found``, the retrieval that put it in the
-        window (default: the question's own); one read before keeps the score it was read with.
+    def make_window(
+        self, ids: Sequence[int], found: Retrieval | None = None, removed: Sequence[int] | None = None
+    ) -> Window:
+        """A window of ``ids`` in that order, each scored by id, and its before-call evidence.
+
+        A passage read before keeps the score it was read with; any other is scored by
+        ``found``, the retrieval that put it in the window (default: the question's own).
         """
-        by_id = dict((found or self.first_hop).hits)
-        for i in window:
-            if i not in self.read_ids:
-                self.scores[i] = by_id.get(i, self.scores.get(i))
-        corpus = self.corpus
-        return tuple(SeenPassage(i, corpus[i].title, corpus[i].label(), self.scores.get(i)) for i in window)
+        found = self.first_hop if found is None else found
+        hits, lead = dict(found.hits), _lead(found)
+        top = found.hits[0][0] if found.hits else None
+        passages = []
+        for i in ids:
+            before = self.read_as.get(i)
+            if before is not None and i in self.read_ids:
+                passages.append(before)
+                continue
+            score = hits.get(i, before.score if before is not None else None)
+            passage = self.corpus[i]
+            passages.append(SeenPassage(i, passage.title, passage.label(), score, lead if i == top else 0.0))
+        new = tuple(i for i in ids if i not in self.read_ids)
+        window = Window(tuple(passages), found, new, tuple(found.removed if removed is None else removed))
+        facts = ReadFacts(self.question, window, self.passages(window), analyzer=_analyzer_of(self.corpus))
+        return replace(window, signals=window_evidence(facts))
+
+    def build(self, action: Action) -> None:
+        """Its kind's window for ``action``, judged by the gate when its kind is gated."""
+        window = action.kind.window(self.view, action)
+        self.windows[action.label] = self.judge(action.label, window) if action.kind.gated else window
 
     def repeats(self, answer: str) -> bool:
         """Whether ``answer`` is one an earlier read voted for."""
         return bool(answer) and self.candidates.find(answer) in self.read_answers
 
-    def judge(self, action: str, query: str, window: list[int], found: Retrieval) -> dict[str, Any] | None:
-        """Gate signals and verdict for an action's window (None without a calibrated gate)."""
+    def judge(self, label: str, window: Window) -> Window:
+        """``window`` with the gate's signals and verdict (as it is, without a calibrated gate)."""
         gate = self.brag.calibration.gate
         if gate is None:
-            return None
-        signals = window_signals(query, self.corpus, window, gate.k, found)
-        verdict = gate.fires(signals)
-        self.weak[action] = bool(verdict)
-        return {"signals": {k: round(v, 6) for k, v in signals.items()}, "weak": verdict}
+            return window
+        judged = gate.judge(window, self.corpus)
+        self.weak[label] = judged.weak
+        return judged
 
     def after_read(self, follow_up: str, passage_ids: Sequence[int]) -> None:
         """Remember what was read and find the next hop's window with the new follow-up query."""
@@ -5130,17 +5346,15 @@ class _Run:
         self.read_ids += added
         if not added and self.next_hop is not None:
             return  # a read of passages already read (a focused one) leaves the next hop as it was
-        self.follow_up = follow_up
         # Only passages not read yet, and none that repeats one read: a hop must bring new
         # evidence. Its window is known now, so the gate can judge it before R2 is scored.
-        found = self.corpus.retrieve(self.follow_up, self.brag.k + len(self.read_ids))
+        found = self.retrieve(follow_up, self.brag.k + len(self.read_ids))
         fresh = [i for i, _ in found.hits if i not in self.read_ids]
         novel = self.corpus.novel(fresh, self.read_ids)
-        self.next_hop = (found, fresh, novel)
+        self.next_hop = NextHop(found, tuple(fresh), tuple(novel))
         for action in self.brag.offered:
-            if action.kind.gated and action.kind.needs_new:
-                window = action.kind.window(self.view, action)
-                self.gate_view[action.label] = self.judge(action.label, self.follow_up, window, found)
+            if action.kind.needs_new:
+                self.build(action)
 
     def note_answer(self, candidate: int | None) -> None:
         """Remember that a read voted for ``candidate`` (it conditions the next hop's vote type)."""
@@ -5268,7 +5482,7 @@ class _Run:
             p_err=round(error_probability(self.probs), 6),
             steps=tuple(self.steps),  # a snapshot: steps are frozen, and later ones do not change it
             stop_reason=stop_reason,
-            gate=dict(self.gate_view),
+            gate={label: w.gate for label, w in self.windows.items() if self.offered[label].kind.gated},
             corpus=self.corpus.stats(),
             totals=totals,
             config=self.config(),
@@ -5304,6 +5518,8 @@ class _Run:
                     )
                 },
                 "status": calibration_status(brag.calibration, llm_name(brag.llm)),
+                # Evidence this code computes that none of the calibration's fits looked at.
+                "unweighed_features": list(calibration.unweighed_features()),
             },
         }
 

@@ -45,9 +45,12 @@ ETA_PRIOR = (1.0, 9.0)  # Beta prior on eta: mean 0.1
 PRIOR_ETA = 0.1
 
 
-def prior_values() -> dict[str, Any]:
-    """The hand-set q and rho of each action in the table as it is now, and eta."""
-    table = brag.ACTION_TABLE
+# The rows a fit's labels name: the shipped table unless a caller fits rows of its own (BRAG's ``actions``).
+Table = Sequence[brag.Action]
+
+
+def prior_values(table: Table = brag.ACTION_TABLE) -> dict[str, Any]:
+    """The hand-set q and rho of each action of ``table``, and eta."""
     return {
         "q": {a.label: a.prior_q for a in table},
         "rho": {a.label: a.prior_rho for a in table if a.prior_rho is not None},
@@ -55,15 +58,15 @@ def prior_values() -> dict[str, Any]:
     }
 
 
-def prior_rho(label: str) -> float:
+def prior_rho(label: str, table: Table = brag.ACTION_TABLE) -> float:
     """An action's hand-set P(right | answered), from its row (0.5 when its row sets none)."""
-    rho = brag.action_named(label).prior_rho
+    rho = brag.action_named(label, table).prior_rho
     return 0.5 if rho is None else rho
 
 
-def prior_text(fitted: Sequence[str]) -> str:
+def prior_text(fitted: Sequence[str], table: Table = brag.ACTION_TABLE) -> str:
     """The weak prior a fit of the actions ``fitted`` shrank toward, in words (the file's ``prior``)."""
-    prior = prior_values()
+    prior = prior_values(table)
     q = ", ".join(f"q_{a} {v:g}" for a, v in prior["q"].items() if a in fitted)
     rhos = {a: v for a, v in prior["rho"].items() if a in fitted}
     if len(set(rhos.values())) == 1:
@@ -81,9 +84,9 @@ def prior_text(fitted: Sequence[str]) -> str:
 prior_kappa = brag.prior_kappa
 
 
-def default_actions() -> tuple[str, ...]:
+def default_actions(table: Table = brag.ACTION_TABLE) -> tuple[str, ...]:
     """What calibration observes and fits unless told which actions to fit (calibrate.py --actions)."""
-    return tuple(a.label for a in brag.ACTION_TABLE if a.fitted)
+    return tuple(a.label for a in table if a.fitted)
 
 
 def closed_book_reliabilities(tallies: Sequence[tuple[int, int]]) -> list[float]:
@@ -401,23 +404,29 @@ def _beta(mean: float) -> dict[str, float]:
     return {"a": round(mean * CONCENTRATION, 6), "b": round((1 - mean) * CONCENTRATION, 6)}
 
 
-def fit(outcomes: Sequence[Outcome], m: int, hops: int = 1, evidence: str = "curve") -> dict[str, Any]:
+def fit(
+    outcomes: Sequence[Outcome],
+    m: int,
+    hops: int = 1,
+    evidence: str = "curve",
+    table: Table = brag.ACTION_TABLE,
+) -> dict[str, Any]:
     """Fitted values, counts and diagnostics (the calibration JSON without its metadata).
 
     With every question labelled, one pass of :func:`fit_counts`. With some or all unlabelled,
     expectation-maximisation over each unlabelled question's right answer (:func:`fit_unlabelled`),
     after checking that the data can tell the sources' reliabilities apart (:func:`identifiable`).
     ``fitted_on`` records which, and on how many questions. ``evidence``: how a read's votes vary
-    with their evidence (:data:`EVIDENCE_VARIANTS`).
+    with their evidence (:data:`EVIDENCE_VARIANTS`); ``table``: the rows the outcomes' labels name.
     """
     labelled = sum(o.labelled for o in outcomes)
     kind = "labelled" if labelled == len(outcomes) else "unlabelled" if not labelled else "mixed"
     fitted_on: dict[str, Any] = {"kind": kind, "questions": len(outcomes), "labelled": labelled}
     if kind == "labelled":
-        fitted = fit_counts(outcomes, m, hops)
-        fit_evidence_levels(outcomes, hops, fitted, evidence)
+        fitted = fit_counts(outcomes, m, hops, table)
+        fit_evidence_levels(outcomes, hops, fitted, evidence, table)
         return {**fitted, "fitted_on": fitted_on}
-    identifiable(outcomes)
+    identifiable(outcomes, table)
     if labelled < MIN_QUESTIONS:
         raise Unidentifiable(
             f"{labelled} of these {len(outcomes)} questions have gold answers; a fit from questions "
@@ -426,13 +435,15 @@ def fit(outcomes: Sequence[Outcome], m: int, hops: int = 1, evidence: str = "cur
             "coincide, and EM gave reliabilities far from the labelled fit's on every dataset we "
             "measured (bench/results/unlabelled.md)"
         )
-    fitted, em = fit_unlabelled(outcomes, m, hops)
-    _same_from_every_start(outcomes, m, hops, fitted)
-    _plausible(outcomes, fitted)
+    fitted, em = fit_unlabelled(outcomes, m, hops, table=table)
+    _same_from_every_start(outcomes, m, hops, fitted, table)
+    _plausible(outcomes, fitted, table)
     return {**fitted, "fitted_on": {**fitted_on, "em": em}}
 
 
-def fit_counts(outcomes: Sequence[Outcome], m: int, hops: int = 1) -> dict[str, Any]:
+def fit_counts(
+    outcomes: Sequence[Outcome], m: int, hops: int = 1, table: Table = brag.ACTION_TABLE
+) -> dict[str, Any]:
     """One fit from the outcomes' right/wrong flags, which may be probabilities (an EM step).
 
     Each action observed, by its kind (:class:`KindFit`), as SPEC section 4 says; a hop's
@@ -441,7 +452,7 @@ def fit_counts(outcomes: Sequence[Outcome], m: int, hops: int = 1) -> dict[str, 
     and a samples action), because a second hop repeats its first hop's wrong answer far more
     often than independent sources do.
     """
-    observed = observed_actions(outcomes)
+    observed = observed_actions(outcomes, table)
     counts: dict[str, Any] = {}
     diagnostics: dict[str, Any] = {}
     for action in observed:
@@ -456,6 +467,7 @@ def fit_counts(outcomes: Sequence[Outcome], m: int, hops: int = 1) -> dict[str, 
                 hops,
                 eta,
                 counts[a.label],
+                observed,
             )
         )
         for a in observed
@@ -466,9 +478,9 @@ def fit_counts(outcomes: Sequence[Outcome], m: int, hops: int = 1) -> dict[str, 
     return {**fitted, "costs": costs} if costs is not None else fitted
 
 
-def observed_actions(outcomes: Sequence[Outcome]) -> tuple[brag.Action, ...]:
+def observed_actions(outcomes: Sequence[Outcome], table: Table = brag.ACTION_TABLE) -> Table:
     """The table's actions every outcome observed, in table order."""
-    return tuple(a for a in brag.ACTION_TABLE if outcomes and all(a.label in o.answers for o in outcomes))
+    return tuple(a for a in table if outcomes and all(a.label in o.answers for o in outcomes))
 
 
 def fit_costs(
@@ -627,7 +639,11 @@ LEVEL_FEATURES = ("answer_p", "answer_p_min", "span", "in_question")
 
 
 def fit_evidence_levels(
-    outcomes: Sequence[Outcome], hops: int, fitted: dict[str, Any], evidence: str = "curve"
+    outcomes: Sequence[Outcome],
+    hops: int,
+    fitted: dict[str, Any],
+    evidence: str = "curve",
+    table: Table = brag.ACTION_TABLE,
 ) -> None:
     """Fit how each read's votes, and a hop's votes for a new answer, vary with their evidence.
 
@@ -641,7 +657,8 @@ def fit_evidence_levels(
         raise brag.InputError(f"evidence must be one of {EVIDENCE_VARIANTS}, got {evidence!r}")
     actions = fitted["actions"]
     diagnostics = fitted["diagnostics"].setdefault("evidence", {})
-    for action in observed_actions(outcomes):
+    observed = observed_actions(outcomes, table)
+    for action in observed:
         votes = fit_of(action).evidence_votes(outcomes, action.label, hops)
         if votes is None:
             continue
@@ -651,11 +668,11 @@ def fit_evidence_levels(
             if curve is not None and curve["auc"] >= _chance_of(votes):
                 actions[action.label]["curve"] = curve
             if not action.kind.needs_new:
-                same = fit_repeats(outcomes, action.label, fitted["eta"])
+                same = fit_repeats(outcomes, action.label, fitted["eta"], observed)
                 if same is not None:
                     actions[action.label]["same"] = same
             continue
-        base = shrunk(sum(right for _, right in votes), len(votes), prior_rho(action.label))
+        base = shrunk(sum(right for _, right in votes), len(votes), prior_rho(action.label, table))
         split, aucs = fit_evidence_split([({f: v.get(f) for f in LEVEL_FEATURES}, y) for v, y in votes], base)
         diagnostics[action.label] = {"votes": len(votes), "held_out_auc": aucs}
         if split is not None:
@@ -794,7 +811,7 @@ def fit_evidence_curve(
     curve = _as_curve(weights, intercept, means, _spread(votes, weights, intercept, means), 0.5)
     held = _held_out_reliabilities(votes, features, base, strength)
     auc_ = auc([p for p, _ in held], [y >= 0.5 for _, y in held])
-    return brag.curve_to_dict(replace(curve, auc=round(float(auc_), 4)))
+    return brag.curve_to_dict(replace(curve, auc=round(float(auc_), 4), features=brag.EVIDENCE_FEATURES))
 
 
 def _held_out_reliabilities(
@@ -819,19 +836,23 @@ def _held_out_reliabilities(
 def refit_curve(base: brag.EvidenceCurve, votes: Sequence[Vote], strength: float) -> brag.EvidenceCurve:
     """``base`` refitted on a corpus's votes, pulled toward it by ``strength``.
 
-    ``base`` itself unless the refit predicts these votes better on held-out folds (log-loss):
-    votes that carry no signal keep the pooled curve.
+    Its features, and any the votes carry that ``base``'s fit never looked at (a feature added to
+    ``brag.EVIDENCE`` since), each new one's weight pulled toward 0. ``base`` itself unless the
+    refit predicts these votes better on held-out folds (log-loss): votes that carry no signal
+    keep the pooled curve.
     """
     votes = list(votes)
     if len(votes) < EVIDENCE_FOLDS or not _both_classes([(0.0, y) for _, y in votes]):
         return base
-    features = [f for f, _ in base.weights]
+    looked = set(base.features or (f for f, _ in base.weights))
+    features = [f for f, _ in base.weights] + [f for f in curve_features(votes) if f not in looked]
     held = _held_out_reliabilities(votes, features, base, strength)
     kept = [(base.reliability(v), y) for v, y in votes]
     if _log_loss(held) >= _log_loss(kept):
         return base
     weights, intercept, means = _curve_weights(votes, features, base, strength)
-    return _as_curve(weights, intercept, means, _spread(votes, weights, intercept, means), base.auc)
+    spread = _spread(votes, weights, intercept, means)
+    return replace(_as_curve(weights, intercept, means, spread, base.auc), features=brag.EVIDENCE_FEATURES)
 
 
 def _log_loss(rows: Sequence[tuple[float, float]]) -> float:
@@ -841,18 +862,21 @@ def _log_loss(rows: Sequence[tuple[float, float]]) -> float:
 REPEAT_PRIOR = 2.0  # pseudo-questions each side of a repeat's likelihood ratio starts from (even)
 
 
-def fit_repeats(outcomes: Sequence[Outcome], label: str, eta: float) -> dict[str, Any] | None:
+def fit_repeats(
+    outcomes: Sequence[Outcome], label: str, eta: float, observed: Table | None = None
+) -> dict[str, Any] | None:
     """What a read saying another read's answer again says: its ``same`` branch, or None.
 
     Reads of the question's own window share its top passage, so a second one that repeats the
     first is no independent witness. Over every other read of the window that answered: how
     often this one repeats it (``pi``), and how much more often after a right answer than a
     wrong one (the likelihood ratio L, each side shrunk toward even by ``REPEAT_PRIOR``), stored
-    as the reliability whose ratio is L at ``eta``, as a hop's ``same`` branch is.
+    as the reliability whose ratio is L at ``eta``, as a hop's ``same`` branch is. ``observed``:
+    the outcomes' rows (default: the shipped table's they observed).
     """
     others = [
         a.label
-        for a in observed_actions(outcomes)
+        for a in (observed_actions(outcomes) if observed is None else observed)
         if a.label != label and a.kind.reads_passages and not a.kind.needs_new
     ]
     after_right, after_wrong = [0, 0], [0, 0]  # (repeats, pairs)
@@ -928,6 +952,7 @@ def fit_evidence_split(
         "threshold": round(threshold, 6),
         "auc": results[name],
         "levels": {"hi": level(n_hi, right_hi), "lo": level(n_lo, right_lo)},
+        "features": [f for f in brag.EVIDENCE_FEATURES if any(f in v for v, _ in votes)],  # looked at
     }, results
 
 
@@ -1048,7 +1073,7 @@ class Unidentifiable(brag.InputError):
     """The questions cannot tell the sources' reliabilities apart without gold answers."""
 
 
-def identifiable(outcomes: Sequence[Outcome]) -> None:
+def identifiable(outcomes: Sequence[Outcome], table: Table = brag.ACTION_TABLE) -> None:
     """Raise :class:`Unidentifiable`, saying why, when an unlabelled fit would be guesswork.
 
     Without gold, all the fit learns from is which sources agree on a question. A read and a
@@ -1061,7 +1086,7 @@ def identifiable(outcomes: Sequence[Outcome]) -> None:
     if labelled >= MIN_QUESTIONS:
         return
     advice = f"give gold answers for some questions (at least {MIN_QUESTIONS} settle it), or more questions"
-    pair = next((p for p in _pairs(observed_actions(outcomes)).values() if _independent(*p)), None)
+    pair = next((p for p in _pairs(observed_actions(outcomes, table)).values() if _independent(*p)), None)
     if pair is None:
         raise Unidentifiable(f"without gold answers a fit needs a read and closed-book samples; {advice}")
     read, samples = (a.label for a in sorted(pair, key=lambda a: not a.kind.reads_passages))
@@ -1149,7 +1174,11 @@ class _Votes:
 
 
 def fit_unlabelled(
-    outcomes: Sequence[Outcome], m: int, hops: int, start: float | None = None
+    outcomes: Sequence[Outcome],
+    m: int,
+    hops: int,
+    start: float | None = None,
+    table: Table = brag.ACTION_TABLE,
 ) -> tuple[dict[str, Any], dict[str, Any]]:
     """EM: expected right answers under the current fit, then :func:`fit_counts` on them, again.
 
@@ -1157,10 +1186,10 @@ def fit_unlabelled(
     hand-set prior (or with every reliability at ``start``) and stops when no fitted value
     moves by more than ``EM_TOLERANCE``.
     """
-    observed = observed_actions(outcomes)
+    observed = observed_actions(outcomes, table)
     unlabelled = [(i, _Votes.of(o, hops, observed)) for i, o in enumerate(outcomes) if not o.labelled]
     current = list(outcomes)
-    calibration = brag.load_calibration()
+    calibration = brag.load_calibration(None, brag.with_shipped(table))
     fitted: dict[str, Any] = {}
     before: dict[str, float] = {}
     for iteration in range(1, EM_ITERATIONS + 1):
@@ -1170,8 +1199,8 @@ def fit_unlabelled(
             ratios = {t: start / ((1 - start) * calibration.eta) for t in priors}
         for i, votes in unlabelled:
             current[i] = votes.expected(ratios, calibration.eta)
-        fitted = fit_counts(current, m, hops)
-        calibration = _loaded(fitted, m)
+        fitted = fit_counts(current, m, hops, table)
+        calibration = _loaded(fitted, m, table)
         values = _fitted_values(calibration, m)
         moved = max((abs(v - before.get(k, math.inf)) for k, v in values.items()), default=0.0)
         before = values
@@ -1186,7 +1215,9 @@ EM_STARTS = (0.05, 0.95)
 EM_AGREEMENT = 0.05  # the largest difference in any reliability between the starts' fits
 
 
-def _same_from_every_start(outcomes: Sequence[Outcome], m: int, hops: int, fitted: dict[str, Any]) -> None:
+def _same_from_every_start(
+    outcomes: Sequence[Outcome], m: int, hops: int, fitted: dict[str, Any], table: Table = brag.ACTION_TABLE
+) -> None:
     """Raise :class:`Unidentifiable` when EM from other starts ends at another fit.
 
     Where the questions only say how often sources agree, many reliabilities explain them
@@ -1194,9 +1225,9 @@ def _same_from_every_start(outcomes: Sequence[Outcome], m: int, hops: int, fitte
     it never corrects the fit), and EM stops wherever it started on that ridge. A fit that
     depends on its start is the data's silence, not a measurement.
     """
-    ours = {k: v for k, v in _fitted_values(_loaded(fitted, m), m).items() if not k.startswith("q_")}
+    ours = {k: v for k, v in _fitted_values(_loaded(fitted, m, table), m).items() if not k.startswith("q_")}
     for start in EM_STARTS:
-        other = _fitted_values(_loaded(fit_unlabelled(outcomes, m, hops, start)[0], m), m)
+        other = _fitted_values(_loaded(fit_unlabelled(outcomes, m, hops, start, table)[0], m, table), m)
         worst = max(ours, key=lambda k: abs(ours[k] - other[k]))
         if abs(ours[worst] - other[worst]) > EM_AGREEMENT:
             raise Unidentifiable(
@@ -1207,14 +1238,14 @@ def _same_from_every_start(outcomes: Sequence[Outcome], m: int, hops: int, fitte
             )
 
 
-def _plausible(outcomes: Sequence[Outcome], fitted: dict[str, Any]) -> None:
+def _plausible(outcomes: Sequence[Outcome], fitted: dict[str, Any], table: Table = brag.ACTION_TABLE) -> None:
     """Raise :class:`Unidentifiable` when the labelled questions refute a mixed fit.
 
     Each observed action's precision must stay inside the 95 % interval the labelled questions
     alone give, or the unlabelled ones pulled it there.
     """
     labelled = [o for o in outcomes if o.labelled]
-    for action in (a.label for a in observed_actions(outcomes)):
+    for action in (a.label for a in observed_actions(outcomes, table)):
         counts = _tally(labelled, action)
         if not counts["answered"]:
             continue
@@ -1229,8 +1260,9 @@ def _plausible(outcomes: Sequence[Outcome], fitted: dict[str, Any]) -> None:
             )
 
 
-def _loaded(fitted: dict[str, Any], m: int) -> brag.Calibration:
-    return brag.load_calibration({"version": brag.CALIBRATION_VERSION, "m": m, **fitted})
+def _loaded(fitted: dict[str, Any], m: int, table: Table = brag.ACTION_TABLE) -> brag.Calibration:
+    fitted = {"version": brag.CALIBRATION_VERSION, "m": m, **fitted}
+    return brag.load_calibration(fitted, brag.with_shipped(table))
 
 
 def _fitted_values(calibration: brag.Calibration, m: int) -> dict[str, float]:
@@ -1478,13 +1510,13 @@ def _fit_gate_if_identifiable(
     return None
 
 
-def _checked(items: Sequence[Labelled], actions: Sequence[str] | None) -> tuple[str, ...]:
+def _checked(items: Sequence[Labelled], actions: Sequence[str] | None, table: Table) -> tuple[str, ...]:
     """The actions to fit, once the questions and the actions are known to be usable."""
-    chosen = tuple(default_actions() if actions is None else actions)
-    if not chosen or isinstance(actions, str) or not set(chosen) <= set(brag.action_labels()):
-        table = ", ".join(brag.action_labels())
-        raise brag.InputError(f"actions must be labels of the table ({table}), got {actions!r}")
-    ordered = [a for a in brag.ACTION_TABLE if a.label in chosen]  # the order calibration runs them in
+    chosen = tuple(default_actions(table) if actions is None else actions)
+    if not chosen or isinstance(actions, str) or not set(chosen) <= set(brag.action_labels(table)):
+        labels = ", ".join(brag.action_labels(table))
+        raise brag.InputError(f"actions must be labels of the table ({labels}), got {brag._shown(actions)}")
+    ordered = [a for a in table if a.label in chosen]  # the order calibration runs them in
     for i, action in enumerate(ordered):
         if action.kind.needs_new and not any(a.kind.sets_next_hop for a in ordered[:i]):
             raise brag.InputError(
@@ -1498,19 +1530,27 @@ def _checked(items: Sequence[Labelled], actions: Sequence[str] | None) -> tuple[
     return chosen
 
 
-def observer(llm: brag.LLM, actions: Sequence[str], gate: dict[str, Any] | None, settings: Any) -> brag.BRAG:
+def observer(
+    llm: brag.LLM,
+    actions: Sequence[str],
+    gate: dict[str, Any] | None,
+    settings: Any,
+    table: Table = brag.ACTION_TABLE,
+) -> brag.BRAG:
     """The controller calibration observes with: the prior, this gate, and exactly ``actions``.
 
     The schedule decides what runs, and the gate's verdict on each window is recorded so each
     read gets strong- and weak-window reliabilities. An action the prior has no entry for runs
-    on its kind's prior (its answers, not its prior, are what the fit uses).
+    on its kind's prior (its answers, not its prior, are what the fit uses). ``table``: the
+    rows ``actions`` name.
     """
     prior = brag.load_calibration().to_dict()
     prior["actions"] = {label: entry for label, entry in prior["actions"].items() if label in actions}
     extra = tuple(
-        label for label in brag.action_labels() if label in actions and label not in prior["actions"]
+        label for label in brag.action_labels(table) if label in actions and label not in prior["actions"]
     )
-    return brag.BRAG(llm, calibration={**prior, "gate": gate}, extra_actions=extra, **settings)
+    calibration = {**prior, "gate": gate}
+    return brag.BRAG(llm, calibration=calibration, extra_actions=extra, actions=tuple(table), **settings)
 
 
 def calibrate(
@@ -1529,18 +1569,19 @@ def calibrate(
     workers: int = 1,
     actions: Sequence[str] | None = None,
     evidence: str = "curve",
+    table: Table = brag.ACTION_TABLE,
 ) -> dict[str, Any]:
     """Observe every action on ``items`` and fit; the result loads with ``brag.load_calibration``.
 
-    ``actions``: the table's labels to observe and fit (default: those marked ``fitted``,
-    :func:`default_actions`); the fit has an entry for each, so a controller offers them
-    (``evidence``: :data:`EVIDENCE_VARIANTS`).
+    ``actions``: the labels to observe and fit, of ``table``'s rows (default: those marked
+    ``fitted``, :func:`default_actions`); the fit has an entry for each, so a controller of
+    those rows offers them (``evidence``: :data:`EVIDENCE_VARIANTS`).
     Items without gold answers are fitted by EM (:func:`fit`); :class:`Unidentifiable` when they cannot be.
     """
-    chosen = _checked(items, actions)
+    chosen = _checked(items, actions, table)
     gate = _fit_gate_if_identifiable(items, corpus, k)
     settings = {"lam": 0.0, "k": k, "m": m, "seed": seed, "hops": hops}
-    controller = observer(llm, chosen, gate, settings)
+    controller = observer(llm, chosen, gate, settings, table)
     outcomes = observe(
         items,
         corpus,
@@ -1551,7 +1592,7 @@ def calibrate(
         on_progress=on_progress,
         workers=workers,
     )
-    fitted = fit(outcomes, m, hops, evidence)
+    fitted = fit(outcomes, m, hops, evidence, table)
     result = {
         "version": brag.CALIBRATION_VERSION,
         "source": "fitted",
@@ -1566,12 +1607,12 @@ def calibrate(
         "n_questions": len(items),
         "split_ids": [i.id for i in items],
         "f1_threshold": f1_threshold,
-        "prior": prior_text(list(fitted["actions"])),
+        "prior": prior_text(list(fitted["actions"]), table),
         "date": dt.datetime.now(dt.UTC).strftime("%Y-%m-%d"),
         **fitted,
         "gate": gate,
     }
-    brag.load_calibration(result)  # fails loudly if the fit produced something the loader rejects
+    brag.load_calibration(result, brag.with_shipped(table))  # fails loudly if the loader rejects the fit
     return result
 
 
@@ -1696,6 +1737,7 @@ def documents_fit(
     found: Mapping[str, Any] | None = None,
     meta: Mapping[str, Any] | None = None,
     evidence: str = "curve",
+    table: Table = brag.ACTION_TABLE,
 ) -> dict[str, Any]:
     """The model's fit for documents: labelled questions over real manuals, every set together.
 
@@ -1710,7 +1752,8 @@ def documents_fit(
     together = without_gate([o for outcomes in sets.values() for o in outcomes])
     if not together or not all(o.labelled for o in together):
         raise brag.InputError("a documents fit needs questions with gold answers")
-    fitted = _fit_partly_observed(fit(together, m, hops, evidence), together, m, hops, evidence)
+    fitted = fit(together, m, hops, evidence, table)
+    fitted = _fit_partly_observed(fitted, together, m, hops, evidence, table)
     meta = {
         "model": model,
         "name": brag.DOCUMENTS,
@@ -1729,7 +1772,12 @@ def documents_fit(
 
 
 def _fit_partly_observed(
-    fitted: dict[str, Any], outcomes: Sequence[Outcome], m: int, hops: int, evidence: str = "curve"
+    fitted: dict[str, Any],
+    outcomes: Sequence[Outcome],
+    m: int,
+    hops: int,
+    evidence: str = "curve",
+    table: Table = brag.ACTION_TABLE,
 ) -> dict[str, Any]:
     """``fitted`` with each action some sets observed and others did not, fitted on those that did.
 
@@ -1740,17 +1788,17 @@ def _fit_partly_observed(
     result = {**fitted, "actions": dict(fitted["actions"]), "counts": dict(fitted["counts"])}
     costs = dict(fitted["costs"]) if fitted.get("costs") is not None else None
     subsets = {}
-    for action in brag.ACTION_TABLE:
+    for action in table:
         some = [o for o in outcomes if action.label in o.answers]
         if action.label in fitted["actions"] or not some:
             continue
-        alone = fit(some, m, hops, evidence)
+        alone = fit(some, m, hops, evidence, table)
         result["actions"][action.label] = alone["actions"][action.label]
         result["counts"][action.label] = alone["counts"][action.label]
         subsets[action.label] = len(some)
         known = (alone.get("costs") or {}).get(action.label)
         costs = {**costs, action.label: known} if costs is not None and known else None  # all, or none
-    order = [a.label for a in brag.ACTION_TABLE]
+    order = [a.label for a in table]
     result["actions"] = dict(sorted(result["actions"].items(), key=lambda item: order.index(item[0])))
     result.pop("costs", None)
     if subsets:
@@ -1851,12 +1899,12 @@ def refit(
     evidence curve, pulled toward the pooled one by ``curve_strength`` (default
     ``CURVE_STRENGTH``) and kept unless the refit predicts better (:func:`refit_curve`). Every action
     the outcomes observed gets an entry; the base's others (a second hop, which a self-test does
-    not run) keep theirs, and their costs.
+    not run) keep theirs, and their costs. The outcomes' labels name ``pooled``'s rows (its table).
     """
     pooled = brag.load_calibration(pooled)
     if not outcomes or not all(o.labelled for o in outcomes):
         raise brag.InputError("a refit needs questions with known answers")
-    observed = observed_actions(outcomes)
+    observed = observed_actions(outcomes, pooled.table)
     counts = {a.label: _tally(outcomes, a.label) for a in observed}
     actions = {
         a.label: a.kind.entry_dict(
@@ -1871,6 +1919,7 @@ def refit(
                 hops,
                 pooled.eta,
                 dict(counts[a.label]),  # the fit may extend its copy; the refit's counts stay tallies
+                observed,
             )
         )
         for a in observed
@@ -1881,7 +1930,7 @@ def refit(
         "version": brag.CALIBRATION_VERSION,
         "m": pooled.m,
         "eta": pooled.eta,
-        "actions": {a.label: actions[a.label] for a in brag.ACTION_TABLE if a.label in actions},
+        "actions": {a.label: actions[a.label] for a in pooled.table if a.label in actions},
         "counts": counts,
     }
     costs = fit_costs(outcomes, observed)
@@ -2052,13 +2101,15 @@ class KindFit:
         hops: int,
         eta: float,
         counts: dict[str, Any],
+        observed: Table = (),
     ) -> brag.ActionPrior:
         """Its entry from ``outcomes``: each value shrunk toward ``base``'s with its strength.
 
         The one estimator of its kind: a labelled fit starts from the row's prior, a self-test
         refit from the pooled fit, so whatever it fits is fitted and refitted the same way.
         ``counts``: its tallies (n, answered, correct), which the fit may extend; ``eta`` the
-        calibration's, at which a hop's branches are read.
+        calibration's, at which a hop's branches are read; ``observed``: every action the
+        outcomes observed (a read's repeats are counted against the others).
         """
         raise NotImplementedError
 
@@ -2096,6 +2147,7 @@ class ReadFit(KindFit):
         hops: int,
         eta: float,
         counts: dict[str, Any],
+        observed: Table = (),
     ) -> brag.ActionPrior:
         """Q and rho toward base's, per gate verdict when the gate judged its windows.
 
@@ -2122,7 +2174,7 @@ class ReadFit(KindFit):
         if curve is not None and not base.from_row:
             curve = refit_curve(curve, votes, base.curve_strength)
         if base.prior.same is not None:
-            own = fit_repeats(outcomes, label, eta)
+            own = fit_repeats(outcomes, label, eta, observed or None)
             same = (
                 base.prior.same
                 if own is None
@@ -2152,12 +2204,10 @@ class ReadFit(KindFit):
         if not outcome.answers[label]:
             return []
         weak = calibration.gate is not None and bool(outcome.weak.get(label))
-        seen = {"evidence": outcome.evidence.get(label) or {}}
+        evidence = outcome.evidence.get(label) or {}
         prior = calibration.actions[label]
-        vote_type = action.kind.vote_type(label, prior, seen, weak=weak)
-        return [
-            (vote_type, outcome.correct[label], action.kind.reliability(prior, vote_type, seen["evidence"]))
-        ]
+        vote_type = action.kind.vote_type(label, prior, evidence, weak=weak)
+        return [(vote_type, outcome.correct[label], action.kind.reliability(prior, vote_type, evidence))]
 
 
 class HopFit(ReadFit):
@@ -2195,6 +2245,7 @@ class HopFit(ReadFit):
         hops: int,
         eta: float,
         counts: dict[str, Any],
+        observed: Table = (),
     ) -> brag.ActionPrior:
         """A read's fit, and its branches: how often it repeats, how often a new answer is right.
 
@@ -2204,9 +2255,8 @@ class HopFit(ReadFit):
         against base's strength); the row's prior has none, so the outcomes' own stands.
         """
         # Its branches are its own: the read's fit of a repeat (a read of the question's window) is not.
-        read = super().fit(
-            outcomes, label, replace(base, prior=replace(base.prior, same=None)), hops, eta, counts
-        )
+        unrepeated = replace(base, prior=replace(base.prior, same=None))
+        read = super().fit(outcomes, label, unrepeated, hops, eta, counts, observed)
         own_same, new, counts["hops"] = fit_second_hop(outcomes, label, hops, eta, base)
         same = brag.Branch(own_same["pi"], own_same["rho"]["a"], own_same["rho"]["b"])
         if base.prior.same is not None:
@@ -2248,7 +2298,7 @@ class HopFit(ReadFit):
         """Its votes on one question, typed under ``calibration``, with right/wrong."""
         prior, kind = calibration.actions[action.label], action.kind
         typed = [
-            (kind.vote_type(action.label, prior, hop), hop)
+            (kind.vote_type(action.label, prior, hop.get("evidence") or {}), hop)
             for hop in outcome.hops.get(action.label, [])[:hops]
             if hop["answer"] and not hop["repeats"]
         ]
@@ -2275,6 +2325,7 @@ class SamplesFit(KindFit):
         hops: int,
         eta: float,
         counts: dict[str, Any],
+        observed: Table = (),
     ) -> brag.ActionPrior:
         """Q toward base's, and per agreement level its share and reliability (non-decreasing in g).
 
@@ -2311,8 +2362,8 @@ class SamplesFit(KindFit):
         g = outcome.agreement.get(action.label, 0)
         if not (outcome.answers[action.label] and g):
             return []
-        seen = {"agreement": min(g, calibration.m)}
-        vote_type = action.kind.vote_type(action.label, calibration.actions[action.label], seen)
+        prior = calibration.actions[action.label]
+        vote_type = action.kind.vote_type(action.label, prior, {}, agreement=min(g, calibration.m))
         return [(vote_type, outcome.correct[action.label], None)]
 
 

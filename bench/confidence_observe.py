@@ -92,7 +92,7 @@ def observe_self_test(name: str, corpus: object, mode: str) -> None:
         return
     items, cache = found
     llm = CachedLLM(make_llm("local"), cache, mode=mode)
-    controller = calibrate.observer(llm, fits.SelfTestPlan().observed(), None, SETTINGS)
+    controller = calibrate.observer(llm, observed.PLAN_ACTIONS, None, SETTINGS)
     calibrate.observe(items, corpus, controller, progress_path=outcomes_path(name, "selftest"), progress=name)
     print(f"{name}: {len(items)} self-test questions", flush=True)
 

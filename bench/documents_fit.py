@@ -126,7 +126,7 @@ def as_self_tested(outcomes: list[calibrate.Outcome]) -> list[calibrate.Outcome]
     Self-tests observed before hops were left out of the plan ran R2 as well; its reads do
     not enter the fit now (the documents fit's entry is kept), so they are dropped here.
     """
-    return observations.with_actions(outcomes, fits.SelfTestPlan().observed())
+    return observations.with_actions(outcomes, observed.PLAN_ACTIONS)
 
 
 # ------------------------------------------------------------------------------------------
@@ -265,7 +265,7 @@ def self_test_record(s: DocumentSet) -> dict[str, Any] | None:
         "running_min": running / 60,
         "generation_calls": cost["generation_calls"],
         "action_calls": calls,
-        "observed": list(fits.SelfTestPlan().observed()),
+        "observed": list(observed.PLAN_ACTIONS),
         "run": "today's plan" if today else "earlier (R2 too; its minutes left out)",
     }
 
@@ -426,7 +426,7 @@ def markdown(results: dict[str, Any], command: str) -> list[str]:
         "",
         f"Chosen for each set on the others: {strength}",
         "",
-        "## Self-tests (as the plan runs them now: " + ", ".join(fits.SelfTestPlan().observed()) + ")",
+        "## Self-tests (as the plan runs them now: " + ", ".join(observed.PLAN_ACTIONS) + ")",
         "",
         *self_test_table(results),
         "Answer shapes: of the questions that reached the roundtrip, how many it kept (a span's shape "

@@ -91,9 +91,15 @@ def model(mode: str) -> CachedLLM:
     return CachedLLM(make_llm("local"), CACHE, mode=mode)
 
 
+# What a self-test of a caller's documents runs: the actions its base, the documents fit, offers.
+PLAN_ACTIONS = fits.SelfTestPlan().observed(
+    brag.load_calibration(brag.CALIBRATIONS_DIR / "qwen2.5-coder-0.5b-documents.json")
+)
+
+
 def observer(llm: brag.LLM) -> brag.BRAG:
     settings = {"lam": 0.0, "k": 5, "m": 5, "seed": 0, "hops": fits.SELF_TEST_HOPS}
-    return calibrate.observer(llm, fits.SelfTestPlan().observed(), None, settings)
+    return calibrate.observer(llm, PLAN_ACTIONS, None, settings)
 
 
 def outcomes_path(name: str, which: str) -> Path:

@@ -48,14 +48,16 @@ class SelfTestPlan:
     k: int = 5  # passages a read holds, as the controller the fit is for reads them
     actions: tuple[str, ...] | None = None  # what it observes on each question (None: every action)
 
-    def observed(self) -> tuple[str, ...]:
-        """The actions it runs on each kept question: its own, else every row the table self-tests.
+    def observed(self, base: brag.Calibration) -> tuple[str, ...]:
+        """The actions it runs on each kept question: its own, else those ``base`` offers that self-test.
 
-        A kind that is not ``self_tested`` keeps the entry of the fit the self-test refines.
+        ``base`` is the fit the self-test refines: an action it does not offer is not offered
+        after the refit either, so it is not run; one whose kind is not ``self_tested`` keeps
+        ``base``'s entry.
         """
         if self.actions is not None:
             return self.actions
-        return tuple(a.label for a in brag.ACTION_TABLE if a.kind.self_tested)
+        return tuple(a.label for a in base.offered() if a.kind.self_tested)
 
     def budget(self) -> selftest.Budget:
         """The generation's share: its tries, twice as many calls (a question and its roundtrip)."""
@@ -108,8 +110,8 @@ def calibrate_corpus(
                 f"Running the actions: question {done} of {total}",
             )
 
-    m = brag.load_calibration(base).m
-    outcomes, ran_out = _observed(items, corpus, llm, m, plan, observed)
+    base = brag.load_calibration(base)
+    outcomes, ran_out = _observed(items, corpus, llm, base, plan, observed)
     summary = {**test.summary(), "seconds": round(time.monotonic() - started, 1)}
     summary["checked"] = checked_text(summary, plan.questions)
     if ran_out:
@@ -137,7 +139,7 @@ def _observed(
     items: Sequence[calibrate.Labelled],
     corpus: brag.Retriever,
     llm: brag.LLM,
-    m: int,
+    base: brag.Calibration,
     plan: SelfTestPlan,
     on_question: Callable[[int, int], None],
 ) -> tuple[list[calibrate.Outcome], str]:
@@ -147,8 +149,8 @@ def _observed(
     question's own passage is the roundtrip's request, answered without a second call. When
     the plan's time or prompt characters run out, the questions done so far and what ran out.
     """
-    settings = {"lam": 0.0, "k": plan.k, "m": m, "hops": SELF_TEST_HOPS}
-    controller = calibrate.observer(llm, plan.observed(), None, settings)
+    settings = {"lam": 0.0, "k": plan.k, "m": base.m, "hops": SELF_TEST_HOPS}
+    controller = calibrate.observer(llm, plan.observed(base), None, settings, base.table)
     outcomes: list[calibrate.Outcome] = []
     for item in [*items, None]:  # None: the last report of progress, once every question is done
         try:

@@ -18,10 +18,10 @@ import brag
 from bragkit import llms
 
 
-def action_text(label: str) -> str:
+def action_text(label: str, actions: Sequence[brag.Action] = brag.ACTION_TABLE) -> str:
     """What the progress line says while an action runs, e.g. "R1: reading the top passages"."""
     try:
-        return f"{label}: {brag.action_named(label).does}"
+        return f"{label}: {brag.action_named(label, actions).does}"
     except brag.InputError:  # a run's action no longer in the table: its label alone
         return label
 
@@ -107,11 +107,13 @@ def posterior_svg(report: dict[str, Any], width: int = 560, height: int = 230) -
     return f'<div id="posterior-chart">{"".join(parts)}<div style="font-size:12px">{legend}</div></div>'
 
 
-def step_columns(offered: Sequence[str] | None = None) -> list[str]:
+def step_columns(
+    offered: Sequence[str] | None = None, actions: Sequence[brag.Action] = brag.ACTION_TABLE
+) -> list[str]:
     """The steps table's columns, one per action ``offered`` (default: those fitted by default)."""
-    actions = [a.label for a in brag.ACTION_TABLE if (a.label in offered if offered else a.fitted)]
+    labels = [a.label for a in actions if (a.label in offered if offered else a.fitted)]
     # Each action's column holds its expected gain per unit cost at that step.
-    return ["Step", "P(error)", *actions, "Action", "What it read", "Answer", "Evidence", "Follow-up query"]
+    return ["Step", "P(error)", *labels, "Action", "What it read", "Answer", "Evidence", "Follow-up query"]
 
 
 STEP_COLUMNS = step_columns()  # the table's columns before any report, and for a calibration's own
@@ -122,36 +124,39 @@ _COLUMN_SHARES = {"Step": 5, "P(error)": 7, "Action": 6, "What it read": 24, "An
 _ACTION_SHARE, _OTHER_SHARE = 7, 16
 
 
-def step_column_widths(columns: Sequence[str] = STEP_COLUMNS) -> list[str]:
+def step_column_widths(
+    columns: Sequence[str] = STEP_COLUMNS, actions: Sequence[brag.Action] = brag.ACTION_TABLE
+) -> list[str]:
     """The steps table's column widths, one per column, in percent."""
-    labels = brag.action_labels()
+    labels = brag.action_labels(actions)
     shares = [_ACTION_SHARE if c in labels else _COLUMN_SHARES.get(c, _OTHER_SHARE) for c in columns]
     return [f"{100 * share / sum(shares):.1f}%" for share in shares]
 
 
-def steps_frame(report: dict[str, Any]) -> pd.DataFrame:
+def steps_frame(report: dict[str, Any], actions: Sequence[brag.Action] = brag.ACTION_TABLE) -> pd.DataFrame:
     """Each decision and why: P(error), each action's expected gain per call against λ, and what it saw.
 
-    One column per action the run offered. A score that beats λ is marked ✓; "—" means the
-    action was not available at that step.
+    One column per action the run offered (``actions``: the rows its controller had). A score
+    that beats λ is marked ✓; "—" means the action was not available at that step.
     """
     config = report.get("config") or {}
     offered = (config.get("actions") or {}).get("offered")
-    columns = step_columns(offered if isinstance(offered, list) else None)
-    labels = brag.action_labels()
-    actions = [c for c in columns if c in labels]
+    columns = step_columns(offered if isinstance(offered, list) else None, actions)
+    labels = brag.action_labels(actions)
+    scored = [c for c in columns if c in labels]
     lam = config.get("lam", 0.0)
     rows = []
     for step in report.get("steps", []):
         scores = step.get("scores", {})
         cells = {
             a: (f"{scores[a]:.3f} ✓" if scores[a] > lam else f"{scores[a]:.3f}") if a in scores else "—"
-            for a in actions
+            for a in scored
         }
         seen = step.get("observation") or {}
         action = step["action"] or "stop"
         if seen and step["action"] in labels:  # its kind says what it read and rested on
-            read, answer, evidence = brag.action_named(step["action"]).kind.cells(step["action"], seen)
+            kind = brag.action_named(step["action"], actions).kind
+            read, answer, evidence = kind.cells(step["action"], seen)
         else:
             read = answer = "running…" if step["action"] and not report.get("finished", True) else ""
             evidence = ""
