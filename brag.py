@@ -40,6 +40,7 @@ from array import array
 from collections import Counter
 from collections.abc import Callable, Collection, Iterable, Iterator, Mapping, Sequence
 from dataclasses import asdict, dataclass, field, fields, is_dataclass, replace
+from functools import cached_property
 from pathlib import Path
 from typing import Any, ClassVar, NamedTuple, Protocol, runtime_checkable
 
@@ -70,8 +71,10 @@ __all__ = [  # noqa: RUF022
     "same_answer",
     "token_f1",
     # Evidence
-    "EVIDENCE_FEATURES",
-    "PRE_CALL_FEATURES",
+    "EVIDENCE",
+    "EvidenceFeature",
+    "ReadFacts",
+    "evidence_names",
     "read_evidence",
     # Posterior
     "Vote",
@@ -2331,10 +2334,11 @@ class EvidenceFeature(NamedTuple):
     before_call: bool = False
 
 
-# Every evidence feature, in the order evidence lists them: the one list to add one to. Each
-# read's observation carries them, calibration records them with each outcome and fits a read's
-# evidence curve on those its votes have (a refit too, a new one among them), and a calibration
-# whose fits never saw one says so (Calibration.unweighed_features).
+# Every evidence feature, in the order evidence lists them: the one list to add one to, read
+# where it is used (evidence_names). Each read's observation carries them, calibration records
+# them with each outcome and fits a read's evidence curve on those its votes have (a refit too,
+# a new one among them), and a calibration whose fits never saw one says so
+# (Calibration.unweighed_features).
 EVIDENCE: tuple[EvidenceFeature, ...] = (
     EvidenceFeature("answer_p", _answer_p),  # the answer's tokens' probability (geometric mean)
     EvidenceFeature("answer_p_min", _answer_p_min),  # its least likely token's
@@ -2345,9 +2349,11 @@ EVIDENCE: tuple[EvidenceFeature, ...] = (
     EvidenceFeature("top_coverage", _top_coverage, before_call=True),  # question terms it holds
     EvidenceFeature("agreement", _agreement),  # a sampled read's share of samples giving its answer
 )
-EVIDENCE_FEATURES = tuple(f.name for f in EVIDENCE)
-# Known from the window before any call: the lookahead prices each read with them.
-PRE_CALL_FEATURES = tuple(f.name for f in EVIDENCE if f.before_call)
+
+
+def evidence_names(before_call: bool | None = None) -> tuple[str, ...]:
+    """The names of ``EVIDENCE``'s features as it is now: all, or those known before a call or not."""
+    return tuple(f.name for f in EVIDENCE if before_call is None or f.before_call is before_call)
 
 
 def window_evidence(read: ReadFacts) -> dict[str, float]:
@@ -2608,7 +2614,7 @@ class EvidenceCurve:
     fitted on right and wrong reads; a feature a vote lacks (a backend without log-probabilities)
     counts at its mean over the fitted votes (``means``). ``spread``: (share, score) of the
     fitted votes in a few bins of the part of their score that pre-call features
-    (``PRE_CALL_FEATURES``) do not set, so the lookahead prices the spread of the next vote's
+    (``evidence_names(before_call=True)``) do not set, so the lookahead prices the spread of the next vote's
     rho given what the question's retrieval already shows. ``auc``: the score's held-out AUROC.
     ``features``: the evidence features its fit looked at (those BRAG computed then).
     """
@@ -2623,6 +2629,11 @@ class EvidenceCurve:
     def __post_init__(self) -> None:
         if not self.spread or abs(sum(share for share, _ in self.spread) - 1.0) > 1e-3:
             raise CalibrationError("calibration: an evidence curve's spread shares must sum to 1")
+
+    @cached_property
+    def _before_call(self) -> frozenset[str]:
+        """Its features known before a call (``EVIDENCE`` as it was when the curve was first used)."""
+        return frozenset(evidence_names(before_call=True))
 
     def _part(self, evidence: Mapping[str, float | None], features: Collection[str]) -> float:
         means = dict(self.means)
@@ -2646,14 +2657,14 @@ class EvidenceCurve:
 
         Without signals, the fitted votes' own (their means): the curve's prior view.
         """
-        pre = self._part(signals or {}, PRE_CALL_FEATURES)
+        pre = self._part(signals or {}, self._before_call)
         rhos = [(share, bounded_reliability(_sigmoid(pre + post))) for share, post in self.spread]
         return tuple((share, rho / ((1 - rho) * eta)) for share, rho in rhos)
 
     @property
     def levels(self) -> tuple[EvidenceLevel, ...]:
         """Its spread as levels (share, reliability at the mean pre-call signals), for the rates."""
-        pre = self._part({}, PRE_CALL_FEATURES)
+        pre = self._part({}, self._before_call)
         levels = []
         for i, (share, post) in enumerate(self.spread):
             rho = bounded_reliability(_sigmoid(pre + post))
@@ -2790,9 +2801,9 @@ def _curve_from_dict(raw: Any, action: str) -> EvidenceCurve:
     tables = {}
     for key in ("weights", "means"):
         table = raw.get(key)
-        if not isinstance(table, Mapping) or not set(table) <= set(EVIDENCE_FEATURES):
+        if not isinstance(table, Mapping) or not set(table) <= set(evidence_names()):
             raise CalibrationError(
-                f"calibration: {where}.{key} must map some of {', '.join(EVIDENCE_FEATURES)} to numbers"
+                f"calibration: {where}.{key} must map some of {', '.join(evidence_names())} to numbers"
             )
         tables[key] = tuple((f, _number(v, f"{where}.{key}.{f}", -1e6, 1e6)) for f, v in table.items())
     spread = raw.get("spread")
@@ -2835,9 +2846,9 @@ def _evidence_from_dict(raw: Any, action: str) -> EvidenceSplit:
     """A read's evidence levels: the score (feature weights), its threshold, and each level."""
     where = f"actions.{action}.evidence"
     weights = raw.get("weights") if isinstance(raw, Mapping) else None
-    if not isinstance(weights, Mapping) or not weights or not set(weights) <= set(EVIDENCE_FEATURES):
+    if not isinstance(weights, Mapping) or not weights or not set(weights) <= set(evidence_names()):
         raise CalibrationError(
-            f"calibration: {where}.weights must map some of {', '.join(EVIDENCE_FEATURES)} to numbers"
+            f"calibration: {where}.weights must map some of {', '.join(evidence_names())} to numbers"
         )
     parsed_weights = tuple((f, _number(w, f"{where}.weights.{f}", -1e6, 1e6)) for f, w in weights.items())
     intercept = _number(raw.get("intercept", 0.0), f"{where}.intercept", -1e6, 1e6)
@@ -4124,7 +4135,7 @@ class Calibration:
             for fit in (prior.curve, prior.evidence):
                 if fit is not None:
                     looked |= set(fit.features or (name for name, _ in fit.weights))
-        return tuple(name for name in EVIDENCE_FEATURES if name not in looked)
+        return tuple(name for name in evidence_names() if name not in looked)
 
     def prior_of(self, action: Action) -> ActionPrior:
         """An action's entry, or its kind's hand-set prior when it has none (:meth:`VoteKind.prior`)."""
@@ -4973,11 +4984,11 @@ def _confidence_summary(
     return "; ".join(parts)
 
 
-class _StepView:
-    """The run as a kind's window and step see it (:class:`WindowContext`, :class:`StepContext`).
+class _WindowView:
+    """The run as a kind's window sees it (:class:`WindowContext`), and nothing more of it.
 
-    What it reads of the run is a copy (the passages read) or immutable (the retrievals), so a
-    kind can change the run only through its calls: ``ask``, ``read`` and ``vote``.
+    What it reads of the run is a copy (the passages read) or immutable (the retrievals): a kind
+    building its window can retrieve, and change nothing of the run.
     """
 
     __slots__ = ("_run",)
@@ -5019,6 +5030,28 @@ class _StepView:
     ) -> Window:
         """A window of ``ids``, each scored by id (:meth:`_Run.make_window`)."""
         return self._run.make_window(ids, found, removed)
+
+
+class _StepView:
+    """The run as a kind's step sees it (:class:`StepContext`), and nothing more of it.
+
+    A step changes the run only through its calls: ``ask``, ``read`` and ``vote``.
+    """
+
+    __slots__ = ("_run",)
+
+    def __init__(self, run: _Run) -> None:
+        self._run = run
+
+    @property
+    def question(self) -> str:
+        """The question, as the run reads it."""
+        return self._run.question
+
+    @property
+    def brag(self) -> BRAG:
+        """The controller's settings."""
+        return self._run.brag
 
     def ask(self, messages: list[dict[str, str]], **options: Any) -> Completion:
         """One LLM call, its reply bounded and its cost counted."""
@@ -5087,7 +5120,7 @@ class _Run:
         self.steps: list[Step] = []
         self.usage = _Usage()
         self.offered = {a.label: a for a in brag.offered}
-        self.view = _StepView(self)  # what a kind's window and step may use of the run
+        self.view, self.window_view = _StepView(self), _WindowView(self)  # what a kind may use of the run
         self.read_as: dict[int, SeenPassage] = {}  # each passage with the score it was read with
         self.policy_us = 0.0
         self.started = time.perf_counter()
@@ -5324,7 +5357,7 @@ class _Run:
 
     def build(self, action: Action) -> None:
         """Its kind's window for ``action``, judged by the gate when its kind is gated."""
-        window = action.kind.window(self.view, action)
+        window = action.kind.window(self.window_view, action)
         self.windows[action.label] = self.judge(action.label, window) if action.kind.gated else window
 
     def repeats(self, answer: str) -> bool:

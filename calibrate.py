@@ -700,7 +700,7 @@ CURVE_STRENGTH = 20.0
 def curve_features(votes: Sequence[Vote]) -> list[str]:
     """The evidence features most votes have (four in five) and that vary among them."""
     found = []
-    for feature in brag.EVIDENCE_FEATURES:
+    for feature in brag.evidence_names():
         values = [v.get(feature) for v, _ in votes]
         known = [x for x in values if x is not None]
         if len(known) >= 0.8 * len(votes) and len(set(known)) > 1:
@@ -769,12 +769,11 @@ def _spread(
     votes: Sequence[Vote], weights: Mapping[str, float], intercept: float, means: Mapping[str, float]
 ) -> list[list[float]]:
     """(share, score after the call) of ``CURVE_BINS`` bins of equal count of the votes' scores."""
+    before_call = brag.evidence_names(before_call=True)
     post = sorted(
         intercept
         + sum(
-            w * (means[f] if v.get(f) is None else v[f])
-            for f, w in weights.items()
-            if f not in brag.PRE_CALL_FEATURES
+            w * (means[f] if v.get(f) is None else v[f]) for f, w in weights.items() if f not in before_call
         )
         for v, _ in votes
     )
@@ -811,7 +810,7 @@ def fit_evidence_curve(
     curve = _as_curve(weights, intercept, means, _spread(votes, weights, intercept, means), 0.5)
     held = _held_out_reliabilities(votes, features, base, strength)
     auc_ = auc([p for p, _ in held], [y >= 0.5 for _, y in held])
-    return brag.curve_to_dict(replace(curve, auc=round(float(auc_), 4), features=brag.EVIDENCE_FEATURES))
+    return brag.curve_to_dict(replace(curve, auc=round(float(auc_), 4), features=brag.evidence_names()))
 
 
 def _held_out_reliabilities(
@@ -852,7 +851,7 @@ def refit_curve(base: brag.EvidenceCurve, votes: Sequence[Vote], strength: float
         return base
     weights, intercept, means = _curve_weights(votes, features, base, strength)
     spread = _spread(votes, weights, intercept, means)
-    return replace(_as_curve(weights, intercept, means, spread, base.auc), features=brag.EVIDENCE_FEATURES)
+    return replace(_as_curve(weights, intercept, means, spread, base.auc), features=brag.evidence_names())
 
 
 def _log_loss(rows: Sequence[tuple[float, float]]) -> float:
@@ -914,7 +913,7 @@ def fit_evidence_split(
     feature missing from more than a fifth of the votes is not used.
     """
     present = [
-        f for f in brag.EVIDENCE_FEATURES if sum(v.get(f) is not None for v, _ in votes) >= 0.8 * len(votes)
+        f for f in brag.evidence_names() if sum(v.get(f) is not None for v, _ in votes) >= 0.8 * len(votes)
     ]
     candidates = {f: (f,) for f in present}
     if len(present) > 1:
@@ -952,7 +951,7 @@ def fit_evidence_split(
         "threshold": round(threshold, 6),
         "auc": results[name],
         "levels": {"hi": level(n_hi, right_hi), "lo": level(n_lo, right_lo)},
-        "features": [f for f in brag.EVIDENCE_FEATURES if any(f in v for v, _ in votes)],  # looked at
+        "features": [f for f in brag.evidence_names() if any(f in v for v, _ in votes)],  # looked at
     }, results
 
 

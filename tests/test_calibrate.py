@@ -12,7 +12,7 @@ from dataclasses import replace
 
 import numpy as np
 import pytest
-from conftest import ROOT, without
+from conftest import ROOT, ScriptedLLM, without
 from selftest_reader import PASSAGES, SelfTestReader, WideReadsErr
 
 import brag
@@ -855,15 +855,17 @@ def test_calibrate_corpus_fits_every_action_and_records_the_self_test():
     fitted = fits.calibrate_corpus(
         _self_test_corpus(), counted, _pooled_fit(), plan=plan, on_progress=lambda f, _: progress.append(f)
     )
-    # Each kept question costs a question and a roundtrip, then R1, CB and RT: but a focused read
-    # of the question's own passage is its roundtrip's request, answered without a call. No
+    # Each kept question costs a question and a roundtrip, then the reads the base offers: R1 and
+    # CB here (a focused read, RT, is run where the base offers it, as the documents fit does). No
     # second hop is run: a question written from one passage has none to find.
-    assert fits.SelfTestPlan().observed() == ("R1", "CB", "RT")
-    assert fitted["fitted_on"]["yield"]["tried"] == 10 and len(calls) < 10 * 2 + 10 * 3
-    # Every action the base offers keeps an entry: the one not observed (R2), the base's own.
-    assert set(fitted["actions"]) == {a.label for a in _pooled_fit().offered()} | {"RT"}
+    assert fits.SelfTestPlan().observed(_pooled_fit()) == ("R1", "CB")
+    documents = brag.load_calibration(brag.CALIBRATIONS_DIR / "qwen2.5-coder-0.5b-documents.json")
+    assert fits.SelfTestPlan().observed(documents) == ("R1", "CB", "RT")
+    assert fitted["fitted_on"]["yield"]["tried"] == 10 and len(calls) == 10 * 2 + 10 * 2
+    # Every action the base offers keeps an entry, and no other: the one not observed (R2), the base's own.
+    assert set(fitted["actions"]) == {a.label for a in _pooled_fit().offered()}
     assert fitted["actions"]["R2"] == _pooled_fit().to_dict()["actions"]["R2"]
-    assert set(fitted["counts"]) == {"R1", "CB", "RT"}
+    assert set(fitted["counts"]) == {"R1", "CB"}
     assert fitted["fitted_on"]["kind"] == "self-test" and fitted["fitted_on"]["questions"] == 10
     assert fitted["fitted_on"]["generator"] == "selftest-reader"
     assert fitted["fitted_on"]["yield"]["kept"] == 10
@@ -1225,6 +1227,30 @@ def test_a_refit_keeps_the_pooled_curve_on_noise_and_moves_toward_a_planted_one(
     steeper = _planted_votes(600, -4.0, {"answer_p": 8.0, "span": 1.5}, seed=3)
     moved = calibrate.refit_curve(base, steeper, calibrate.CURVE_STRENGTH)
     assert moved != base and 3.0 < dict(moved.weights)["answer_p"] <= 8.5
+
+
+def test_a_refit_picks_up_a_feature_its_base_never_looked_at_and_says_where_one_is_missing(monkeypatch):
+    # A feature added to the one list (brag.EVIDENCE): the answer's length in words.
+    words_of = lambda read: float(len(read.answer.split())) if read.answer else None  # noqa: E731
+    feature = brag.EvidenceFeature("answer_words", words_of)
+    documents = brag.load_calibration(brag.CALIBRATIONS_DIR / "qwen2.5-coder-0.5b-documents.json")
+    assert documents.unweighed_features() == ()
+    monkeypatch.setattr(brag, "EVIDENCE", (*brag.EVIDENCE, feature))
+    assert documents.unweighed_features() == ("answer_words",)  # no shipped fit ever saw it
+    base = documents.actions["R1"].curve
+    rng = np.random.default_rng(4)
+    votes = []
+    for _ in range(300):  # planted: short answers are right, long ones wrong
+        evidence = {**dict(base.means), "answer_words": float(rng.integers(1, 6))}
+        votes.append((evidence, float(rng.uniform() < (0.9 if evidence["answer_words"] <= 2 else 0.1))))
+    moved = calibrate.refit_curve(base, votes, calibrate.CURVE_STRENGTH)
+    assert dict(moved.weights)["answer_words"] < -0.5 and "answer_words" in moved.features
+    assert set(dict(base.weights)) < set(dict(moved.weights))  # the base's features, and the new one
+    # Every read computes it, and a report under a calibration that never weighed it says so.
+    llm = ScriptedLLM(lambda prompt: "Answer: Lina Berg\nFollow-up query: Lina Berg")
+    report = BRAG(llm, calibration=documents, lam=0.0).ask("Who designed it?", CORPUS, actions=["R1"])
+    assert report.steps[0].observation.evidence["answer_words"] == 2.0
+    assert report.config["calibration"]["unweighed_features"] == ["answer_words"]
 
 
 def test_no_curve_without_both_right_and_wrong_votes_or_enough_of_them():

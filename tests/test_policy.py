@@ -409,8 +409,8 @@ def test_the_first_read_is_chosen_by_the_questions_pre_call_signals(lead):
     ]
     corpus = Corpus(passages + fillers)
     question = "Who was the Glass Tower architect?"
-    signals = brag.question_signals(question, corpus, corpus.retrieve(question, 5))
-    assert (signals["margin"] > 0.5) is lead
+    (_, top), (_, second) = corpus.retrieve(question, 5).hits[:2]
+    assert ((top - second) / top > 0.5) is lead  # the lead the first window's signals carry
     llm = ScriptedLLM(lambda prompt: "Answer: Lina Berg\nFollow-up query: Lina Berg")
     report = BRAG(llm, calibration=calibration, lam=0.0001).ask(question, corpus)
     assert report.steps[0].action == ("RT" if lead else "R1")

@@ -495,7 +495,7 @@ def reader_and_samples() -> ScriptedLLM:
 
 
 @pytest.mark.parametrize("kind", list(NEW_ACTIONS))
-def test_an_action_of_each_kind_is_one_row_and_an_old_calibration_runs_as_before(kind, monkeypatch):
+def test_an_action_of_each_kind_is_one_row_and_an_old_calibration_runs_as_before(kind):
     question, action = "Where was Lina Berg born?", NEW_ACTIONS[kind]
     before = [
         without(
@@ -505,15 +505,14 @@ def test_an_action_of_each_kind_is_one_row_and_an_old_calibration_runs_as_before
         for lam in (0.0, 0.05)
     ]
     table = (*brag.ACTION_TABLE, action)
-    monkeypatch.setattr(brag, "ACTION_TABLE", table)
     # A calibration without the action: offered as before, and every report the same.
     for lam, expected in zip((0.0, 0.05), before, strict=True):
-        plain = BRAG(reader_and_samples(), calibration=PRIORS, lam=lam, k=2)
+        plain = BRAG(reader_and_samples(), calibration=PRIORS, lam=lam, k=2, actions=table)
         assert action not in plain.offered
         assert without(plain.run(question, three_passages())[1], TIMING) == expected
     # Turned on: weighed by its kind's prior, priced from its own prompt, and the report says so.
     llm = reader_and_samples()
-    on = BRAG(llm, calibration=PRIORS, lam=0.0, k=2, extra_actions=(action.label,))
+    on = BRAG(llm, calibration=PRIORS, lam=0.0, k=2, extra_actions=(action.label,), actions=table)
     assert on.offered[-1] == action and on.priors[action.label] == action.kind.prior(action, on.m)
     assert on.priced_costs[action.label] > 0
     schedule = ["R1", action.label] if kind == "hop" else [action.label]
@@ -531,14 +530,15 @@ def test_an_action_of_each_kind_is_one_row_and_an_old_calibration_runs_as_before
     assert any(action.label in s["scores"] for s in chosen["steps"])  # the policy weighs it
 
 
-def test_a_second_samples_action_votes_with_its_own_levels_not_the_first_ones(monkeypatch):
+def test_a_second_samples_action_votes_with_its_own_levels_not_the_first_ones():
     action = NEW_ACTIONS["samples"]
     table = (*brag.ACTION_TABLE, action)
-    monkeypatch.setattr(brag, "ACTION_TABLE", table)
     calibration = json.loads(PRIORS.read_text(encoding="utf-8"))
     levels = {str(g): {"pi": 0.2, "kappa": {"a": 2.0, "b": 8.0}} for g in range(1, 6)}
     calibration["actions"]["CB2"] = {"q": 0.9, "levels": levels}
-    controller = BRAG(reader_and_samples(), calibration=calibration, lam=0.0, k=2)
+    with pytest.raises(brag.CalibrationError, match="actions.'CB2' is not an action of this BRAG"):
+        BRAG(reader_and_samples(), calibration=calibration)  # a row of its own is read with its rows
+    controller = BRAG(reader_and_samples(), calibration=calibration, lam=0.0, k=2, actions=table)
     priors = controller.calibration.source_priors(5)
     assert priors[brag.VoteType("CB2", "5")] == (2.0, 8.0)
     assert priors[brag.VoteType("CB", "5")] == (7.0, 3.0)  # the hand-set prior's own
@@ -779,7 +779,8 @@ def test_a_read_repeating_a_read_of_the_same_passage_counts_as_the_fitted_depend
 
 def test_the_lookahead_prices_a_repeat_at_its_fitted_ratio():
     prior = brag.load_calibration(_with_repeat(0.3)).actions["R1"]
-    _, outlook = brag.READ.view("R1", prior, 0.1, {"R1": 1.0, "R1_weak": 1.0}, False)
+    rates = {"R1": 1.0, "R1_weak": 1.0}
+    _, outlook = brag.READ.view("R1", prior, 0.1, rates, weak=False, answered=True, second_hop="conditional")
     assert outlook.same_ratio == pytest.approx(0.3 / (0.7 * 0.1))
     beliefs = brag.VoteModel({"RT": (7.0, 3.0), "CB": (7.0, 3.0)}, 0.1).beliefs()
     beliefs.add(brag.Vote("RT", 0))
