@@ -6,7 +6,7 @@ Environment: ``HF_TOKEN`` (server secret for Inference Providers), ``BRAG_MODEL`
 model), ``BRAG_ALLOWED_MODELS`` and ``BRAG_ALLOWED_ENDPOINTS`` (what callers may pick),
 ``BRAG_CONCURRENCY`` (requests run at once, default 16; the rest queue), ``BRAG_DATA_DIR``
 (local corpora), ``BRAG_CORPUS_REPO`` (Hub dataset with the HippoRAG corpora); the limits are in
-``bragkit.serving.policy.Limits`` and docs/deploying.md. This file is the page (``build``
+``bragkit.serving.limits.Limits`` and docs/deploying.md. This file is the page (``build``
 and its tabs) and the entry point; the request policy, guards, corpora, presentation and the
 endpoints are in ``serving/``.
 """

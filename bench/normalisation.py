@@ -3,7 +3,7 @@
 BRAG reads text in Unicode NFKC form, where U+FDFA (ﷺ) becomes 18 characters. Each case
 indexes the text (``brag.Corpus``) and answers one question over it through ``BRAG.stream``,
 as ``/brag`` does (a report after every step), with a scripted reader that answers a word of
-the top passage; then it asks the app's own checks (``serving.policy.check_documents``) what
+the top passage; then it asks the app's own checks (``serving.inputs.check_documents``) what
 they would do with the same text. Every case runs in a fresh process, once for this checkout
 and once for ``--before`` (another checkout: the code before a change), alternating.
 
@@ -58,7 +58,8 @@ class TopWordReader:
 def one_case(kind: str, megabytes: float, passage_bytes: int) -> dict[str, float | str]:
     """Index, answer, check: CPU seconds and peak-RSS growth of each, in this process."""
     import brag
-    from bragkit.serving.policy import Limits, RequestRefused, check_documents
+    from bragkit.serving.inputs import check_documents
+    from bragkit.serving.limits import Limits, RequestRefused
 
     text = text_of(kind, megabytes, passage_bytes)
     usage = resource.getrusage(resource.RUSAGE_SELF)
@@ -170,7 +171,7 @@ def write(args: argparse.Namespace, rows: list) -> None:
         "",
         f"Each case pastes lines of about {args.passage_bytes:,} bytes (one passage each): English "
         "words; Han characters with a full stop; or U+FDFA alone, which NFKC turns into 18 "
-        "characters. *app's check* is what `serving.policy.check_documents` says of the text (the "
+        "characters. *app's check* is what `serving.inputs.check_documents` says of the text (the "
         "server refuses before indexing); the rest is the library path with no server limit: "
         "`brag.Corpus` (index), then `BRAG.stream` over it with a reader that answers the top "
         "passage's first word (run: every report, each with its support check, evidence and "

@@ -158,7 +158,7 @@ def main_self_test(argv: Sequence[str]) -> int:
         return 2
     result = {**result, "made": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime())}
     storage.write_atomic(args.out, json.dumps(result, indent=1) + "\n")
-    kept = fits.kept_self_tests().keep(result)  # the owner's: the app uses it for everyone who asks
+    kept = fits.fit_store().keep_own(result)  # the owner's: the app uses it for everyone who asks
     print(f"wrote {args.out} (kept as {kept}): {brag.self_test_text(result['fitted_on'])}")
     return 0
 

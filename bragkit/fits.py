@@ -3,17 +3,20 @@
 :func:`calibrate_corpus` writes questions from the documents (:mod:`bragkit.selftest`), runs every
 action on them (``calibrate.observe``) and refits the model's shipped fit (the documents fit, for a
 caller's documents) on what it saw
-(``calibrate.self_test_fit``), all under one :class:`SelfTestPlan`'s bounds; :class:`KeptSelfTests`
-keeps the owner's fits (``python calibrate.py self-test``) by model and corpus, where the app finds
-them.
+(``calibrate.self_test_fit``), all under one :class:`SelfTestPlan`'s bounds; :class:`FitStore`
+keeps every fit on disk: the owner's (``python calibrate.py self-test``) by model and corpus,
+where the app finds them, and the callers' (/calibrate) by name, per address.
 """
 
 from __future__ import annotations
 
 import hashlib
 import json
+import os
+import re
+import threading
 import time
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -221,44 +224,137 @@ def checked_text(summary: Mapping[str, Any], wanted: int) -> str:
     )
 
 
-class KeptSelfTests:
-    """Self-test calibrations by model and corpus fingerprint, one JSON file each, in ``folder``.
+def fair_evictions(
+    entries: Iterable[tuple[str, float, Any]], owner: str, per_owner: int, total: int
+) -> list[Any]:
+    """Which of ``entries`` (owner, last used, key) go, so that no one can push another's out.
 
-    A file's name is a digest of the two, never a caller's text, so no request picks a path.
-    The oldest go first beyond ``limit`` files.
+    ``owner`` (who just added one) keeps at most ``per_owner``, its least recently used going
+    first; past ``total`` in all, the least recently used of whoever keeps the most goes.
+    """
+    held: dict[str, list[tuple[float, Any]]] = {}
+    for who, used, key in entries:
+        held.setdefault(who, []).append((used, key))
+    for kept in held.values():
+        kept.sort(key=lambda entry: entry[0])
+    gone = []
+    mine = held.get(owner, [])
+    while len(mine) > max(1, per_owner):
+        gone.append(mine.pop(0)[1])
+    count = sum(len(kept) for kept in held.values())
+    while count > max(1, total):
+        most = max((who for who in held if held[who]), key=lambda who: (len(held[who]), -held[who][0][0]))
+        gone.append(held[most].pop(0)[1])
+        count -= 1
+    return gone
+
+
+class FitStore:
+    """Every fit kept on disk, one JSON file each, under one folder, and found by name.
+
+    A name is ``fit-`` and 12 hex digits, and only a name of that form ever becomes a file name,
+    so no caller's text picks a path. Two kinds of fit live here:
+
+    - a caller's (``keep``): what /calibrate made, named by its content, in a folder of the
+      address that made it (a digest); one address keeps at most ``per_caller``, its least
+      recently used going first, and past ``limit`` in all one goes from whoever keeps the most,
+      so no caller can push another's out;
+    - the owner's self-test of a corpus (``keep_own``, ``python calibrate.py self-test``): named
+      by its model and corpus fingerprint, in the owner's folder, which callers never evict (the
+      oldest go past ``limit``); ``own`` finds it, and /brag uses it for everyone.
     """
 
-    def __init__(self, folder: Path, limit: int = 500) -> None:
-        self.folder, self.limit = folder, limit
+    NAME = re.compile(r"^fit-[0-9a-f]{12}$")
+    OWNER = "owner"  # the owner's folder
 
-    def path(self, model: str, fingerprint: str) -> Path:
-        """Where the fit for this model and corpus is kept."""
-        digest = hashlib.sha256(f"{model}\n{fingerprint}".encode()).hexdigest()[:32]
-        return self.folder / f"selftest-{digest}.json"
+    def __init__(self, folder: Path, limit: int = 500, per_caller: int = 20) -> None:
+        self.folder, self.limit, self.per_caller = folder, limit, per_caller
+        self._lock = threading.Lock()
 
-    def load(self, model: str, fingerprint: str) -> brag.Calibration | None:
-        """The kept fit for this model and corpus, or None (an unreadable one is passed over)."""
-        path = self.path(model, fingerprint)
-        if not path.is_file():
+    @staticmethod
+    def own_name(model: str, fingerprint: str) -> str:
+        """The name of the owner's fit of ``model`` over the corpus of ``fingerprint``."""
+        return "fit-" + _digest(model, fingerprint)[:12]
+
+    def path(self, name: str) -> Path | None:
+        """The file of a kept fit, for a name of the kept form that exists; else None."""
+        if not self.NAME.match(name):
             return None
+        # A caller's fit kept before fits had owners' folders lies at the top.
+        candidates = [self.folder / self.OWNER / f"{name}.json", self.folder / f"{name}.json"]
+        for found in [*candidates, *self.folder.glob(f"a-*/{name}.json")]:
+            if found.is_file():
+                return found
+        return None
+
+    def load(self, name: str) -> brag.Calibration:
+        """A kept fit by name; it counts as used now (the least recently used go first)."""
+        path = self.path(name) if isinstance(name, str) else None
+        if path is None:
+            raise brag.InputError(f"no kept calibration is named {brag._shown(name)}; run /calibrate again")
         try:
             found = brag.load_calibration(path)
-        except (OSError, ValueError):
-            return None
-        same = found.meta.get("model") == model and found.meta.get("corpus") == fingerprint
-        return found if same else None
+        except brag.InputError:
+            unreadable = f"the kept calibration {name} cannot be read; run /calibrate again"
+            raise brag.InputError(unreadable) from None
+        try:
+            os.utime(path)
+        except OSError:
+            pass  # evicted meanwhile: it was read whole
+        return found
 
-    def keep(self, fitted: Mapping[str, Any]) -> Path:
-        """Write ``fitted`` (a :func:`calibrate_corpus` result) where :meth:`load` finds it."""
-        path = self.path(str(fitted["model"]), str(fitted["corpus"]))
-        self.folder.mkdir(parents=True, exist_ok=True)
-        storage.write_atomic(path, json.dumps(fitted, indent=1))
-        kept = sorted(self.folder.glob("selftest-*.json"), key=lambda p: p.stat().st_mtime)
-        for old in kept[: max(0, len(kept) - self.limit)]:
-            old.unlink(missing_ok=True)
+    def keep(self, fitted: Mapping[str, Any], caller: str = "") -> str:
+        """Store a fit that ``caller`` (an address) made, and return its name."""
+        digest = hashlib.sha256(json.dumps(fitted, sort_keys=True).encode()).hexdigest()
+        name = f"fit-{digest[:12]}"
+        folder = self.folder / f"a-{hashlib.sha256(caller.encode()).hexdigest()[:16]}"
+        with self._lock:
+            storage.write_atomic(folder / f"{name}.json", json.dumps({**fitted, "name": name}, indent=1))
+            entries = []
+            for path in [*self.folder.glob("fit-*.json"), *self.folder.glob("a-*/fit-*.json")]:
+                try:
+                    entries.append((path.parent.name, path.stat().st_mtime, path))
+                except OSError:
+                    continue
+            for old in fair_evictions(entries, folder.name, self.per_caller, self.limit):
+                old.unlink(missing_ok=True)
+        return name
+
+    def keep_own(self, fitted: Mapping[str, Any]) -> Path:
+        """Store the owner's self-test fit (a :func:`calibrate_corpus` result) where :meth:`own` finds it."""
+        name = self.own_name(str(fitted["model"]), str(fitted["corpus"]))
+        path = self.folder / self.OWNER / f"{name}.json"
+        with self._lock:
+            storage.write_atomic(path, json.dumps({**fitted, "name": name}, indent=1))
+            kept = sorted(path.parent.glob("fit-*.json"), key=lambda p: p.stat().st_mtime)
+            for old in kept[: max(0, len(kept) - self.limit)]:
+                old.unlink(missing_ok=True)
         return path
 
+    def own(self, model: str, fingerprint: str) -> brag.Calibration | None:
+        """The owner's fit of ``model`` over this corpus, or None (an unreadable one is passed over).
 
-def kept_self_tests(cache: Path | None = None) -> KeptSelfTests:
-    """The kept self-test fits under ``BRAG_CACHE_DIR`` (or ``cache``)."""
-    return KeptSelfTests((cache or brag.cache_dir()) / "selftest")
+        A fit kept before the store was one (``selftest/`` beside this folder) is found too.
+        """
+        candidates = [
+            self.folder / self.OWNER / f"{self.own_name(model, fingerprint)}.json",
+            self.folder.parent / "selftest" / f"selftest-{_digest(model, fingerprint)[:32]}.json",
+        ]
+        for path in candidates:
+            try:
+                found = brag.load_calibration(path) if path.is_file() else None
+            except (OSError, ValueError):
+                continue
+            meta = found.meta if found is not None else {}
+            if found is not None and (meta.get("model"), meta.get("corpus")) == (model, fingerprint):
+                return found
+        return None
+
+
+def _digest(model: str, fingerprint: str) -> str:
+    return hashlib.sha256(f"{model}\n{fingerprint}".encode()).hexdigest()
+
+
+def fit_store(cache: Path | None = None, limit: int = 500, per_caller: int = 20) -> FitStore:
+    """The kept fits under ``BRAG_CACHE_DIR`` (or ``cache``): ``calibrations/``."""
+    return FitStore((cache or brag.cache_dir()) / "calibrations", limit, per_caller)

@@ -223,7 +223,8 @@ def test_a_calibration_of_new_rows_is_read_with_them_and_only_the_rows_given_are
         brag.load_calibration(calibration)  # the shipped rows know no RR
     loaded = brag.load_calibration(calibration, TABLE)
     assert "RR" in [a.label for a in loaded.offered()]
-    assert [a.label for a in BRAG(reader(), calibration=loaded, actions=TABLE).offered] == ["R1", "R2", "CB", "RR"]
+    offered = BRAG(reader(), calibration=loaded, actions=TABLE).offered
+    assert [a.label for a in offered] == ["R1", "R2", "CB", "RR"]
     # Fewer rows than the calibration's entries: only those given are offered, the rest ignored.
     fewer = BRAG(reader(), calibration=loaded, actions=(brag.action_named("R1"), RR))
     assert [a.label for a in fewer.offered] == ["R1", "RR"]

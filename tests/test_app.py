@@ -33,7 +33,8 @@ from openai_server import FakeOpenAI, Reply
 import brag
 import bragkit.serving.corpora
 import bragkit.serving.guards
-import bragkit.serving.policy
+import bragkit.serving.limits
+import bragkit.serving.models
 import bragkit.serving.presentation
 import bragkit.serving.server
 from bragkit import llms
@@ -364,12 +365,12 @@ def test_an_uncalibrated_model_gets_the_prior_and_is_told_so(client):
 def test_pasted_corpora_stay_within_the_memory_budget():
 
     one = (
-        bragkit.serving.corpora.CorpusStore(bragkit.serving.policy.Limits())
+        bragkit.serving.corpora.CorpusStore(bragkit.serving.limits.Limits())
         .documents(DOC_LINES)
         .memory_bytes()
     )
     store = bragkit.serving.corpora.CorpusStore(
-        bragkit.serving.policy.Limits(documents_cache_bytes=int(3.5 * one))
+        bragkit.serving.limits.Limits(documents_cache_bytes=int(3.5 * one))
     )
     for i in range(10):
         store.documents(DOC_LINES + f"\nDocument set number {i}.")
@@ -382,7 +383,7 @@ def test_pasted_corpora_stay_within_the_memory_budget():
 def test_allow_list_prefixes_match_whole_hosts_ports_and_path_segments(monkeypatch):
 
     monkeypatch.setenv("BRAG_ALLOWED_ENDPOINTS", "http://10.0.0.5:8000/v1, https://api.example.com")
-    policy = bragkit.serving.policy.EndpointPolicy.from_env()
+    policy = bragkit.serving.models.EndpointPolicy.from_env()
     assert policy.listed("http://10.0.0.5:8000/v1")
     assert policy.listed("http://10.0.0.5:8000/v1/")
     assert policy.listed("https://api.example.com/anything/v1")
@@ -398,7 +399,7 @@ def test_allow_list_prefixes_match_whole_hosts_ports_and_path_segments(monkeypat
     ):
         assert not policy.listed(url), url
     monkeypatch.setenv("BRAG_ALLOWED_ENDPOINTS", "*")
-    assert bragkit.serving.policy.EndpointPolicy.from_env().allow_all
+    assert bragkit.serving.models.EndpointPolicy.from_env().allow_all
 
 
 @pytest.mark.parametrize(
@@ -523,10 +524,10 @@ def test_the_calibration_table_has_a_row_per_action_and_case(tmp_path):
     # The tab shows the fit the server kept, found by the name in /calibrate's JSON.
     server = bragkit.serving.server.Server(bragkit.serving.server.Settings(cache_dir=tmp_path))
     fit = server.shipped["prior"].to_dict()
-    name = server.kept.keep(fit)
+    name = server.fits.keep(fit)
     kept = tmp_path / "calibrations"
     table, path = server.show_calibration(json.dumps({**fit, "name": name}, indent=1))
-    assert table["visible"] is True and Path(path) == server.kept.path(name)
+    assert table["visible"] is True and Path(path) == server.fits.path(name)
     assert Path(path).is_relative_to(kept) and Path(path).name == f"{name}.json"
     assert json.loads(Path(path).read_text())["source"] == "prior"
     # JSON the server did not keep (or any other input) shows nothing and writes nothing.
@@ -1072,7 +1073,7 @@ def test_files_are_uploaded_over_gradio_client_and_rest_read_and_deleted(client,
 )
 def test_one_address_never_holds_every_worker(concurrency, setting, expected):
 
-    assert bragkit.serving.policy.Limits(per_address=setting).address_share(concurrency) == expected
+    assert bragkit.serving.limits.Limits(per_address=setting).address_share(concurrency) == expected
 
 
 def test_document_and_model_text_is_shown_as_written_never_as_markup():

@@ -1033,26 +1033,6 @@ def test_user_labels_are_added_to_the_self_test():
     )
 
 
-def test_a_fit_is_kept_by_model_and_fingerprint_and_read_back(tmp_path):
-    fitted = fits.calibrate_corpus(
-        _self_test_corpus(), SelfTestReader(), _pooled_fit(), plan=fits.SelfTestPlan(10, 20)
-    )
-    kept = fits.kept_self_tests(tmp_path)
-    path = kept.keep(fitted)
-    assert path.parent == tmp_path / "selftest" and re.fullmatch(r"selftest-[0-9a-f]{32}\.json", path.name)
-    again = kept.load("selftest-reader", _self_test_corpus().fingerprint())
-    assert (
-        again is not None and again.to_dict()["actions"] == brag.load_calibration(fitted).to_dict()["actions"]
-    )
-    assert kept.load("another-model", _self_test_corpus().fingerprint()) is None
-    assert kept.load("selftest-reader", brag.Corpus(PASSAGES[:3]).fingerprint()) is None
-    path.write_text("{not json", encoding="utf-8")  # a damaged file is passed over, not an error
-    assert kept.load("selftest-reader", _self_test_corpus().fingerprint()) is None
-    # A file whose content names another corpus is not taken for this one.
-    path.write_text(json.dumps({**fitted, "corpus": "elsewhere"}), encoding="utf-8")
-    assert kept.load("selftest-reader", _self_test_corpus().fingerprint()) is None
-
-
 def test_the_command_line_self_test_fits_a_documents_file_and_keeps_it(tmp_path, monkeypatch, capsys):
     from openai_server import FakeOpenAI, Reply
     from selftest_reader import SENTENCES, replies
@@ -1070,8 +1050,8 @@ def test_the_command_line_self_test_fits_a_documents_file_and_keeps_it(tmp_path,
     fitted = brag.load_calibration(out)
     assert fitted.meta["fitted_on"]["kind"] == "self-test" and fitted.meta["fitted_on"]["questions"] == 10
     assert "calibrated on 10 self-test questions" in capsys.readouterr().out
-    kept = fits.kept_self_tests(tmp_path / "cache").load(fitted.meta["model"], fitted.meta["corpus"])
-    assert kept is not None
+    kept = fits.fit_store(tmp_path / "cache").own(fitted.meta["model"], fitted.meta["corpus"])
+    assert kept is not None and kept.to_dict()["actions"] == fitted.to_dict()["actions"]
     # A file that cannot be read is a clear message, not a trace.
     assert calibrate_cli.main(["self-test", str(tmp_path / "missing.pdf"), "--out", str(out)]) == 2
     assert "calibrate self-test:" in capsys.readouterr().err

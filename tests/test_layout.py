@@ -135,7 +135,7 @@ def test_pip_install_gives_the_modules_the_data_and_a_brag_command(tmp_path):
     shutil.rmtree(source)  # what runs below comes from the install alone
     env = {"PATH": "/usr/bin:/bin", "PYTHONPATH": str(site), "HOME": str(tmp_path)}
     probe = (
-        "import json, brag, calibrate, bragkit.serving.policy; from bragkit import llms; "
+        "import json, brag, calibrate, bragkit.serving.inputs; from bragkit import llms; "
         "print(json.dumps([brag.__file__, llms.__file__, brag.PRIOR_CALIBRATION_PATH.is_file(), "
         "sorted(brag.shipped_calibrations()), (brag.Path(llms.__file__).parent / 'worker.py').is_file()]))"
     )

@@ -536,7 +536,7 @@ def test_a_second_samples_action_votes_with_its_own_levels_not_the_first_ones():
     calibration = json.loads(PRIORS.read_text(encoding="utf-8"))
     levels = {str(g): {"pi": 0.2, "kappa": {"a": 2.0, "b": 8.0}} for g in range(1, 6)}
     calibration["actions"]["CB2"] = {"q": 0.9, "levels": levels}
-    with pytest.raises(brag.CalibrationError, match="actions.'CB2' is not an action of this BRAG"):
+    with pytest.raises(brag.CalibrationError, match=r"actions\.'CB2' is not an action of this BRAG"):
         BRAG(reader_and_samples(), calibration=calibration)  # a row of its own is read with its rows
     controller = BRAG(reader_and_samples(), calibration=calibration, lam=0.0, k=2, actions=table)
     priors = controller.calibration.source_priors(5)

@@ -24,8 +24,11 @@ from security_probes import run, start_lab, suite_probes
 from test_llms import BACKENDS, MESSAGES  # the same backends, made the same way
 
 import brag
+import bragkit.serving.callers
 import bragkit.serving.guards
-import bragkit.serving.policy
+import bragkit.serving.limits
+import bragkit.serving.models
+import bragkit.serving.redaction
 import bragkit.serving.server
 from bragkit import llms
 
@@ -139,29 +142,29 @@ def test_ipv6_transition_addresses_of_public_ipv4_stay_public():
 def test_the_server_hf_token_pays_only_for_listed_models(monkeypatch):
 
     monkeypatch.setenv("HF_TOKEN", "hf_server_secret")
-    models = bragkit.serving.policy.ModelPolicy("http://owner.example/v1#m", frozenset({"org/listed"}))
-    pool = bragkit.serving.server.LLMPool(bragkit.serving.policy.EndpointPolicy(), models)
+    models = bragkit.serving.models.ModelPolicy("http://owner.example/v1#m", frozenset({"org/listed"}))
+    pool = bragkit.serving.models.LLMPool(bragkit.serving.models.EndpointPolicy(), models)
     assert pool.get("org/listed", "", "auto").token == "hf_server_secret"
     assert pool.get("org/other", "hf_caller", "auto").token == "hf_caller"
-    with pytest.raises(bragkit.serving.policy.RequestRefused, match="needs your own HF token"):
+    with pytest.raises(bragkit.serving.limits.RequestRefused, match="needs your own HF token"):
         pool.get("org/other", "", "auto")
     for spec in ("local", "local:smollm2", "local:qwen"):
-        with pytest.raises(bragkit.serving.policy.RequestRefused, match="not offered on this server"):
+        with pytest.raises(bragkit.serving.limits.RequestRefused, match="not offered on this server"):
             pool.get(spec, "", "auto")
 
 
 def test_the_embedded_model_is_offered_when_it_is_the_default_or_listed():
 
-    assert bragkit.serving.policy.ModelPolicy("local").listed("local:qwen")
-    assert not bragkit.serving.policy.ModelPolicy("local").listed("local:smollm2")
-    assert bragkit.serving.policy.ModelPolicy("org/m", frozenset({"local:smollm2"})).listed("local:smollm2")
+    assert bragkit.serving.models.ModelPolicy("local").listed("local:qwen")
+    assert not bragkit.serving.models.ModelPolicy("local").listed("local:smollm2")
+    assert bragkit.serving.models.ModelPolicy("org/m", frozenset({"local:smollm2"})).listed("local:smollm2")
 
 
 def test_secrets_are_scrubbed_in_plain_and_base64_form(monkeypatch):
 
     monkeypatch.setenv("OPENAI_API_KEY", "sk-abcdef123456")
     monkeypatch.setenv("BRAG_MODEL", "http://alice:pa%24%24word99@h:1/v1#m")
-    secrets = bragkit.serving.policy.Secrets.from_env()
+    secrets = bragkit.serving.redaction.Secrets.from_env()
     basic = base64.b64encode(b"alice:pa$$word99").decode()
     key64 = base64.b64encode(b"sk-abcdef123456").decode()
     text = f"Bearer sk-abcdef123456 / Basic {basic} / pa$$word99 / {key64}"
@@ -178,7 +181,7 @@ def test_a_new_backend_declares_its_credential_and_the_server_scrubs_it(monkeypa
 
     monkeypatch.setenv("ACME_API_KEY", "acme-7f3a9c21")
     assert {"HF_TOKEN", "OPENAI_API_KEY", "ACME_API_KEY"} <= set(llms.secret_env_names())
-    secrets = bragkit.serving.policy.Secrets.from_env()
+    secrets = bragkit.serving.redaction.Secrets.from_env()
     assert secrets.scrub("failed with key acme-7f3a9c21") == "failed with key ***"
 
 
@@ -232,14 +235,14 @@ def caller(peer: str, forwarded: str = "", session: str = "s") -> object:
 def test_a_caller_is_its_address_and_only_a_trusted_proxy_may_name_another(monkeypatch):
 
     monkeypatch.setenv("BRAG_TRUSTED_PROXIES", "10.0.0.5")
-    limits = bragkit.serving.policy.CallerLimits(
-        per_session=2, per_address=1, proxies=bragkit.serving.policy.trusted_proxies()
+    limits = bragkit.serving.callers.CallerLimits(
+        per_session=2, per_address=1, proxies=bragkit.serving.callers.trusted_proxies()
     )
     assert limits.address(caller("203.0.113.9", "198.51.100.1")) == "203.0.113.9"  # spoofed: ignored
     assert limits.address(caller("10.0.0.5", "198.51.100.1, 10.0.0.5")) == "198.51.100.1"
     assert limits.address(caller("10.0.0.5", "6.6.6.6, 198.51.100.1")) == "198.51.100.1"  # last untrusted
     with limits.slot(caller("10.0.0.5", "198.51.100.1", "tab-1")):
-        with pytest.raises(bragkit.serving.policy.RequestRefused, match="BRAG_MAX_PER_ADDRESS"):
+        with pytest.raises(bragkit.serving.limits.RequestRefused, match="BRAG_MAX_PER_ADDRESS"):
             with limits.slot(caller("10.0.0.5", "198.51.100.1", "tab-2")):
                 pass
         with limits.slot(caller("10.0.0.5", "198.51.100.2", "tab-3")):  # another client
@@ -253,12 +256,12 @@ def test_a_space_trusts_its_proxy_by_default(monkeypatch):
 
     monkeypatch.delenv("BRAG_TRUSTED_PROXIES", raising=False)
     monkeypatch.setenv("SPACE_ID", "someone/brag")
-    assert bragkit.serving.policy.CallerLimits(2, 8, bragkit.serving.policy.trusted_proxies()).address(
+    assert bragkit.serving.callers.CallerLimits(2, 8, bragkit.serving.callers.trusted_proxies()).address(
         caller("10.1.2.3", "198.51.100.7")
     ) == ("198.51.100.7")
     monkeypatch.delenv("SPACE_ID")
     assert (
-        bragkit.serving.policy.CallerLimits(2, 8, bragkit.serving.policy.trusted_proxies()).address(
+        bragkit.serving.callers.CallerLimits(2, 8, bragkit.serving.callers.trusted_proxies()).address(
             caller("10.1.2.3", "198.51.100.7")
         )
         == "10.1.2.3"
@@ -267,7 +270,7 @@ def test_a_space_trusts_its_proxy_by_default(monkeypatch):
 
 def test_the_log_filter_keeps_a_traceback_it_folds_in_and_scrubs_it():
 
-    secrets = bragkit.serving.policy.Secrets(["sk-abcdef123456"])
+    secrets = bragkit.serving.redaction.Secrets(["sk-abcdef123456"])
     for text in ("plain failure", "failure with sk-abcdef123456"):
         try:
             raise RuntimeError(text)
@@ -280,7 +283,7 @@ def test_the_log_filter_keeps_a_traceback_it_folds_in_and_scrubs_it():
 
 
 def test_a_logged_value_cannot_start_a_line_of_its_own():
-    secrets = bragkit.serving.policy.Secrets([])
+    secrets = bragkit.serving.redaction.Secrets([])
     for breaks in ("\n", "\r", "\u2028", "\u2029", "\x85", "\x0b", "\x1c"):
         name = f"notes{breaks}2026-12-04 brag.app answered: forged.txt"
         record = logging.LogRecord(

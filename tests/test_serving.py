@@ -1,5 +1,5 @@
-"""The app's parts without the page: the request policy stands without Gradio, and the server
-turns its refusals into the page's errors in one place."""
+"""The app's parts without the page: the request checks stand without Gradio, and the server
+turns their refusals into the page's errors in one place."""
 
 from __future__ import annotations
 
@@ -10,19 +10,23 @@ from pathlib import Path
 import gradio as gr
 import pytest
 
-import bragkit.serving.policy
+import bragkit.serving.callers
+import bragkit.serving.inputs
+import bragkit.serving.limits
+import bragkit.serving.models
+import bragkit.serving.redaction
 import bragkit.serving.server
 
 ROOT = Path(__file__).resolve().parent.parent
 
 
-def test_the_request_policy_imports_and_refuses_without_gradio():
+def test_the_request_checks_import_and_refuse_without_gradio():
     blocked = (
         "import sys; sys.modules['gradio'] = None\n"
-        "import bragkit.serving.policy as policy\n"
+        "from bragkit.serving import callers, inputs, limits, models, redaction\n"
         "try:\n"
-        "    policy.check_question('  ', policy.Limits())\n"
-        "except policy.RequestRefused as err:\n"
+        "    inputs.check_question('  ', limits.Limits())\n"
+        "except limits.RequestRefused as err:\n"
         "    print(type(err).__mro__[1].__name__, err)\n"
         "print('gradio' in sys.modules and sys.modules['gradio'] is not None)\n"
     )
@@ -35,13 +39,13 @@ def test_a_refusal_reaches_the_page_as_a_gradio_error(tmp_path):
     server = bragkit.serving.server.Server(bragkit.serving.server.Settings(cache_dir=tmp_path))
     with pytest.raises(gr.Error, match="The question is empty") as refused:
         list(server.run_brag("", "Demo", "", 0.05, "local", "", "", ""))
-    assert not isinstance(refused.value, bragkit.serving.policy.RequestRefused)
+    assert not isinstance(refused.value, bragkit.serving.limits.RequestRefused)
     with pytest.raises(gr.Error, match="λ must lie between 0 and 10"):
         list(server.run_brag("Where?", "Demo", "", 99, "local", "", "", ""))
 
 
 def test_a_refusal_leaves_the_server_escaped_and_without_its_secrets(tmp_path):
-    secrets = bragkit.serving.policy.Secrets(["sk-owner-secret-1234"])
+    secrets = bragkit.serving.redaction.Secrets(["sk-owner-secret-1234"])
     server = bragkit.serving.server.Server(
         bragkit.serving.server.Settings(cache_dir=tmp_path, secrets=secrets)
     )
@@ -78,39 +82,39 @@ EXPANDS = "\ufdfa"  # NFKC: 18 characters
 
 
 def test_pasted_text_and_questions_are_counted_in_the_form_brag_reads():
-    limits = bragkit.serving.policy.Limits(documents_bytes=100_000, question_chars=100)
+    limits = bragkit.serving.limits.Limits(documents_bytes=100_000, question_chars=100)
     # Within the byte limit as written (3 bytes each), 18 times over it once normalised.
     with pytest.raises(
-        bragkit.serving.policy.RequestRefused, match=r"once normalised .*BRAG_MAX_DOCUMENTS_BYTES"
+        bragkit.serving.limits.RequestRefused, match=r"once normalised .*BRAG_MAX_DOCUMENTS_BYTES"
     ):
-        bragkit.serving.policy.check_documents(EXPANDS * 20_000, limits)
+        bragkit.serving.inputs.check_documents(EXPANDS * 20_000, limits)
     with pytest.raises(
-        bragkit.serving.policy.RequestRefused, match="once normalised"
+        bragkit.serving.limits.RequestRefused, match="once normalised"
     ):  # escaped in JSON, too
-        bragkit.serving.policy.check_documents(json.dumps([{"title": "t", "text": EXPANDS * 6_000}]), limits)
-    assert len(bragkit.serving.policy.check_documents("plain words\n" * 8_000, limits)) == 8_000
-    assert bragkit.serving.policy.check_documents(
+        bragkit.serving.inputs.check_documents(json.dumps([{"title": "t", "text": EXPANDS * 6_000}]), limits)
+    assert len(bragkit.serving.inputs.check_documents("plain words\n" * 8_000, limits)) == 8_000
+    assert bragkit.serving.inputs.check_documents(
         "ﬁle ＡＢＣ １２３ カタカナ" * 100, limits
     )  # NFKC-changed, not grown
-    with pytest.raises(bragkit.serving.policy.RequestRefused, match="BRAG_MAX_QUESTION_CHARS"):
-        bragkit.serving.policy.check_question(EXPANDS * 10, limits)
-    assert bragkit.serving.policy.check_question("Where?" * 10, limits)
+    with pytest.raises(bragkit.serving.limits.RequestRefused, match="BRAG_MAX_QUESTION_CHARS"):
+        bragkit.serving.inputs.check_question(EXPANDS * 10, limits)
+    assert bragkit.serving.inputs.check_question("Where?" * 10, limits)
 
 
 def test_calibration_questions_and_their_gold_are_bounded_like_a_question():
-    limits = bragkit.serving.policy.Limits(question_chars=100, labelled_min=2)
+    limits = bragkit.serving.limits.Limits(question_chars=100, labelled_min=2)
     good = [{"question": "Where?", "gold": ["Bergen"]}] * 2
-    assert len(bragkit.serving.policy.read_labelled(json.dumps(good), limits)) == 2
+    assert len(bragkit.serving.inputs.read_labelled(json.dumps(good), limits)) == 2
     long_question = [*good, {"question": "x" * 101, "gold": ["a"]}]
     with pytest.raises(
-        bragkit.serving.policy.RequestRefused, match=r"Question 3: 101 characters.*QUESTION_CHARS"
+        bragkit.serving.limits.RequestRefused, match=r"Question 3: 101 characters.*QUESTION_CHARS"
     ):
-        bragkit.serving.policy.read_labelled(json.dumps(long_question), limits)
+        bragkit.serving.inputs.read_labelled(json.dumps(long_question), limits)
     long_gold = [*good, {"question": "Where?", "gold": ["y" * 5_000]}]
     with pytest.raises(
-        bragkit.serving.policy.RequestRefused, match="Question 3: a gold answer of 5,000 characters"
+        bragkit.serving.limits.RequestRefused, match="Question 3: a gold answer of 5,000 characters"
     ):
-        bragkit.serving.policy.read_labelled(json.dumps(long_gold), limits)
+        bragkit.serving.inputs.read_labelled(json.dumps(long_gold), limits)
 
 
 def test_a_report_is_json_that_any_encoder_takes():
@@ -118,15 +122,15 @@ def test_a_report_is_json_that_any_encoder_takes():
     for _ in range(300):
         nested = [nested]
     hostile = {"name": 2**64, "usage": 2**70, "date": nested, "p": float("nan"), 5: {"x": 10**5000}}
-    safe = bragkit.serving.policy.json_safe(hostile)
+    safe = bragkit.serving.redaction.json_safe(hostile)
     assert json.loads(orjson.dumps(safe)) == json.loads(json.dumps(safe))  # orjson takes it whole
     assert safe["name"] == "(an integer of 65 bits)" and safe["p"] is None and "5" in safe
     depth, value = 0, safe["date"]
     while isinstance(value, list):
         depth, value = depth + 1, value[0]
-    assert depth < bragkit.serving.policy.MAX_JSON_DEPTH and value == "(nested too deeply)"
+    assert depth < bragkit.serving.redaction.MAX_JSON_DEPTH and value == "(nested too deeply)"
     plain = {"answer": "Bergen", "steps": [{"p": 0.5, "calls": 3}], "ok": True, "none": None}
-    assert bragkit.serving.policy.json_safe(plain) == plain
+    assert bragkit.serving.redaction.json_safe(plain) == plain
 
 
 def caller(address: str, session: str):
@@ -134,9 +138,9 @@ def caller(address: str, session: str):
 
 
 def test_an_endpoint_with_slots_of_its_own_gives_each_address_its_share():
-    limits = bragkit.serving.policy.CallerLimits(per_session=5, per_address=5, shares={"calibrate": 1})
+    limits = bragkit.serving.callers.CallerLimits(per_session=5, per_address=5, shares={"calibrate": 1})
     with limits.slot(caller("198.51.100.1", "a"), "calibrate"):
-        with pytest.raises(bragkit.serving.policy.RequestRefused, match="1 /calibrate request"):
+        with pytest.raises(bragkit.serving.limits.RequestRefused, match="1 /calibrate request"):
             with limits.slot(caller("198.51.100.1", "b"), "calibrate"):
                 pass
         with limits.slot(caller("198.51.100.1", "c")):  # /brag: the address's other slots
@@ -261,14 +265,14 @@ def test_the_pool_reads_a_model_string_as_make_llm_does_and_refuses_what_it_does
     for text in ("not a model", "ftp://host/v1", "org/name/extra"):
         with pytest.raises(ValueError) as made:
             llms.make_llm(text)
-        with pytest.raises(bragkit.serving.policy.RequestRefused) as refused:
+        with pytest.raises(bragkit.serving.limits.RequestRefused) as refused:
             pool.get(text, "", "")
         assert str(refused.value) == str(made.value)  # one parser, one message
     # A kind the parser learns later is refused here until the pool knows whose keys it may use.
     built = []
     monkeypatch.setattr(llms, "parse_model", lambda text: llms.ModelSpec(text, "future"))
     monkeypatch.setattr(llms, "make_llm", lambda *a, **k: built.append(a))
-    with pytest.raises(bragkit.serving.policy.RequestRefused, match="future models are not offered"):
+    with pytest.raises(bragkit.serving.limits.RequestRefused, match="future models are not offered"):
         pool.get("future:thing", "", "")
     assert built == []
 
@@ -316,12 +320,12 @@ def test_the_owner_turns_self_tests_off_or_bounds_them(monkeypatch):
 
 
 def test_a_self_test_needs_no_questions_and_takes_labelled_ones_beside_it():
-    limits = bragkit.serving.policy.Limits()
-    assert bragkit.serving.policy.read_labelled("", limits, self_test=True) == []
+    limits = bragkit.serving.limits.Limits()
+    assert bragkit.serving.inputs.read_labelled("", limits, self_test=True) == []
     one = '[{"question": "Which port?", "gold": ["8421"]}]'
-    assert [i.gold for i in bragkit.serving.policy.read_labelled(one, limits, self_test=True)] == [("8421",)]
-    with pytest.raises(bragkit.serving.policy.RequestRefused, match="at least 30"):
-        bragkit.serving.policy.read_labelled(one, limits)
+    assert [i.gold for i in bragkit.serving.inputs.read_labelled(one, limits, self_test=True)] == [("8421",)]
+    with pytest.raises(bragkit.serving.limits.RequestRefused, match="at least 30"):
+        bragkit.serving.inputs.read_labelled(one, limits)
 
 
 # ------------------------------------------------------------------------------------------
@@ -411,29 +415,8 @@ def test_only_a_session_gradio_holds_is_watched_and_made_up_ones_push_none_out()
     assert "honest" in streams and "made-up-7" not in streams
 
 
-def test_fair_evictions_take_the_adders_own_first_and_past_the_total_from_whoever_keeps_most():
-    evict = bragkit.serving.policy.fair_evictions
-    entries = [("a", float(t), f"a{t}") for t in range(5)] + [("b", 10.0, "b0"), ("b", 11.0, "b1")]
-    assert evict(entries, "a", per_owner=3, total=100) == ["a0", "a1"]
-    assert evict(entries, "b", per_owner=3, total=6) == ["a0"]  # b adds, a keeps the most
-    assert evict(entries, "b", per_owner=1, total=100) == ["b0"]
-
-
-def test_no_address_pushes_another_s_kept_fit_out_and_the_least_recently_used_goes_first(tmp_path):
-    kept = bragkit.serving.policy.KeptCalibrations(tmp_path, limit=6, per_caller=3)
-    fit = json.loads((ROOT / "tests" / "prior_calibration.json").read_text())
-    victim = kept.keep({**fit, "note": "victim"}, "198.51.100.7")
-    own = [kept.keep({**fit, "note": f"own {i}"}, "192.0.2.9") for i in range(3)]
-    kept.load(own[0])  # used: now the most recent of the three
-    for i in range(40):  # one address keeps forty more, each a new fit
-        kept.keep({**fit, "note": f"flood {i}"}, "192.0.2.9")
-    assert kept.holds(victim) and kept.load(victim).meta["note"] == "victim"
-    assert len(list(tmp_path.glob("a-*/fit-*.json"))) <= 6
-    assert not kept.holds(own[1]) and not kept.holds("../../etc") and kept.path("fit-zz") is None
-
-
 def test_a_self_test_fit_applies_to_the_session_that_made_it_only():
-    fits = bragkit.serving.policy.SessionFits(limit=4, per_address=2)
+    fits = bragkit.serving.callers.SessionFits(limit=4, per_address=2)
     fits.remember("tab-a", "192.0.2.9", "m", "corpus", "fit-aaaaaaaaaaaa")
     assert fits.recall("tab-a", "m", "corpus") == "fit-aaaaaaaaaaaa"
     assert fits.recall("tab-b", "m", "corpus") is None and fits.recall("tab-a", "other", "corpus") is None
@@ -447,11 +430,11 @@ def test_a_self_test_fit_applies_to_the_session_that_made_it_only():
 def test_a_model_url_whose_port_cannot_be_read_is_refused_clearly(port):
     with pytest.raises(brag.InputError, match="port must be a number"):
         llms.parse_model(f"https://h:{port}/v1#m")
-    pool = bragkit.serving.server.LLMPool(
-        bragkit.serving.policy.EndpointPolicy(("https://h:8443/v1",)),
-        bragkit.serving.policy.ModelPolicy("local"),
+    pool = bragkit.serving.models.LLMPool(
+        bragkit.serving.models.EndpointPolicy(("https://h:8443/v1",)),
+        bragkit.serving.models.ModelPolicy("local"),
     )
-    with pytest.raises(bragkit.serving.policy.RequestRefused, match="port must be a number"):
+    with pytest.raises(bragkit.serving.limits.RequestRefused, match="port must be a number"):
         pool.get(f"https://h:{port}/v1#m", "", "auto")
     assert llms.redact_url(llms.parse_model("https://u:p@h:8443/v1#m").text) == "https://***@h:8443/v1#m"
 
@@ -465,7 +448,7 @@ def test_uploads_and_pasted_text_get_the_documents_fit_named_corpora_keep_theirs
     import selftest_reader
     from openai_server import FakeOpenAI, Reply
 
-    from bragkit.serving.policy import EndpointPolicy, ModelPolicy
+    from bragkit.serving.models import EndpointPolicy, ModelPolicy
 
     def reader(request: dict) -> Reply:
         return Reply(texts=selftest_reader.replies(request["messages"], int(request.get("n") or 1)))
@@ -476,7 +459,7 @@ def test_uploads_and_pasted_text_get_the_documents_fit_named_corpora_keep_theirs
             cache_dir=tmp_path,
             endpoints=EndpointPolicy(allow_all=True),
             models=ModelPolicy(model),
-            limits=bragkit.serving.policy.Limits(self_test_questions=10),
+            limits=bragkit.serving.limits.Limits(self_test_questions=10),
         )
         server = bragkit.serving.server.Server(settings)
         name = brag.llm_name(llms.make_llm(model))

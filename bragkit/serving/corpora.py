@@ -21,7 +21,8 @@ import brag
 from bragkit import storage
 from bragkit.serving import parse_worker
 
-from .policy import Limits, check_documents, documents_from_files, refused, too_big
+from .inputs import check_documents, documents_from_files
+from .limits import Limits, refused, too_big
 
 log = logging.getLogger("brag.app")
 HERE = storage.CHECKOUT  # the checkout (or site-packages): data/ is there

@@ -24,7 +24,8 @@ import gradio as gr
 
 from bragkit.serving import uploads
 
-from .policy import Limits, Secrets, env_number
+from .limits import Limits, env_number
+from .redaction import Secrets
 
 log = logging.getLogger("brag.app")
 
@@ -295,7 +296,7 @@ class EventShare:
     """ASGI middleware: one address holds at most ``limit`` events, queued or running.
 
     Gradio's queue is shared by everyone and bounded as a whole (``BRAG_MAX_QUEUE``), and the
-    per-address check of :class:`~serving.policy.CallerLimits` runs only once an event reaches
+    per-address check of :class:`~serving.callers.CallerLimits` runs only once an event reaches
     a worker; so one address posting events without waiting for them could fill the queue for
     everyone. Counted here before an event is queued: the events of the address in the queue
     and among the running jobs, and those of its requests still on their way in.

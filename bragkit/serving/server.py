@@ -1,20 +1,18 @@
 """The endpoints: :class:`Server` runs ``/brag`` and ``/calibrate`` for :class:`Settings`.
 
 Each request holds one of its caller's slots, runs under its deadline, and every failure leaves
-as one clear message: a :class:`~serving.policy.RequestRefused` or a failed run becomes a
+as one clear message: a :class:`~serving.limits.RequestRefused` or a failed run becomes a
 ``gr.Error`` in :meth:`Server._scrubbed_errors`, with the server's secrets scrubbed out.
 """
 
 from __future__ import annotations
 
-import hashlib
 import html
 import json
 import logging
 import os
 import threading
 import time
-import urllib.parse
 from collections import OrderedDict
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
@@ -29,126 +27,15 @@ import calibrate
 from bragkit import fits, llms, selftest
 from bragkit.serving import uploads
 
+from .callers import CallerLimits, SessionFits, SessionUploads, trusted_proxies
 from .corpora import YOUR_DOCUMENTS, CorpusStore, MilvusSettings, own_index
-from .policy import (
-    PROVIDER_NAME,
-    CallerLimits,
-    EndpointPolicy,
-    KeptCalibrations,
-    Limits,
-    ModelPolicy,
-    RequestRefused,
-    Secrets,
-    SessionFits,
-    SessionUploads,
-    check_cost,
-    check_lam,
-    check_question,
-    concurrency,
-    has_dot_segments,
-    json_safe,
-    read_calibration,
-    read_labelled,
-    read_uploads,
-    refused,
-    trusted_proxies,
-)
+from .inputs import check_cost, check_lam, check_question, read_calibration, read_labelled, read_uploads
+from .limits import Limits, RequestRefused, concurrency, refused
+from .models import EndpointPolicy, LLMPool, ModelPolicy
 from .presentation import calibration_frame, fitted_on_text, model_label, plural, stated_answer
+from .redaction import Secrets, json_safe
 
 log = logging.getLogger("brag.app")
-
-
-class LLMPool:
-    """Backends reused across requests, one per (model, token, provider), built under the policy.
-
-    Building an HTTP client costs about 0.1 s (TLS set-up), and every backend is thread-safe, so
-    concurrent requests share one. Every request for the local model shares its one runner.
-    """
-
-    def __init__(self, policy: EndpointPolicy, models: ModelPolicy, size: int = 64) -> None:
-        self._pool: OrderedDict[tuple[str, str, str], llms.LLM] = OrderedDict()
-        self._lock = threading.Lock()
-        self.policy, self.models = policy, models
-        self.size = size
-
-    def get(self, model: Any, hf_token: Any, provider: Any) -> llms.LLM:
-        """The backend for this request, built on first use."""
-        spec = model.strip() if isinstance(model, str) else ""
-        spec = spec or llms.default_model()
-        token = (hf_token.strip() if isinstance(hf_token, str) else "") or None
-        provider = (provider.strip() if isinstance(provider, str) else "") or "auto"
-        if len(spec) > 2_000:
-            raise refused("The model name or URL is too long.")
-        if not PROVIDER_NAME.match(provider):
-            raise refused("provider must be an Inference Providers name such as 'auto' or 'together'.")
-        key = (spec, hashlib.sha256((token or "").encode()).hexdigest(), provider)
-        with self._lock:
-            if key in self._pool:
-                self._pool.move_to_end(key)
-                return self._pool[key]
-        try:
-            llms.check_token(token)
-            backend = self._build(spec, token, provider)
-        except (brag.InputError, llms.LLMError) as err:
-            raise refused(str(err)) from None
-        with self._lock:
-            backend = self._pool.setdefault(key, backend)
-            while len(self._pool) > self.size:
-                self._pool.popitem(last=False)
-        return backend
-
-    def _build(self, text: str, token: str | None, provider: str) -> llms.LLM:
-        """The backend ``text`` names, read by the one parser ``make_llm`` uses (unknown: refused)."""
-        spec = llms.parse_model(text)
-        if self.models.owner(spec.text):
-            return llms.make_llm(spec, token, provider)  # the server's own secrets may go there
-        if spec.kind == "local":
-            return self._local(spec)
-        if spec.kind == "hosted":
-            return self._hosted(spec, token, provider)
-        if spec.kind == "endpoint":
-            return self._endpoint(spec, token, provider)
-        # A kind make_llm learns later is the owner's to offer: until this pool knows it, no.
-        raise brag.InputError(f"model: {spec.kind} models are not offered on this server")
-
-    def _endpoint(self, spec: llms.ModelSpec, token: str | None, provider: str) -> llms.LLM:
-        """A caller's URL, within the owner's endpoint policy; it gets the caller's token or none."""
-        if any(ch.isspace() for ch in spec.text) or not urllib.parse.urlsplit(spec.text).hostname:
-            raise brag.InputError("model: that is not a valid http(s) URL")
-        if has_dot_segments(spec.url):
-            raise brag.InputError(
-                "model: the URL's path may not hold '.' or '..' segments or encoded slashes"
-            )
-        if not self.policy.allow_all and self.policy.prefixes and not self.policy.listed(spec.url):
-            raise llms.EndpointRefused(
-                f"{llms.redact_url(spec.url)} is not an endpoint this server may call "
-                "(BRAG_ALLOWED_ENDPOINTS)"
-            )
-        public_only = not self.policy.allow_all and not self.policy.prefixes
-        return llms.make_llm(spec, token, provider, secrets_from_env=False, public_only=public_only)
-
-    def _local(self, spec: llms.ModelSpec) -> llms.LLM:
-        """An embedded model the owner offers: its default, or one ``BRAG_ALLOWED_MODELS`` lists."""
-        if spec.is_path:
-            names = ", ".join(["local", *(f"local:{name}" for name in llms.LOCAL_MODELS)])
-            raise brag.InputError(f"model: a local model is named {names}; paths are not accepted here")
-        if not self.models.listed(spec.text):
-            raise llms.EndpointRefused(
-                f"model: {spec.text} is not offered on this server (its owner lists models in "
-                "BRAG_ALLOWED_MODELS)"
-            )
-        return llms.make_llm(spec)
-
-    def _hosted(self, spec: llms.ModelSpec, token: str | None, provider: str) -> llms.LLM:
-        """A Hugging Face model: the server's HF_TOKEN pays only for models the owner lists."""
-        if self.models.listed(spec.text):
-            return llms.make_llm(spec, token, provider)
-        if token is None:
-            raise llms.TokenRejected(
-                f"model: {spec.text} needs your own HF token here; this server spends its own only on "
-                f"{self.models.describe()} (BRAG_ALLOWED_MODELS)"
-            )
-        return llms.make_llm(spec, token, provider, secrets_from_env=False)
 
 
 def self_test_setting() -> bool:
@@ -265,12 +152,10 @@ class Server:
         # models. A request names one, names one that /calibrate kept, or sends JSON.
         self.shipped = brag.shipped_calibrations()
         limits = settings.limits
-        self.kept = KeptCalibrations(
-            settings.cache_dir / "calibrations", limits.kept_fits, limits.kept_fits_per_address
-        )
-        # The owner's self-test fits (calibrate.py self-test), by model and corpus fingerprint:
-        # /brag uses them unasked, for everyone. A caller's own self-test applies to its session.
-        self.self_tests = fits.kept_self_tests(settings.cache_dir)
+        # Every kept fit: those /calibrate made, by name per address, and the owner's self-tests
+        # (calibrate.py self-test) by model and corpus, which /brag uses unasked for everyone.
+        # A caller's own self-test applies to its session (session_fits).
+        self.fits = fits.fit_store(settings.cache_dir, limits.kept_fits, limits.kept_fits_per_address)
         self.session_fits = SessionFits(limits.sessions * 10, limits.kept_fits_per_address)
         self._generator: llms.LLM | None = None
         self.store = CorpusStore(settings.limits, settings.own_index, settings.milvus)
@@ -426,7 +311,7 @@ class Server:
         backend = self.llms.get(ask.model, ask.hf_token, ask.provider)
         own, whose = self._own_fit(ask.calibration, chosen, backend, ask.session)
         cal = own or read_calibration(
-            ask.calibration, fit_name, brag.llm_name(backend), self.shipped, self.kept, self.limits
+            ask.calibration, fit_name, brag.llm_name(backend), self.shipped, self.fits, self.limits
         )
         unit, prices = pricing
         return chosen, label, brag.BRAG(backend, calibration=cal, lam=lam, cost=unit, prices=prices), whose
@@ -445,11 +330,11 @@ class Server:
         name = self.session_fits.recall(session, model, fingerprint)
         if name is not None:
             try:
-                mine = self.kept.load(name)
+                mine = self.fits.load(name)
                 return mine, f"your self-test{_made(mine)}, kept as {name}"
-            except RequestRefused:
+            except brag.InputError:
                 pass  # gone or unreadable: the owner's fit, or the shipped one
-        owners = self.self_tests.load(model, fingerprint)
+        owners = self.fits.own(model, fingerprint)
         return owners, (f"the server owner's self-test{_made(owners)}" if owners is not None else "")
 
     def run_calibrate(
@@ -506,7 +391,7 @@ class Server:
             except Exception as err:
                 raise _failure(err) from None
             result = {**result, "made": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime())}
-            name = self.kept.keep(result, caller)
+            name = self.fits.keep(result, caller)
             if self_test and not items:
                 # A self-test of the documents alone applies unasked to this caller's session
                 # (others may name it); a caller's own labels shape only the fit returned.
@@ -603,7 +488,7 @@ class Server:
             brag.parse_json(text, "calibration") if isinstance(text, str) and text.startswith("{") else None
         )
         name = data.get("name") if isinstance(data, dict) else None
-        path = self.kept.path(name) if isinstance(name, str) else None
+        path = self.fits.path(name) if isinstance(name, str) else None
         if path is None:
             return gr.update(visible=False), None
         text = path.read_text(encoding="utf-8")
