@@ -48,8 +48,10 @@ import bm25s
 import numpy as np
 from bm25s import stopwords as bm25s_stopwords
 
-# The public API: what users import, by section (in the order the sections come). Everything
-# else is reachable as ``brag.<name>`` for tests and benchmarks, but is not promised.
+# The public API, by section (in the order the sections come): what users import (the
+# controller, corpora, calibrations, reports, errors) and what extenders need (the protocols, the
+# rows' types and kinds, the evidence list). Everything else is reachable as ``brag.<name>`` for
+# calibrate.py, bragkit, tests and benchmarks, but is not promised.
 __all__ = [  # noqa: RUF022
     # Errors, and the LLM protocol
     "InputError",
@@ -63,24 +65,19 @@ __all__ = [  # noqa: RUF022
     "Analyzer",
     "language_of",
     "tokenize",
-    "words",
     # Answers
     "exact_match",
     "is_correct",
     "normalize_answer",
     "same_answer",
     "token_f1",
-    # Evidence
-    "EVIDENCE",
-    "EvidenceFeature",
-    "ReadFacts",
-    "evidence_names",
-    "read_evidence",
-    # Posterior
-    "Vote",
-    "posterior",
-    # Policy
-    "expected_gain",
+    # Dedup
+    "DedupConfig",
+    "Embedder",
+    "HashingEmbedder",
+    "IngestionResult",
+    "dedup_ingestion",
+    "dedup_ranked",
     # Corpus
     "BM25_VARIANTS",
     "Corpus",
@@ -91,13 +88,14 @@ __all__ = [  # noqa: RUF022
     "cached_corpus",
     "check_retriever",
     "parse_passages",
-    # Dedup
-    "DedupConfig",
-    "Embedder",
-    "HashingEmbedder",
-    "IngestionResult",
-    "dedup_ingestion",
-    "dedup_ranked",
+    # Evidence
+    "EVIDENCE",
+    "EvidenceFeature",
+    "ReadFacts",
+    "SeenPassage",
+    "Window",
+    "evidence_names",
+    "read_evidence",
     # Gate
     "Gate",
     "GateSignal",
@@ -106,8 +104,6 @@ __all__ = [  # noqa: RUF022
     "ActionPrior",
     "ActionCost",
     "EvidenceCurve",
-    "RELIABILITY_BOUNDS",
-    "curve_to_dict",
     # Prompts
     "READ_STOP",
     "closed_book_messages",
@@ -115,10 +111,11 @@ __all__ = [  # noqa: RUF022
     # Actions
     "ACTION_TABLE",
     "Action",
+    "NextHop",
     "Observation",
     "Reading",
-    "SeenPassage",
     "StepContext",
+    "WindowContext",
     "VoteKind",
     "VoteType",
     "Read",
@@ -131,20 +128,16 @@ __all__ = [  # noqa: RUF022
     "SAMPLED_READ",
     "action_labels",
     "action_named",
+    "check_actions",
     # Calibration
-    "CALIBRATION_VERSION",
     "Calibration",
+    "FoundModel",
     "calibration_status",
-    "self_test_text",
     "load_calibration",
     "shipped_calibration",
     "shipped_calibrations",
     "DOCUMENTS",
-    "FOUND_SIGNALS",
-    "FoundModel",
     "NOT_FOUND",
-    "found_by_rule",
-    "absent_share",
     # Pricing and the policy's tables
     "COST_UNITS",
     "DEFAULT_COST_UNIT",

@@ -1573,8 +1573,7 @@ def calibrate(
     """Observe every action on ``items`` and fit; the result loads with ``brag.load_calibration``.
 
     ``actions``: the labels to observe and fit, of ``table``'s rows (default: those marked
-    ``fitted``, :func:`default_actions`); the fit has an entry for each, so a controller of
-    those rows offers them (``evidence``: :data:`EVIDENCE_VARIANTS`).
+    ``fitted``); a controller of those rows offers each (``evidence``: :data:`EVIDENCE_VARIANTS`).
     Items without gold answers are fitted by EM (:func:`fit`); :class:`Unidentifiable` when they cannot be.
     """
     chosen = _checked(items, actions, table)

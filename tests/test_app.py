@@ -1225,12 +1225,12 @@ def test_a_self_test_calibrates_the_documents_and_brag_uses_it_unasked(self_test
         client.predict("", "", SELF_TEST_DOCS, "", "", "auto", None, True, api_name="/calibrate")
     )
     assert fitted["fitted_on"]["kind"] == "self-test" and fitted["fitted_on"]["questions"] == 10
-    assert set(fitted["actions"]) == {"R1", "R2", "CB", "RT"}
+    assert set(fitted["actions"]) == {"R1", "R2", "CB"}  # what its base (the hand-set prior) offers
     assert fitted["fitted_on"]["yield"]["kept"] == 10
     sent = server.chat_requests[before:]
     # Writing and checking, then every action a self-test observes (a second hop keeps the base's entry).
     assert len(sent) >= 10 * 2 + 10 * 2
-    # The focused read of a question's own passage is its roundtrip: no request is sent twice.
+    # No request is sent twice (a focused read, where the base offers one, is its question's roundtrip).
     deterministic = [json.dumps(r, sort_keys=True) for r in sent if r.get("temperature") == 0.0]
     assert len(deterministic) == len(set(deterministic))
     question = "Which folder does Garply write a crash report to?"
@@ -1238,7 +1238,7 @@ def test_a_self_test_calibrates_the_documents_and_brag_uses_it_unasked(self_test
     status = report["server"]["calibration"]["status"]
     assert status.startswith("calibrated on 10 self-test questions from your documents (your self-test of ")
     assert status.endswith(f"kept as {fitted['name']})") and fitted["made"] in status
-    assert "RT" in report["config"]["actions"]["offered"]
+    assert report["config"]["actions"]["offered"] == ["R1", "R2", "CB"]  # what the fit offers, no more
     # It is this caller's: another caller over the same documents keeps the shipped fit ...
     other = Client(app.url, verbose=False, headers={"X-Forwarded-For": "198.51.100.40"})
     _, theirs = other.predict(question, "", SELF_TEST_DOCS, 0.05, "", "", "auto", "", api_name="/brag")

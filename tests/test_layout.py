@@ -244,3 +244,25 @@ def test_each_section_of_brag_uses_only_the_sections_above_it():
         }
     )
     assert later == []
+
+
+def test_brag_exports_what_users_import_and_extenders_need_and_nothing_only_tests_use():
+    """Each name in ``brag.__all__`` is used by the product or the benchmarks, or documented."""
+    import re
+
+    import brag
+
+    product = [
+        p.read_text(encoding="utf-8")
+        for p in ROOT.rglob("*.py")
+        if p.parts[len(ROOT.parts)] not in ("tests", ".venv", "build") and p.name != "brag.py"
+    ]
+    docs = "\n".join(p.read_text(encoding="utf-8") for p in [*ROOT.glob("docs/*.md"), ROOT / "README.md"])
+    unused = [
+        name
+        for name in brag.__all__
+        if not any(re.search(rf"\bbrag\.{name}\b|from brag import[^\n]*\b{name}\b", text) for text in product)
+        and not re.search(rf"`(brag\.)?{re.escape(name)}[`(.\[]", docs)
+    ]
+    assert unused == []
+    assert all(hasattr(brag, name) for name in brag.__all__) and len(set(brag.__all__)) == len(brag.__all__)
