@@ -59,8 +59,6 @@ if TYPE_CHECKING:
 
 # Files of passages, read as they are (a JSON list, or JSON Lines), not cut from a document.
 PASSAGE_SUFFIXES = (".json", ".jsonl")
-# Every file BRAG reads: documents, then passage files.
-SUFFIXES = (".txt", ".md", ".markdown", ".pdf", ".docx", ".html", ".htm", *PASSAGE_SUFFIXES)
 
 
 def described_suffixes() -> str:
@@ -252,15 +250,7 @@ def file_content(name: str, data: bytes, limits: FileLimits = FileLimits(), cut:
         raise DocumentError(f"{name}: unknown type {suffix or '(none)'}; BRAG reads {', '.join(SUFFIXES)}")
     if suffix in PASSAGE_SUFFIXES:
         return FileContent(name, [], _passage_items(name, data, limits))
-    readers: dict[str, Callable[[str, bytes, FileLimits], list[Section]]] = {
-        ".pdf": _pdf_sections,
-        ".docx": _docx_sections,
-        ".html": _html_sections,
-        ".htm": _html_sections,
-        ".md": _markdown_sections,
-        ".markdown": _markdown_sections,
-    }
-    sections = readers.get(suffix, _plain_sections)(name, data, limits)
+    sections = READERS[suffix](name, data, limits)
     rows = list(rows_of(name, sections, cut, limits.title_chars))
     if not rows:
         hint = " (a scanned PDF holds images, not text)" if suffix == ".pdf" else ""
@@ -985,3 +975,18 @@ def _passage_items(name: str, data: bytes, limits: FileLimits) -> list[Any]:
     if len(items) > limits.passages:
         raise _too_many_passages(name, len(items), limits)
     return items
+
+
+# One reader per document type, by suffix (a file's bytes to its sections): a type BRAG reads is
+# a reader and its entry here; the app's file input, the command line and the checks take it.
+READERS: dict[str, Callable[[str, bytes, FileLimits], list[Section]]] = {
+    ".txt": _plain_sections,
+    ".md": _markdown_sections,
+    ".markdown": _markdown_sections,
+    ".pdf": _pdf_sections,
+    ".docx": _docx_sections,
+    ".html": _html_sections,
+    ".htm": _html_sections,
+}
+# Every file BRAG reads: documents, then passage files.
+SUFFIXES = (*READERS, *PASSAGE_SUFFIXES)
