@@ -42,6 +42,7 @@ from collections.abc import Callable, Collection, Iterable, Iterator, Mapping, S
 from dataclasses import asdict, dataclass, field, fields, is_dataclass, replace
 from functools import cached_property
 from pathlib import Path
+from types import MappingProxyType
 from typing import Any, ClassVar, NamedTuple, Protocol, runtime_checkable
 
 import bm25s
@@ -113,10 +114,12 @@ __all__ = [  # noqa: RUF022
     "Action",
     "NextHop",
     "Observation",
+    "PolicyState",
     "Reading",
     "StepContext",
     "WindowContext",
     "VoteKind",
+    "VoteFacts",
     "VoteType",
     "Read",
     "Hop",
@@ -3303,6 +3306,33 @@ class Observation:
         return {**out, **self.details}
 
 
+class VoteFacts(NamedTuple):
+    """What a vote's type is read from: its evidence, and the run around it.
+
+    ``weak``: the gate called its window weak; ``repeats``: it repeats an earlier read's answer;
+    ``agreement``: how many of a sampled call's answers gave it; ``second_hop``: how a hop is
+    read (``BRAG.second_hop``).
+    """
+
+    evidence: Mapping[str, Any] = MappingProxyType({})
+    weak: bool = False
+    repeats: bool = False
+    agreement: int = 0
+    second_hop: str = "conditional"
+
+
+class PolicyState(NamedTuple):
+    """One state the policy prices an action in (:meth:`VoteKind.view`).
+
+    ``weak``: the gate called the action's window weak; ``answered``: some read answered already
+    (a hop may repeat it); ``second_hop``: how a hop is read.
+    """
+
+    weak: bool = False
+    answered: bool = False
+    second_hop: str = "conditional"
+
+
 class NextHop(NamedTuple):
     """The latest follow-up retrieval: what it found, the passages not read yet, the novel ones.
 
@@ -3449,28 +3479,16 @@ class VoteKind:
             types[VoteType(label, "same")] = (prior.same.a, prior.same.b)
         return {**types, **_evidence_types(VoteType(label), prior.evidence)}
 
-    def vote_type(
-        self,
-        label: str,
-        prior: ActionPrior,
-        evidence: Mapping[str, Any],
-        *,
-        weak: bool = False,
-        repeats: bool = False,
-        agreement: int = 0,
-        second_hop: str = "conditional",
-    ) -> VoteType:
+    def vote_type(self, label: str, prior: ActionPrior, seen: VoteFacts) -> VoteType:
         """The type of the vote its answer casts: its window's, at its evidence level when split.
 
         ``same`` when it repeats an earlier read's answer and its calibration fitted how much
         such a repeat says (reads that share a passage are not independent witnesses).
-        ``agreement``: how many of a sampled call's answers gave it; ``second_hop``: how a hop
-        is read (``BRAG.second_hop``).
         """
-        if repeats and prior.same is not None:
+        if seen.repeats and prior.same is not None:
             return VoteType(label, "same")
-        flat = VoteType(label, "weak") if weak else VoteType(label)
-        return _typed(VoteType(label), flat, prior.evidence, evidence)
+        flat = VoteType(label, "weak") if seen.weak else VoteType(label)
+        return _typed(VoteType(label), flat, prior.evidence, seen.evidence)
 
     def reliability(
         self, prior: ActionPrior, vote_type: VoteType, evidence: Mapping[str, Any]
@@ -3488,15 +3506,7 @@ class VoteKind:
         }
 
     def view(
-        self,
-        label: str,
-        prior: ActionPrior,
-        eta: float,
-        rates: Mapping[str, float],
-        *,
-        weak: bool,
-        answered: bool,
-        second_hop: str,
+        self, label: str, prior: ActionPrior, eta: float, rates: Mapping[str, float], state: PolicyState
     ) -> tuple[float, VoteOutlook]:
         """Its rate and its next vote's outlook in a policy state: its window weak or not, an answer before.
 
@@ -3504,8 +3514,8 @@ class VoteKind:
         (:meth:`outlook` prices it with its window's own signals); a repeat of an earlier read's
         answer has its fitted ratio when the calibration has one.
         """
-        flat = f"{label}_weak" if weak else label
-        seen = prior.on_weak_window() if weak else prior
+        flat = f"{label}_weak" if state.weak else label
+        seen = prior.on_weak_window() if state.weak else prior
         if prior.curve is not None:
             outcomes = prior.curve.outcomes(None, eta)
         else:
@@ -3531,8 +3541,8 @@ class VoteKind:
         """Read its window, which is all its prompt holds, in that order; one vote."""
         label, prior = action.label, run.brag.priors[action.label]
         reading = run.read(action, window)
-        repeats = run.repeats(reading.answer)
-        vote_type = self.vote_type(label, prior, reading.evidence, weak=window.weak, repeats=repeats)
+        seen = VoteFacts(reading.evidence, weak=window.weak, repeats=run.repeats(reading.answer))
+        vote_type = self.vote_type(label, prior, seen)
         own = self.reliability(prior, vote_type, reading.evidence)
         candidate = run.vote(vote_type, reading.answer, own)
         return reading.observed(vote_type, candidate, own, dedup_removed=list(window.removed))
@@ -3606,25 +3616,17 @@ class Hop(VoteKind):
         types[VoteType(label, "same")], types[VoteType(label, "new")] = (same.a, same.b), (new.a, new.b)
         return {**types, **levels, **_evidence_types(VoteType(label, "new"), prior.evidence)}
 
-    def vote_type(
-        self,
-        label: str,
-        prior: ActionPrior,
-        evidence: Mapping[str, Any],
-        *,
-        weak: bool = False,
-        repeats: bool = False,
-        agreement: int = 0,
-        second_hop: str = "conditional",
-    ) -> VoteType:
+    def vote_type(self, label: str, prior: ActionPrior, seen: VoteFacts) -> VoteType:
         """``same`` when it repeats an earlier read's answer, else ``new`` at its evidence level.
 
         Not ``conditional`` (SPEC's independent second hop): typed as a read of its window.
         """
-        if second_hop != "conditional":
-            return super().vote_type(label, prior, evidence, weak=weak)
+        if seen.second_hop != "conditional":
+            return super().vote_type(label, prior, VoteFacts(seen.evidence, weak=seen.weak))
         fresh = VoteType(label, "new")
-        return VoteType(label, "same") if repeats else _typed(fresh, fresh, prior.evidence, evidence)
+        return (
+            VoteType(label, "same") if seen.repeats else _typed(fresh, fresh, prior.evidence, seen.evidence)
+        )
 
     def rates(self, label: str, prior: ActionPrior, eta: float, rule: str) -> dict[str, float]:
         """A read's; and read against what came before: after an answer, or none."""
@@ -3641,21 +3643,13 @@ class Hop(VoteKind):
         }
 
     def view(
-        self,
-        label: str,
-        prior: ActionPrior,
-        eta: float,
-        rates: Mapping[str, float],
-        *,
-        weak: bool,
-        answered: bool,
-        second_hop: str,
+        self, label: str, prior: ActionPrior, eta: float, rates: Mapping[str, float], state: PolicyState
     ) -> tuple[float, VoteOutlook]:
         """Read against the answers before it (``conditional``), or as a read of its window."""
-        if second_hop != "conditional":
-            return super().view(label, prior, eta, rates, weak=weak, answered=answered, second_hop=second_hop)
+        if state.second_hop != "conditional":
+            return super().view(label, prior, eta, rates, state)
         same, new = self.branches(prior)
-        rate = rates[f"{label}_after_answer" if answered else f"{label}_after_none"]
+        rate = rates[f"{label}_after_answer" if state.answered else f"{label}_after_none"]
         if prior.curve is not None:
             outcomes = prior.curve.outcomes(None, eta)
         else:
@@ -3690,7 +3684,7 @@ class Hop(VoteKind):
         reading = run.read(action, window)
         repeats, second_hop = run.repeats(reading.answer), run.brag.second_hop
         vote_type = self.vote_type(
-            label, prior, reading.evidence, weak=window.weak, repeats=repeats, second_hop=second_hop
+            label, prior, VoteFacts(reading.evidence, window.weak, repeats, 0, second_hop)
         )
         own = self.reliability(prior, vote_type, reading.evidence)
         return reading.observed(
@@ -3772,34 +3766,16 @@ class Samples(VoteKind):
             types[VoteType(label, str(g))] = (level.a, level.b)
         return types
 
-    def vote_type(
-        self,
-        label: str,
-        prior: ActionPrior,
-        evidence: Mapping[str, Any],
-        *,
-        weak: bool = False,
-        repeats: bool = False,
-        agreement: int = 0,
-        second_hop: str = "conditional",
-    ) -> VoteType:
+    def vote_type(self, label: str, prior: ActionPrior, seen: VoteFacts) -> VoteType:
         """Typed by how many of its samples agree with their mode."""
-        return VoteType(label, str(agreement))
+        return VoteType(label, str(seen.agreement))
 
     def rates(self, label: str, prior: ActionPrior, eta: float, rule: str) -> dict[str, float]:
         """Its one: no window, no answer before it changes what it is."""
         return {label: information_rate(prior, eta, rule)}
 
     def view(
-        self,
-        label: str,
-        prior: ActionPrior,
-        eta: float,
-        rates: Mapping[str, float],
-        *,
-        weak: bool,
-        answered: bool,
-        second_hop: str,
+        self, label: str, prior: ActionPrior, eta: float, rates: Mapping[str, float], state: PolicyState
     ) -> tuple[float, VoteOutlook]:
         """Its rate, and an outlook with one kind of vote per agreement level."""
         levels = tuple((lv.pi, _likelihood_ratio(lv.mean, eta, "spec")) for lv in prior.levels)
@@ -3819,7 +3795,7 @@ class Samples(VoteKind):
             stop=["\n"],
         )
         mode, g = closed_book_mode(reply.texts)
-        vote_type = self.vote_type(action.label, run.brag.priors[action.label], {}, agreement=g)
+        vote_type = self.vote_type(action.label, run.brag.priors[action.label], VoteFacts(agreement=g))
         candidate = run.vote(vote_type, mode) if g else None
         details = {"samples": list(reply.texts), "agreement": g}
         return Observation(mode, str(vote_type), candidate, details=details)
@@ -3877,7 +3853,9 @@ class SampledRead(Read):
         first = next((i for i, a in enumerate(answers) if a and same_answer(a, mode)), None)
         tokens = reply.logprobs[first] if reply.logprobs and first is not None else None
         evidence = read_evidence(mode, run.question, passages, tokens, window=window, samples=reply.texts)
-        vote_type = self.vote_type(label, prior, evidence, weak=window.weak, repeats=run.repeats(mode))
+        vote_type = self.vote_type(
+            label, prior, VoteFacts(evidence, weak=window.weak, repeats=run.repeats(mode))
+        )
         if prior.curve is None and vote_type.branch != "same":  # no curve weighs it: by its agreement
             vote_type = VoteType(label, str(g))
         own = self.reliability(prior, vote_type, evidence)
@@ -4503,7 +4481,7 @@ def priced(
 
 # What the policy sees in one state: each action's information rate D, D per unit cost, and the
 # outlook of its next vote (what it may answer, and with which likelihood ratio).
-_PolicyState = tuple[dict[str, float], dict[str, float], dict[str, VoteOutlook]]
+_StateTables = tuple[dict[str, float], dict[str, float], dict[str, VoteOutlook]]
 
 
 def _policy_tables(
@@ -4514,7 +4492,7 @@ def _policy_tables(
     second_hop: str,
     actions: Sequence[Action] | None = None,
     priors: Mapping[str, ActionPrior] | None = None,
-) -> dict[tuple[bool, ...], _PolicyState]:
+) -> dict[tuple[bool, ...], _StateTables]:
     """The policy's view in each of its states, computed once per controller.
 
     A state is each gated action's window weak or not (the gate's verdicts, in table order) and
@@ -4535,9 +4513,7 @@ def _policy_tables(
                 priors[a.label],
                 cal.eta,
                 rates,
-                weak=weak.get(a.label, False),
-                answered=answered,
-                second_hop=second_hop,
+                PolicyState(weak.get(a.label, False), answered, second_hop),
             )
             for a in actions
         }
@@ -5200,7 +5176,7 @@ class _Run:
         best = max(available, key=lambda a: (gains[a], -available.index(a)))  # ties: the earlier
         return Decision(best, gains[best], None)
 
-    def _state(self) -> _PolicyState:
+    def _state(self) -> _StateTables:
         """What the policy sees now: the windows the gate judged weak, and whether a read answered."""
         return self.brag._tables[(*self.weak.values(), bool(self.read_answers))]
 

@@ -2204,7 +2204,7 @@ class ReadFit(KindFit):
         weak = calibration.gate is not None and bool(outcome.weak.get(label))
         evidence = outcome.evidence.get(label) or {}
         prior = calibration.actions[label]
-        vote_type = action.kind.vote_type(label, prior, evidence, weak=weak)
+        vote_type = action.kind.vote_type(label, prior, brag.VoteFacts(evidence, weak=weak))
         return [(vote_type, outcome.correct[label], action.kind.reliability(prior, vote_type, evidence))]
 
 
@@ -2296,7 +2296,7 @@ class HopFit(ReadFit):
         """Its votes on one question, typed under ``calibration``, with right/wrong."""
         prior, kind = calibration.actions[action.label], action.kind
         typed = [
-            (kind.vote_type(action.label, prior, hop.get("evidence") or {}), hop)
+            (kind.vote_type(action.label, prior, brag.VoteFacts(hop.get("evidence") or {})), hop)
             for hop in outcome.hops.get(action.label, [])[:hops]
             if hop["answer"] and not hop["repeats"]
         ]
@@ -2361,7 +2361,9 @@ class SamplesFit(KindFit):
         if not (outcome.answers[action.label] and g):
             return []
         prior = calibration.actions[action.label]
-        vote_type = action.kind.vote_type(action.label, prior, {}, agreement=min(g, calibration.m))
+        vote_type = action.kind.vote_type(
+            action.label, prior, brag.VoteFacts(agreement=min(g, calibration.m))
+        )
         return [(vote_type, outcome.correct[action.label], None)]
 
 

@@ -63,7 +63,7 @@ class SampledRead(brag.Samples):
         readings = [brag.parse_reading(text) for text in reply.texts]
         mode, g = brag.closed_book_mode([answer for answer, _ in readings])
         follow_up = next((query for answer, query in readings if answer == mode), readings[0][1])
-        vote_type = self.vote_type(action.label, run.brag.priors[action.label], {}, agreement=g)
+        vote_type = self.vote_type(action.label, run.brag.priors[action.label], brag.VoteFacts(agreement=g))
         candidate = run.vote(vote_type, mode) if g else None
         details = {"samples": list(reply.texts), "agreement": g}
         return brag.Observation(

@@ -780,7 +780,7 @@ def test_a_read_repeating_a_read_of_the_same_passage_counts_as_the_fitted_depend
 def test_the_lookahead_prices_a_repeat_at_its_fitted_ratio():
     prior = brag.load_calibration(_with_repeat(0.3)).actions["R1"]
     rates = {"R1": 1.0, "R1_weak": 1.0}
-    _, outlook = brag.READ.view("R1", prior, 0.1, rates, weak=False, answered=True, second_hop="conditional")
+    _, outlook = brag.READ.view("R1", prior, 0.1, rates, brag.PolicyState(weak=False, answered=True))
     assert outlook.same_ratio == pytest.approx(0.3 / (0.7 * 0.1))
     beliefs = brag.VoteModel({"RT": (7.0, 3.0), "CB": (7.0, 3.0)}, 0.1).beliefs()
     beliefs.add(brag.Vote("RT", 0))
