@@ -26,7 +26,9 @@ import re
 import statistics
 import subprocess
 import sys
+from collections.abc import Callable
 from pathlib import Path
+from typing import TypeVar
 
 ROOT = Path(__file__).resolve().parent.parent
 LOOKAHEAD = re.compile(r"^\| lookahead, priced in tokens \| \d+ \| ([0-9.]+) \|", re.MULTILINE)
@@ -37,6 +39,7 @@ BY_CLASS = re.compile(
     r"isinstance\([\w.]*kind, (?!VoteKind\))|type\([\w.]*kind\)|brag\.(?:Read|Hop|Samples)\b(?!\.branches)"
 )
 PRODUCT = ("brag.py", "calibrate.py", "app.py", "bragkit")
+T = TypeVar("T")
 
 
 def product_files(root: Path) -> list[Path]:
@@ -99,6 +102,18 @@ def calls_per_kept(root: Path) -> dict[str, tuple[int, int]]:
     return {row["set"]: (row["calls"], row["kept"]) for row in json.loads(path.read_text(encoding="utf-8"))}
 
 
+def alternately(trees: dict[str, Path], pairs: int, measure: Callable[[Path], T]) -> dict[str, list[T]]:
+    """``measure`` of each tree, ``pairs`` times, the trees taking turns.
+
+    So a drift of the machine's speed hits both alike.
+    """
+    found: dict[str, list[T]] = {name: [] for name in trees}
+    for _ in range(pairs):
+        for name, root in trees.items():
+            found[name].append(measure(root))
+    return found
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--reference", type=Path, required=True, help="a checkout of the commit before")
@@ -109,10 +124,7 @@ def main() -> int:
     args = parser.parse_args()
     trees = {"before": args.reference.resolve(), "after": ROOT}
     code = {name: code_measures(root) for name, root in trees.items()}
-    timings: dict[str, list[tuple[float, float]]] = {name: [] for name in trees}
-    for _ in range(args.pairs):  # alternately, so a drift of the machine's speed hits both alike
-        for name, root in trees.items():
-            timings[name].append(decision_medians(root, args.runs, args.rounds))
+    timings = alternately(trees, args.pairs, lambda root: decision_medians(root, args.runs, args.rounds))
     per_set = {name: calls_per_kept(root) for name, root in trees.items()}
     command = f"python bench/seam.py --reference {args.reference}"
     if (args.pairs, args.runs, args.rounds) != (3, 100, 3):

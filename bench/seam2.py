@@ -33,44 +33,26 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT / "bench"))
 
-from seam import longest_function, product_files
+from harness import write_keeping
+from seam import alternately, longest_function, product_files
 
 SERVING_MODULES = "bragkit/serving"
 # The decision timing run in a checkout: its brag, this script's runs (the same for both).
 TIMING = """
 import json, statistics, sys
 sys.path.insert(0, sys.argv[1])
-import brag
-ANSWERS = ["Bergen", "Oslo", "NONE", "Lina Berg", "Trondheim"]
+import brag  # the checkout's own; decision_overhead (this checkout's runs) then uses it
+sys.path.insert(0, sys.argv[3])
+import decision_overhead as runs
 
-class VariedLLM:
-    name = "scripted"
-    def __init__(self, run):
-        self.run, self.calls = run, 0
-    def complete(self, messages, *, n=1, temperature=0.0, max_tokens=64, stop=None, seed=None):
-        self.calls += 1
-        pick = (self.run * 7 + self.calls * 3) % len(ANSWERS)
-        if messages[0]["content"] == brag.CLOSED_BOOK_INSTRUCTIONS:
-            texts = [ANSWERS[(pick + i * (self.run % 3)) % len(ANSWERS)] for i in range(n)]
-        else:
-            texts = [f"Answer: {ANSWERS[pick]}\\nFollow-up query: Lina Berg birthplace"]
-        return brag.Completion(texts, 100, 5 * n)
-
-root = sys.argv[1]
-corpus = brag.Corpus(open(root + "/data/demo_corpus.json", encoding="utf-8").read())
+corpus = brag.Corpus(open(sys.argv[1] + "/data/demo_corpus.json", encoding="utf-8").read())
 model = "local:qwen2.5-coder-0.5b-instruct-q4_k_m:chat"
-fits = {
-    "HotpotQA fit": brag.shipped_calibration(model, "HotpotQA"),
-    "documents fit": brag.shipped_calibration(model),
-}
+fits = {"HotpotQA fit": brag.shipped_calibration(model, "HotpotQA")}
+fits["documents fit"] = brag.shipped_calibration(model)
 settings = [("HotpotQA fit", "lookahead"), ("HotpotQA fit", "rate"), ("documents fit", "lookahead")]
 found = {}
 for fit, policy in settings:
-    times = []
-    for run in range(int(sys.argv[2])):
-        controller = brag.BRAG(VariedLLM(run), calibration=fits[fit], lam=0.0, policy=policy)
-        _, report = controller.run("Where was the architect of the Glass Tower born?", corpus)
-        times += [step["policy_us"] for step in report["steps"]]
+    times = runs.decision_times(policy, brag.DEFAULT_COST_UNIT, int(sys.argv[2]), corpus, fits[fit])
     found[f"{fit}, {policy}"] = statistics.median(times)
 print(json.dumps(found))
 """
@@ -161,7 +143,10 @@ def code_measures(root: Path) -> dict[str, object]:
 
 def decision_medians(root: Path, runs: int) -> dict[str, float]:
     done = subprocess.run(
-        [sys.executable, "-c", TIMING, str(root), str(runs)], capture_output=True, text=True, check=True
+        [sys.executable, "-c", TIMING, str(root), str(runs), str(ROOT / "bench")],
+        capture_output=True,
+        text=True,
+        check=True,
     )
     return json.loads(done.stdout)
 
@@ -175,10 +160,7 @@ def main() -> int:
     args = parser.parse_args()
     trees = {"before": args.reference.resolve(), "after": ROOT}
     code = {name: code_measures(root) for name, root in trees.items()}
-    timings: dict[str, list[dict[str, float]]] = {name: [] for name in trees}
-    for _ in range(args.pairs):  # alternately, so a drift of the machine's speed hits both alike
-        for name, root in trees.items():
-            timings[name].append(decision_medians(root, args.runs))
+    timings = alternately(trees, args.pairs, lambda root: decision_medians(root, args.runs))
     command = f"python bench/seam2.py --reference {args.reference}"
     if (args.pairs, args.runs) != (11, 100):
         command += f" --pairs {args.pairs} --runs {args.runs}"
@@ -194,9 +176,8 @@ def main() -> int:
     for name in trees:
         runs = "; ".join(", ".join(f"{v:.1f}" for v in t.values()) for t in timings[name])
         lines.append(f"\n{name}, each pair (in the table's order): {runs}")
-    lines.append("")
-    args.out.write_text("\n".join(lines), encoding="utf-8")
-    print("\n".join(lines))
+    write_keeping(args.out, lines)
+    print(args.out.read_text(encoding="utf-8"))
     return 0
 
 
