@@ -114,13 +114,19 @@ def alternately(trees: dict[str, Path], pairs: int, measure: Callable[[Path], T]
     return found
 
 
-def main() -> int:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+def comparison_parser(doc: str, pairs: int, out: Path) -> argparse.ArgumentParser:
+    """The command line of a script that measures this checkout against ``--reference``."""
+    parser = argparse.ArgumentParser(description=doc.splitlines()[0])
     parser.add_argument("--reference", type=Path, required=True, help="a checkout of the commit before")
-    parser.add_argument("--pairs", type=int, default=3)
+    parser.add_argument("--pairs", type=int, default=pairs)
     parser.add_argument("--runs", type=int, default=100)
+    parser.add_argument("--out", type=Path, default=out)
+    return parser
+
+
+def main() -> int:
+    parser = comparison_parser(__doc__, 3, ROOT / "bench" / "results" / "seam_measures.md")
     parser.add_argument("--rounds", type=int, default=3)
-    parser.add_argument("--out", type=Path, default=ROOT / "bench" / "results" / "seam_measures.md")
     args = parser.parse_args()
     trees = {"before": args.reference.resolve(), "after": ROOT}
     code = {name: code_measures(root) for name, root in trees.items()}

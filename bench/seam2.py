@@ -20,7 +20,6 @@ Writes ``bench/results/seam2_measures.md``; ``bench/results/seam2.md`` holds wha
 
 from __future__ import annotations
 
-import argparse
 import ast
 import json
 import os
@@ -34,7 +33,7 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT / "bench"))
 
 from harness import write_keeping
-from seam import alternately, longest_function, product_files
+from seam import alternately, comparison_parser, longest_function, product_files
 
 SERVING_MODULES = "bragkit/serving"
 # The decision timing run in a checkout: its brag, this script's runs (the same for both).
@@ -152,12 +151,7 @@ def decision_medians(root: Path, runs: int) -> dict[str, float]:
 
 
 def main() -> int:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--reference", type=Path, required=True, help="a checkout of the commit before")
-    parser.add_argument("--pairs", type=int, default=11)
-    parser.add_argument("--runs", type=int, default=100)
-    parser.add_argument("--out", type=Path, default=ROOT / "bench" / "results" / "seam2_measures.md")
-    args = parser.parse_args()
+    args = comparison_parser(__doc__, 11, ROOT / "bench" / "results" / "seam2_measures.md").parse_args()
     trees = {"before": args.reference.resolve(), "after": ROOT}
     code = {name: code_measures(root) for name, root in trees.items()}
     timings = alternately(trees, args.pairs, lambda root: decision_medians(root, args.runs))
