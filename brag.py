@@ -2141,7 +2141,7 @@ class Window:
     """
 
     passages: tuple[SeenPassage, ...]
-    found: Retrieval
+    found: Retrieval = field(compare=False)  # its score arrays compare by no single truth value
     new: tuple[int, ...] = ()
     removed: tuple[int, ...] = ()
     signals: Mapping[str, float] = field(default_factory=dict)
