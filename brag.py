@@ -2940,6 +2940,10 @@ def _likelihood_ratio(rho: float, eta: float, rule: str = "floored") -> float:
     return max(1.0, ratio) if rule == "floored" else ratio
 
 
+# What one vote may be: (share, likelihood ratio) of each kind of vote.
+Outcomes = tuple[tuple[float, float], ...]
+
+
 @dataclass(frozen=True)
 class VoteOutlook:
     """What one action's vote can be, for the lookahead.
@@ -3431,7 +3435,7 @@ class VoteKind:
     Its calibration entry (``entry``, ``entry_dict``) and the prior it has without one
     (``prior``); the vote types its answers get and their Betas (``vote_types``, ``vote_type``,
     ``reliability``); its information rates and one-vote outlook for the policy (``rates``,
-    ``view``, ``outlook``); how often it may run (``uses``); what its prompt holds
+    ``view``, and its ``outcomes`` given its window); how often it may run (``uses``); what its prompt holds
     (``window``) and its run step (``step``); its cells in the app's steps table and its cases in
     the calibration table (``cells``, ``cases``). An :class:`Action` is a row: a label, a kind, a
     prompt, and the sizes and priors the estimates start from.
@@ -3511,7 +3515,7 @@ class VoteKind:
         """Its rate and its next vote's outlook in a policy state: its window weak or not, an answer before.
 
         With an evidence curve, the outlook is the spread of its vote's rho over the fitted votes
-        (:meth:`outlook` prices it with its window's own signals); a repeat of an earlier read's
+        (:meth:`outcomes` prices it with its window's own signals); a repeat of an earlier read's
         answer has its fitted ratio when the calibration has one.
         """
         flat = f"{label}_weak" if state.weak else label
@@ -3523,11 +3527,13 @@ class VoteKind:
         same = _ratio_of(prior.same, eta) if prior.same is not None else None
         return rates[flat], VoteOutlook(seen.q, outcomes, same)
 
-    def outlook(self, prior: ActionPrior, table: VoteOutlook, window: Window, eta: float) -> VoteOutlook:
-        """Its next vote's outlook given its window: with a curve, at the window's before-call signals."""
-        if prior.curve is None:
-            return table
-        return replace(table, outcomes=prior.curve.outcomes(window.signals, eta))
+    def outcomes(self, prior: ActionPrior, window: Window, eta: float) -> Outcomes | None:
+        """Its next vote's (share, likelihood ratio) outcomes given its window; None: its state's table's.
+
+        With an evidence curve, the curve's spread at the window's before-call signals (the
+        runner works them out once for each window it builds).
+        """
+        return prior.curve.outcomes(window.signals, eta) if prior.curve is not None else None
 
     def uses(self, brag: BRAG) -> int:
         """How often a run may take it: ``max_uses`` times (the runner's availability check)."""
@@ -3656,13 +3662,13 @@ class Hop(VoteKind):
             outcomes = _outcomes(prior.evidence, _ratio_of(new, eta), eta)
         return rate, VoteOutlook(prior.q, outcomes, _ratio_of(same, eta))
 
-    def outlook(self, prior: ActionPrior, table: VoteOutlook, window: Window, eta: float) -> VoteOutlook:
-        """As its state's table has it, whatever its window's signals.
+    def outcomes(self, prior: ActionPrior, window: Window, eta: float) -> Outcomes | None:
+        """None: as its state's table has them, whatever its window's signals.
 
         Its window leads with the passages read before, whose signals the earlier reads' votes
         carry already; what it adds is its new passages.
         """
-        return table
+        return None
 
     def uses(self, brag: BRAG) -> int:
         """Up to ``hops`` times, and only once a read found passages not read yet (``needs_new``)."""
@@ -5086,6 +5092,8 @@ class _Run:
         self.first_hop = Retrieval([], [], 0)  # set by loop, where a retriever's failure is caught
         # Each action's window, built once by its kind (a hop's anew with each next hop).
         self.windows: dict[str, Window] = {}
+        # Each window's vote outcomes, as its kind prices them (VoteKind.outcomes; None: the tables').
+        self.outcomes: dict[str, Outcomes | None] = {}
         self.steps: list[Step] = []
         self.usage = _Usage()
         self.offered = {a.label: a for a in brag.offered}
@@ -5192,12 +5200,9 @@ class _Run:
         return {a: _gain(now, eta, self._outlook(a, outlooks), repeatable) / costs[a] for a in available}
 
     def _outlook(self, label: str, outlooks: Mapping[str, VoteOutlook]) -> VoteOutlook:
-        """An action's next vote: its state's table's, as its kind prices it given its window."""
-        window = self.windows.get(label)
-        if window is None:
-            return outlooks[label]
-        kind, prior = self.offered[label].kind, self.brag.priors[label]
-        return kind.outlook(prior, outlooks[label], window, self.brag.calibration.eta)
+        """An action's next vote: its state's table's, with its window's outcomes where its kind has them."""
+        outcomes = self.outcomes.get(label)
+        return outlooks[label] if outcomes is None else replace(outlooks[label], outcomes=outcomes)
 
     def _follow_schedule(self, decision: Decision, available: list[str]) -> Decision:
         """A fixed schedule (calibration, baselines) overrides the policy's choice, not its score."""
@@ -5326,8 +5331,10 @@ class _Run:
 
     def build(self, action: Action) -> None:
         """Its kind's window for ``action``, judged by the gate when its kind is gated."""
-        window = action.kind.window(self.window_view, action)
-        self.windows[action.label] = self.judge(action.label, window) if action.kind.gated else window
+        kind, prior = action.kind, self.brag.priors[action.label]
+        window = kind.window(self.window_view, action)
+        self.windows[action.label] = self.judge(action.label, window) if kind.gated else window
+        self.outcomes[action.label] = kind.outcomes(prior, window, self.brag.calibration.eta)
 
     def repeats(self, answer: str) -> bool:
         """Whether ``answer`` is one an earlier read voted for."""
