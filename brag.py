@@ -3365,6 +3365,10 @@ class WindowContext(Protocol):
         """The top ``k`` passages for ``query`` (a pool to rerank, say)."""
         ...
 
+    def passages(self, ids: Sequence[int]) -> list[Passage]:
+        """The passages of ``ids``, in that order (what a rerank reads)."""
+        ...
+
     def window(
         self, ids: Sequence[int], found: Retrieval | None = None, removed: Sequence[int] | None = None
     ) -> Window:
@@ -4276,14 +4280,18 @@ def _gate_from_dict(raw: Any) -> tuple[Gate | None, dict[str, Any]]:
 
 def load_calibration(
     source: Calibration | Mapping[str, Any] | str | os.PathLike[str] | None = None,
-    actions: Sequence[Action] = ACTION_TABLE,
+    actions: Sequence[Action] | None = None,
 ) -> Calibration:
     """A calibration from an object, a JSON string, a file path, or None for the hand-set prior.
 
-    ``actions``: the rows its entries are read with (a calibration read with others is read again).
+    ``actions``: the rows its entries are read with; None, a loaded calibration's own (its
+    ``table``), else the shipped ``ACTION_TABLE``. One read with other rows is read again.
     """
     if isinstance(source, Calibration):
-        return source if source.table == tuple(actions) else calibration_from_dict(source.to_dict(), actions)
+        if actions is None or source.table == tuple(actions):
+            return source
+        return calibration_from_dict(source.to_dict(), actions)
+    actions = ACTION_TABLE if actions is None else actions
     if source is None or (isinstance(source, str) and not source.strip()):
         source = PRIOR_CALIBRATION_PATH
     source = read_json(source, "calibration")
@@ -4999,6 +5007,10 @@ class _WindowView:
     def retrieve(self, query: str, k: int) -> Retrieval:
         """The top ``k`` passages for ``query``."""
         return self._run.retrieve(query, k)
+
+    def passages(self, ids: Sequence[int]) -> list[Passage]:
+        """The passages of ``ids``, in that order."""
+        return [self._run.corpus[i] for i in ids]
 
     def window(
         self, ids: Sequence[int], found: Retrieval | None = None, removed: Sequence[int] | None = None

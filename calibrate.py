@@ -697,6 +697,14 @@ MIN_CURVE_VOTES = 20  # votes a curve is fitted on, at least, with both right an
 CURVE_STRENGTH = 20.0
 
 
+def carried_features(votes: Sequence[Vote]) -> tuple[str, ...]:
+    """The evidence features the votes were recorded with (a value or None), in ``EVIDENCE``'s order.
+
+    What a fit on them looked at: a feature added since they were recorded is not among them.
+    """
+    return tuple(f for f in brag.evidence_names() if any(f in v for v, _ in votes))
+
+
 def curve_features(votes: Sequence[Vote]) -> list[str]:
     """The evidence features most votes have (four in five) and that vary among them."""
     found = []
@@ -810,7 +818,7 @@ def fit_evidence_curve(
     curve = _as_curve(weights, intercept, means, _spread(votes, weights, intercept, means), 0.5)
     held = _held_out_reliabilities(votes, features, base, strength)
     auc_ = auc([p for p, _ in held], [y >= 0.5 for _, y in held])
-    return brag.curve_to_dict(replace(curve, auc=round(float(auc_), 4), features=brag.evidence_names()))
+    return brag.curve_to_dict(replace(curve, auc=round(float(auc_), 4), features=carried_features(votes)))
 
 
 def _held_out_reliabilities(
@@ -851,7 +859,8 @@ def refit_curve(base: brag.EvidenceCurve, votes: Sequence[Vote], strength: float
         return base
     weights, intercept, means = _curve_weights(votes, features, base, strength)
     spread = _spread(votes, weights, intercept, means)
-    return replace(_as_curve(weights, intercept, means, spread, base.auc), features=brag.evidence_names())
+    looked_at = tuple(f for f in brag.evidence_names() if f in looked or f in carried_features(votes))
+    return replace(_as_curve(weights, intercept, means, spread, base.auc), features=looked_at)
 
 
 def _log_loss(rows: Sequence[tuple[float, float]]) -> float:
@@ -951,7 +960,7 @@ def fit_evidence_split(
         "threshold": round(threshold, 6),
         "auc": results[name],
         "levels": {"hi": level(n_hi, right_hi), "lo": level(n_lo, right_lo)},
-        "features": [f for f in brag.evidence_names() if any(f in v for v, _ in votes)],  # looked at
+        "features": list(carried_features(votes)),  # looked at
     }, results
 
 
@@ -1987,7 +1996,7 @@ def self_test_fit(
         "gate": None,
         **({"found": base.found.to_dict()} if base.found is not None else {}),
     }
-    brag.load_calibration(result)
+    brag.load_calibration(result, base.table)  # fails loudly if the loader rejects the fit
     return result
 
 

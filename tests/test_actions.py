@@ -187,6 +187,19 @@ def test_a_reranked_read_refits_from_the_pooled_read_and_counts_in_eta():
     assert set(fitted["actions"]["SR"]["levels"]) == {"1", "2", "3", "4", "5"}
 
 
+def test_a_refit_of_a_calibration_with_rows_of_its_own_keeps_them():
+    calibration = json.loads(PRIORS.read_text(encoding="utf-8"))
+    calibration["actions"]["RR"] = calibration["actions"]["R1"]
+    base = brag.load_calibration(calibration, TABLE)
+    outcomes = [
+        calibrate.Outcome(f"q{i}", {"R1": "Oslo", "RR": "Oslo"}, {"R1": i % 3 > 0, "RR": i % 2 > 0})
+        for i in range(12)
+    ]
+    for fitted in (calibrate.refit(base, outcomes), calibrate.self_test_fit(base, outcomes, corpus="c")):
+        assert set(fitted["actions"]) >= {"R1", "RR"} and fitted["counts"]["RR"]["correct"] == 6
+    assert brag.load_calibration(base) is base  # a loaded calibration keeps its own rows
+
+
 def test_a_sampled_read_is_judged_by_the_gate_and_a_hop_follows_it():
     llm, docs = reader(), corpus()
     calibration = json.loads(PRIORS.read_text(encoding="utf-8"))

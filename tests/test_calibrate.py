@@ -1233,6 +1233,18 @@ def test_a_refit_picks_up_a_feature_its_base_never_looked_at_and_says_where_one_
     assert report.config["calibration"]["unweighed_features"] == ["answer_words"]
 
 
+def test_a_fit_on_votes_recorded_before_a_feature_does_not_claim_to_have_looked_at_it(monkeypatch):
+    votes = _planted_votes(400, -2.0, {"answer_p": 3.0, "span": 1.5})  # recorded with two features
+    feature = brag.EvidenceFeature("answer_words", lambda read: None)
+    monkeypatch.setattr(brag, "EVIDENCE", (*brag.EVIDENCE, feature))
+    fitted = calibrate.fit_evidence_curve(votes)
+    assert fitted["features"] == ["answer_p", "span"]
+    calibration = brag.load_calibration(
+        {"version": 1, "eta": 0.1, "actions": {"R1": {"q": 0.9, "rho": {"a": 6, "b": 4}, "curve": fitted}}}
+    )
+    assert "answer_words" in calibration.unweighed_features()
+
+
 def test_no_curve_without_both_right_and_wrong_votes_or_enough_of_them():
     votes = _planted_votes(100, 0.0, {"answer_p": 1.0})
     assert calibrate.fit_evidence_curve([(v, 1.0) for v, _ in votes]) is None
