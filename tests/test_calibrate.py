@@ -1214,9 +1214,9 @@ def test_a_refit_picks_up_a_feature_its_base_never_looked_at_and_says_where_one_
     words_of = lambda read: float(len(read.answer.split())) if read.answer else None  # noqa: E731
     feature = brag.EvidenceFeature("answer_words", words_of)
     documents = brag.load_calibration(brag.CALIBRATIONS_DIR / "qwen2.5-coder-0.5b-documents.json")
-    assert documents.unweighed_features() == ()
+    before = documents.unweighed_features()
     monkeypatch.setattr(brag, "EVIDENCE", (*brag.EVIDENCE, feature))
-    assert documents.unweighed_features() == ("answer_words",)  # no shipped fit ever saw it
+    assert documents.unweighed_features() == (*before, "answer_words")  # no shipped fit ever saw it
     base = documents.actions["R1"].curve
     rng = np.random.default_rng(4)
     votes = []
@@ -1230,7 +1230,7 @@ def test_a_refit_picks_up_a_feature_its_base_never_looked_at_and_says_where_one_
     llm = ScriptedLLM(lambda prompt: "Answer: Lina Berg\nFollow-up query: Lina Berg")
     report = BRAG(llm, calibration=documents, lam=0.0).ask("Who designed it?", CORPUS, actions=["R1"])
     assert report.steps[0].observation.evidence["answer_words"] == 2.0
-    assert report.config["calibration"]["unweighed_features"] == ["answer_words"]
+    assert report.config["calibration"]["unweighed_features"] == [*before, "answer_words"]
 
 
 def test_a_fit_on_votes_recorded_before_a_feature_does_not_claim_to_have_looked_at_it(monkeypatch):

@@ -323,3 +323,15 @@ def test_the_index_command_never_opens_a_fifo_a_device_or_an_oversized_file(tmp_
     assert "pipe.txt: not a regular file" in result.stderr and "zero.txt: not a regular file" in result.stderr
     assert "huge.txt: 50,000,000 bytes, at most 10,000,000 per file" in result.stderr
     assert brag.Corpus.load(tmp_path / "out")[0].text == "Oslo is the capital of Norway."
+
+
+def test_the_guides_that_list_the_files_brag_reads_list_every_one():
+    import re
+
+    from bragkit import documents
+
+    for path, line in ((ROOT / "docs" / "scaling.md", "Documents ("), (ROOT / "README.md", "# files:")):
+        text = next(ln for ln in path.read_text(encoding="utf-8").splitlines() if line in ln)
+        listed = re.findall(r"\.[a-z]+\b", text.split(line, 1)[1])
+        missing = sorted(set(documents.SUFFIXES) - set(listed))
+        assert missing == [], path.name

@@ -173,6 +173,9 @@ def test_secrets_are_scrubbed_in_plain_and_base64_form(monkeypatch):
     assert scrubbed.count("***") == 4
     report = {"steps": [{"raw": "key sk-abcdef123456"}], "n": 1}
     assert secrets.scrub_data(report) == {"steps": [{"raw": "key ***"}], "n": 1}
+    # A backend of another scheme at a URL holds its credentials the same way.
+    monkeypatch.setenv("BRAG_MODEL", "prompt+https://bob:hunter2-secret@h/v1")
+    assert bragkit.serving.redaction.Secrets.from_env().scrub("got hunter2-secret") == "got ***"
 
 
 def test_a_new_backend_declares_its_credential_and_the_server_scrubs_it(monkeypatch):
@@ -183,6 +186,22 @@ def test_a_new_backend_declares_its_credential_and_the_server_scrubs_it(monkeypa
     assert {"HF_TOKEN", "OPENAI_API_KEY", "ACME_API_KEY"} <= set(llms.secret_env_names())
     secrets = bragkit.serving.redaction.Secrets.from_env()
     assert secrets.scrub("failed with key acme-7f3a9c21") == "failed with key ***"
+
+
+def test_a_new_backends_http_client_is_guarded_as_the_shipped_ones_are():
+    class Acme(llms.RemoteBackend):
+        secret_env = ()
+
+    backend = Acme(name="acme", timeout=5.0)
+    with FakeOpenAI() as server:  # any HTTP server on loopback
+        url = server.url + "/models"
+        assert backend.http_client().get(url).status_code == 200  # the owner's own endpoint
+        with pytest.raises(Exception, match="loopback, private, link-local or multicast"):
+            backend.http_client(public_only=True).get(url)  # a caller's URL: public addresses only
+        with pytest.raises(llms.ResponseTooLarge):
+            chat = {"messages": MESSAGES}
+            backend.http_client(max_bytes=10).post(server.url + "/chat/completions", json=chat)
+    assert backend.http_client().follow_redirects is False
 
 
 @pytest.mark.skipif(

@@ -71,8 +71,11 @@ from .errors import (
     RateLimited,
     RequestRejected,
     ResponseTooLarge,
+    Retryable,
     TokenRejected,
     check_token,
+    http_error,
+    retry_after_seconds,
 )
 from .local import (
     LOCAL_MODELS,
@@ -129,6 +132,9 @@ __all__ = [  # noqa: RUF022
     "LocalModelCrashed",
     "CacheDamaged",
     "check_token",
+    "Retryable",  # what a backend raises for a failure worth another try (RetryPolicy)
+    "http_error",  # an HTTP status as the LLMError it means
+    "retry_after_seconds",
     # transport
     "RetryPolicy",
     "deadline",

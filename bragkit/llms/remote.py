@@ -56,6 +56,10 @@ class RemoteBackend:
     ``LLMError``), sets :attr:`where` (the endpoint in words, credentials redacted: errors name
     it) and declares in :attr:`secret_env` the environment variables it may read a credential
     from: the app scrubs their values from every text it returns (:func:`secret_env_names`).
+    Its HTTP goes through :meth:`http_client`, whose sockets hold the call's deadline, whose
+    responses are capped at ``BRAG_MAX_RESPONSE_BYTES``, which follows no redirect, and which
+    with ``public_only`` connects to public addresses alone (a caller's URL): a client of its
+    own has none of these.
     """
 
     # The environment variables a backend of this class may send as credentials.
@@ -68,6 +72,21 @@ class RemoteBackend:
     native_n: bool | None = None  # learnt on the first request with n > 1
     logprobs: bool | None = None  # whether the server gives token log-probabilities (learnt)
     where: str = field(default="", init=False)  # the endpoint, as errors name it
+
+    def http_client(self, public_only: bool = False, max_bytes: int | None = None) -> httpx2.Client:
+        """An HTTP client over the guarded transport: deadline-bound, capped, no redirects.
+
+        ``public_only``: refuse to connect to any address that is not public (a URL a caller
+        chose; the check is on the address connected to). Environment proxies are used only
+        for the owner's own endpoints.
+        """
+        cap = max_response_bytes() if max_bytes is None else max_bytes
+        return httpx2.Client(
+            transport=GuardedTransport(public_only=public_only, max_bytes=cap),
+            follow_redirects=False,  # an allowed URL cannot hand the call elsewhere
+            trust_env=not public_only,
+            timeout=self.timeout,
+        )
 
     def _request(self, messages: list[dict[str, str]], options: CallOptions) -> Completion:
         """One HTTP exchange for ``options.n`` texts (raising an ``LLMError`` subclass)."""
@@ -196,13 +215,7 @@ class OpenAICompatible(RemoteBackend):
             api_key=key or "not-needed",
             timeout=self.timeout,
             max_retries=0,  # RetryPolicy decides, so Retry-After and the bounds are ours
-            # Deadline-bound sockets; no redirect, so an allowed URL cannot hand the call elsewhere.
-            http_client=httpx2.Client(
-                transport=GuardedTransport(public_only=self.public_only, max_bytes=self.max_response_bytes),
-                follow_redirects=False,
-                trust_env=not self.public_only,
-                timeout=self.timeout,
-            ),
+            http_client=self.http_client(self.public_only, self.max_response_bytes),
         )
         self._lock = threading.Lock()
 

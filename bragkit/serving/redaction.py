@@ -43,7 +43,7 @@ class Secrets:
         names = (*llms.secret_env_names(), "BRAG_MILVUS_TOKEN")
         values = [os.environ.get(name, "") for name in names]
         model = os.environ.get("BRAG_MODEL", "").strip()
-        if model.startswith(("http://", "https://")):
+        if "://" in model:  # an endpoint URL, of any backend's scheme (http, https, scheme+https...)
             netloc = urllib.parse.urlsplit(model).netloc
             if "@" in netloc:
                 userinfo = netloc.rpartition("@")[0]
