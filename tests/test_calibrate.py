@@ -1212,37 +1212,37 @@ def test_a_refit_keeps_the_pooled_curve_on_noise_and_moves_toward_a_planted_one(
 def test_a_refit_picks_up_a_feature_its_base_never_looked_at_and_says_where_one_is_missing(monkeypatch):
     # A feature added to the one list (brag.EVIDENCE): the answer's length in words.
     words_of = lambda read: float(len(read.answer.split())) if read.answer else None  # noqa: E731
-    feature = brag.EvidenceFeature("answer_words", words_of)
+    feature = brag.EvidenceFeature("planted_words", words_of)
     documents = brag.load_calibration(brag.CALIBRATIONS_DIR / "qwen2.5-coder-0.5b-documents.json")
     before = documents.unweighed_features()
     monkeypatch.setattr(brag, "EVIDENCE", (*brag.EVIDENCE, feature))
-    assert documents.unweighed_features() == (*before, "answer_words")  # no shipped fit ever saw it
+    assert documents.unweighed_features() == (*before, "planted_words")  # no shipped fit ever saw it
     base = documents.actions["R1"].curve
     rng = np.random.default_rng(4)
     votes = []
     for _ in range(300):  # planted: short answers are right, long ones wrong
-        evidence = {**dict(base.means), "answer_words": float(rng.integers(1, 6))}
-        votes.append((evidence, float(rng.uniform() < (0.9 if evidence["answer_words"] <= 2 else 0.1))))
+        evidence = {**dict(base.means), "planted_words": float(rng.integers(1, 6))}
+        votes.append((evidence, float(rng.uniform() < (0.9 if evidence["planted_words"] <= 2 else 0.1))))
     moved = calibrate.refit_curve(base, votes, calibrate.CURVE_STRENGTH)
-    assert dict(moved.weights)["answer_words"] < -0.5 and "answer_words" in moved.features
+    assert dict(moved.weights)["planted_words"] < -0.5 and "planted_words" in moved.features
     assert set(dict(base.weights)) < set(dict(moved.weights))  # the base's features, and the new one
     # Every read computes it, and a report under a calibration that never weighed it says so.
     llm = ScriptedLLM(lambda prompt: "Answer: Lina Berg\nFollow-up query: Lina Berg")
     report = BRAG(llm, calibration=documents, lam=0.0).ask("Who designed it?", CORPUS, actions=["R1"])
-    assert report.steps[0].observation.evidence["answer_words"] == 2.0
-    assert report.config["calibration"]["unweighed_features"] == [*before, "answer_words"]
+    assert report.steps[0].observation.evidence["planted_words"] == 2.0
+    assert report.config["calibration"]["unweighed_features"] == [*before, "planted_words"]
 
 
 def test_a_fit_on_votes_recorded_before_a_feature_does_not_claim_to_have_looked_at_it(monkeypatch):
     votes = _planted_votes(400, -2.0, {"answer_p": 3.0, "span": 1.5})  # recorded with two features
-    feature = brag.EvidenceFeature("answer_words", lambda read: None)
+    feature = brag.EvidenceFeature("planted_words", lambda read: None)
     monkeypatch.setattr(brag, "EVIDENCE", (*brag.EVIDENCE, feature))
     fitted = calibrate.fit_evidence_curve(votes)
     assert fitted["features"] == ["answer_p", "span"]
     calibration = brag.load_calibration(
         {"version": 1, "eta": 0.1, "actions": {"R1": {"q": 0.9, "rho": {"a": 6, "b": 4}, "curve": fitted}}}
     )
-    assert "answer_words" in calibration.unweighed_features()
+    assert "planted_words" in calibration.unweighed_features()
 
 
 def test_no_curve_without_both_right_and_wrong_votes_or_enough_of_them():

@@ -287,3 +287,10 @@ def test_a_calibration_without_a_curve_runs_as_before():
     level = pooled.actions["R1"].evidence.level(seen.evidence)
     assert seen.reliability is None and seen.vote_type == f"R1:{level.name}"
     assert report.confidence["p_correct"] == pytest.approx(level.mean, abs=1e-5)
+
+
+def test_each_evidence_feature_has_a_name_of_its_own():
+    names = brag.evidence_names()
+    assert len(set(names)) == len(names) == len(brag.EVIDENCE)
+    before, after = brag.evidence_names(before_call=True), brag.evidence_names(before_call=False)
+    assert set(before) | set(after) == set(names) and not set(before) & set(after)
