@@ -136,6 +136,7 @@ __all__ = [  # noqa: RUF022
     "Calibration",
     "FoundModel",
     "calibration_status",
+    "ReaderTerms",
     "load_calibration",
     "shipped_calibration",
     "shipped_calibrations",
@@ -2697,6 +2698,84 @@ class ActionPrior(_BetaMean):
 
 
 @dataclass(frozen=True)
+class ReaderTerms:
+    """A reader's own terms of one action: its reliabilities' logits scaled, then shifted.
+
+    What a documents fit across readers keeps per reader (:meth:`Calibration.for_reader`): the
+    evidence curves' features, the found model and the repeats mean the same for any reader;
+    how far a reader's reads are to be trusted at the same evidence is its own.
+    ``logit rho' = scale * logit rho + offset``; ``ReaderTerms()`` leaves an entry as it is.
+    """
+
+    offset: float = 0.0
+    scale: float = 1.0
+
+    def rho(self, rho: float) -> float:
+        """A reliability under these terms."""
+        rho = min(max(rho, 1e-9), 1 - 1e-9)
+        return _sigmoid(self.scale * math.log(rho / (1 - rho)) + self.offset)
+
+    def beta(self, a: float, b: float) -> tuple[float, float]:
+        """A reliability Beta under these terms: its mean moved, its concentration kept.
+
+        Neither parameter falls below a calibration's least (``_BETA_RANGE``): a mean moved
+        toward 0 or 1 stops where its Beta would stop being one.
+        """
+        total = a + b
+        least = 2 * _BETA_RANGE[0] / total
+        mean = min(max(self.rho(a / total), least), 1 - least)
+        return mean * total, (1 - mean) * total
+
+    def curve(self, curve: EvidenceCurve) -> EvidenceCurve:
+        """An evidence curve whose score is ``scale * score + offset`` (its spread likewise)."""
+        return replace(
+            curve,
+            weights=tuple((name, round(w * self.scale, 6)) for name, w in curve.weights),
+            intercept=round(curve.intercept * self.scale + self.offset, 6),
+            spread=tuple((share, round(post * self.scale + self.offset, 6)) for share, post in curve.spread),
+        )
+
+    def prior(self, prior: ActionPrior) -> ActionPrior:
+        """An action's entry under these terms: every reliability it holds; its rates and repeats kept."""
+
+        def moved(item: Any) -> Any:
+            a, b = self.beta(item.a, item.b)
+            return replace(item, a=round(a, 6), b=round(b, 6))
+
+        evidence = prior.evidence
+        if evidence is not None:
+            evidence = replace(evidence, hi=moved(evidence.hi), lo=moved(evidence.lo))
+        return replace(
+            moved(prior),
+            levels=tuple(moved(level) for level in prior.levels),
+            weak=self.prior(prior.weak) if prior.weak is not None else None,
+            evidence=evidence,
+            curve=self.curve(prior.curve) if prior.curve is not None else None,
+        )
+
+
+def _reader_terms_from_dict(raw: Any, actions: Collection[str]) -> dict[str, dict[str, ReaderTerms]]:
+    """A calibration's ``readers``: per reader's name, per action it has, (offset, scale)."""
+    if raw is None:
+        return {}
+    if not isinstance(raw, Mapping):
+        raise CalibrationError("calibration: readers must be an object of reader names")
+    found: dict[str, dict[str, ReaderTerms]] = {}
+    for reader, terms in raw.items():
+        if not isinstance(reader, str) or not isinstance(terms, Mapping):
+            raise CalibrationError(f"calibration: readers.{_shown(reader)} must be an object of actions")
+        found[reader] = {}
+        for label, term in terms.items():
+            where = f"readers.{reader}.{label}"
+            if label not in actions or not isinstance(term, Mapping):
+                raise CalibrationError(f"calibration: {where} must be an object for one of its actions")
+            offset = _number(term.get("offset"), f"{where}.offset", -20.0, 20.0)
+            scale = _number(term.get("scale"), f"{where}.scale", 0.0, 20.0, open_low=True)
+            found[reader][label] = ReaderTerms(offset, scale)
+    return found
+
+
+@dataclass(frozen=True)
 class ActionCost:
     """What one run of an action cost on average when calibration measured it."""
 
@@ -4100,6 +4179,28 @@ class Calibration:
     found: FoundModel | None = None  # whether the documents hold an answer (None: found_by_rule alone)
     # The rows its entries were read with (load_calibration's ``actions``), in table order.
     table: tuple[Action, ...] = field(default=ACTION_TABLE, repr=False, compare=False)
+    # A fit across readers: each reader's own terms by its name (``for_reader``).
+    readers: dict[str, dict[str, ReaderTerms]] = field(default_factory=dict)
+
+    @property
+    def across_readers(self) -> bool:
+        """Whether it was fitted on several readers' reads (``readers`` names them)."""
+        return bool(self.meta.get(ACROSS_READERS))
+
+    def for_reader(self, model: str) -> Calibration:
+        """It as ``model`` reads with it: a fit across readers with that reader's terms, if any.
+
+        A reader it has no terms for reads with it as it is, the readers' common fit; either way
+        its meta says for whom (``model``) and whether the terms are that reader's own
+        (``reader_terms``: "own" or "none"). A fit for one reader, or one already made for a
+        reader, is returned as it is.
+        """
+        if not self.across_readers or READER_TERMS in self.meta:
+            return self
+        own = self.readers.get(model, {})
+        actions = {label: own[label].prior(p) if label in own else p for label, p in self.actions.items()}
+        meta = {**self.meta, "model": model, READER_TERMS: "own" if own else "none"}
+        return replace(self, actions=actions, meta=meta, readers={})
 
     def offered(self) -> tuple[Action, ...]:
         """Its table's actions it has an entry for, in table order: the ones a controller offers."""
@@ -4167,6 +4268,13 @@ class Calibration:
             "gate": gate,
             **({"costs": costs} if costs is not None else {}),
             **({"found": self.found.to_dict()} if self.found is not None else {}),
+            **({"readers": self._readers_dict()} if self.readers else {}),
+        }
+
+    def _readers_dict(self) -> dict[str, dict[str, dict[str, float]]]:
+        return {
+            reader: {label: asdict(term) for label, term in terms.items()}
+            for reader, terms in self.readers.items()
         }
 
 
@@ -4190,9 +4298,10 @@ def calibration_from_dict(data: Any, actions: Sequence[Action] = ACTION_TABLE) -
     gate, details = _gate_from_dict(data.get("gate"))
     costs = _costs_from_dict(data.get("costs"), list(entries))
     found = _found_from_dict(data.get("found"))
-    own = ("version", "eta", "actions", "m", "gate", "costs", "found")
+    readers = _reader_terms_from_dict(data.get("readers"), entries)
+    own = ("version", "eta", "actions", "m", "gate", "costs", "found", "readers")
     meta = {k: v for k, v in data.items() if k not in own}
-    return Calibration(eta, entries, m, meta, gate, details, costs, found, table)
+    return Calibration(eta, entries, m, meta, gate, details, costs, found, table, readers)
 
 
 def _actions_from_dict(raw: Any, table: Sequence[Action]) -> dict[str, ActionPrior]:
@@ -4315,10 +4424,15 @@ def shipped_calibration(
     it by cross-validation (the pooled fit ``replaces`` it); any other named corpus gets the
     pooled fit. ``corpus`` None is the caller's own documents (uploaded, pasted, or a library
     user's): the model's documents fit (``DOCUMENTS``: labelled questions over real manuals).
-    Without those, the fit on HotpotQA, else on any corpus; never a fit for another model.
+    Without those, the fit on HotpotQA, else on any corpus; never a fit for another model. A
+    model with no fit of its own reads the caller's documents with the documents fit across
+    readers (:meth:`Calibration.for_reader`: its own terms when it was one of them).
     """
     shipped = shipped if shipped is not None else shipped_calibrations()
     fitted = [c for c in shipped.values() if c.meta.get("fitted") and c.meta.get("model") == model]
+    across = [c for c in shipped.values() if c.across_readers and c.meta.get("corpus") == DOCUMENTS]
+    if not fitted and corpus is None and across:
+        return across[0].for_reader(model)
     pooled = next((c for c in fitted if c.meta.get("corpus") == POOLED), None)
     own = next((c for c in fitted if corpus and c.meta.get("corpus") == corpus), None)
     if own is not None and not (pooled is not None and corpus in pooled.meta.get("replaces", ())):
@@ -4331,6 +4445,8 @@ def shipped_calibration(
 
 
 POOLED = "pooled"  # the corpus name of a model's fit over every labelled set
+ACROSS_READERS = "across_readers"  # meta of a fit on several readers' reads: their names
+READER_TERMS = "reader_terms"  # meta of such a fit made for one reader: "own" terms, or "none"
 DOCUMENTS = "documents"  # the corpus name of a model's fit over labelled sets of real manuals
 
 
@@ -4340,6 +4456,12 @@ def calibration_status(calibration: Calibration, model: str) -> str:
     fitted_for = meta.get("model")
     if not meta.get("fitted"):
         return "uncalibrated: a hand-set prior for a capable reader (run /calibrate for this model)"
+    readers = calibration.meta.get(ACROSS_READERS)
+    if readers and calibration.meta.get("model") == model:
+        names = ", ".join(map(str, readers if isinstance(readers, list) else ())) or "several readers"
+        if calibration.meta.get(READER_TERMS) == "own":
+            return f"the documents fit across readers ({names}), with this reader's own terms"
+        return f"fitted for other readers ({names}), not yet for this one (run /calibrate on your documents)"
     if calibration.meta.get("model") != model:
         return f"fitted for another model ({fitted_for}), not for this one (run /calibrate for this model)"
     fitted_on = calibration.meta.get("fitted_on")
@@ -4631,7 +4753,8 @@ class BRAG:
         object.__setattr__(self, "actions", rows)
         given = self.calibration
         shipped = shipped_calibration(llm_name(self.llm)) if given is None else given
-        calibration = load_calibration(shipped, with_shipped(rows))
+        # A fit across readers, given as it is, is made for this reader (a no-op for any other).
+        calibration = load_calibration(shipped, with_shipped(rows)).for_reader(llm_name(self.llm))
         object.__setattr__(self, "calibration", calibration)
         if not (isinstance(self.lam, (int, float)) and self.lam >= 0):
             raise InputError(f"lam must be a number >= 0, got {self.lam!r}")

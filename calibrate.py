@@ -1867,6 +1867,120 @@ def vote_losses(calibration: brag.Calibration, outcomes: Sequence[Outcome], hops
 
 
 # ------------------------------------------------------------------------------------------
+# Readers: one documents fit across readers, and the few terms that are each reader's own
+# ------------------------------------------------------------------------------------------
+
+# Pseudo-votes at "as the common fit has it" (offset 0, scale 1) that pull each reader's terms:
+# chosen by leaving one reader out (bench/models.py, bench/results/models.md).
+READER_STRENGTH = 10.0
+
+
+def reader_votes(
+    calibration: brag.Calibration, outcomes: Sequence[Outcome], hops: int = 1
+) -> dict[str, list[tuple[float, float]]]:
+    """Per action, each vote's reliability logit under ``calibration`` and whether it was right.
+
+    The votes :func:`vote_losses` scores, typed the same way (a vote's own reliability where
+    its curve gives one, else its type's): what a reader's terms move.
+    """
+    priors = calibration.source_priors(calibration.m)
+    found: dict[str, list[tuple[float, float]]] = {}
+    for action in calibration.offered():
+        rows = found.setdefault(action.label, [])
+        for o in outcomes:
+            if action.label not in o.answers:
+                continue
+            for vote_type, right, own in fit_of(action).loss_votes(calibration, action, o, hops):
+                a, b = priors[vote_type]
+                p = min(max(a / (a + b) if own is None else own, 1e-6), 1 - 1e-6)
+                rows.append((math.log(p / (1 - p)), float(right)))
+    return {label: rows for label, rows in found.items() if rows}
+
+
+def fit_reader_terms(
+    calibration: brag.Calibration,
+    outcomes: Sequence[Outcome],
+    strength: float = READER_STRENGTH,
+    hops: int = 1,
+) -> dict[str, brag.ReaderTerms]:
+    """A reader's terms for each of ``calibration``'s actions, from its votes on ``outcomes``.
+
+    A logistic regression of right on the vote's logit under ``calibration`` (offset and
+    scale), pulled toward (0, 1) by ``strength`` pseudo-votes: few votes leave the common
+    fit nearly as it is. Votes that all share one logit move the offset alone.
+    """
+    terms = {}
+    for label, rows in reader_votes(calibration, outcomes, hops).items():
+        z = np.array([logit for logit, _ in rows])
+        y = np.array([right for _, right in rows])
+        offset, scale = _affine_logistic(z, y, strength, fit_scale=bool(np.ptp(z) > 1e-6))
+        terms[label] = brag.ReaderTerms(round(offset, 6), round(max(scale, 0.05), 6))
+    return terms
+
+
+def _affine_logistic(z: np.ndarray, y: np.ndarray, strength: float, fit_scale: bool) -> tuple[float, float]:
+    """(offset, scale) of ``sigmoid(scale * z + offset)`` for ``y``, each pulled to (0, 1) by ``strength``."""
+    w = np.array([0.0, 1.0])
+    free = 2 if fit_scale else 1
+    for _ in range(50):
+        p = 1 / (1 + np.exp(-np.clip(w[1] * z + w[0], -30, 30)))
+        design = np.stack([np.ones_like(z), z], axis=1)[:, :free]
+        gradient = design.T @ (p - y) + strength * (w - [0.0, 1.0])[:free]
+        hessian = design.T @ (design * (p * (1 - p))[:, None]) + strength * np.eye(free)
+        step = np.linalg.solve(hessian + 1e-9 * np.eye(free), gradient)
+        w[:free] -= step
+        if np.abs(step).max() < 1e-9:
+            break
+    return float(w[0]), float(w[1])
+
+
+def with_reader_terms(calibration: brag.Calibration, terms: Mapping[str, brag.ReaderTerms]) -> dict[str, Any]:
+    """``calibration`` with each action's entry under its terms, as a calibration file holds it."""
+    actions = {
+        label: terms[label].prior(p) if label in terms else p for label, p in calibration.actions.items()
+    }
+    return replace(calibration, actions=actions).to_dict()
+
+
+def cross_reader_fit(
+    readers: Mapping[str, Mapping[str, Sequence[Outcome]]],
+    m: int,
+    hops: int,
+    *,
+    found: Mapping[str, Any] | None = None,
+    meta: Mapping[str, Any] | None = None,
+    evidence: str = "curve",
+    table: Table = brag.ACTION_TABLE,
+    strength: float = READER_STRENGTH,
+) -> dict[str, Any]:
+    """The documents fit across readers: ``readers`` maps each reader's name to its sets' outcomes.
+
+    One :func:`documents_fit` over every reader's questions (its curves, found model and
+    repeats hold for any reader), with each reader's own terms fitted on its own questions
+    (:func:`fit_reader_terms`) in ``readers``. A reader it was not fitted on reads with the
+    common fit (:meth:`brag.Calibration.for_reader`) until a self-test fits its terms.
+    """
+    if len(readers) < 2:
+        raise brag.InputError("a fit across readers needs at least two readers")
+    sets = {f"{reader}/{name}": outs for reader, by_set in readers.items() for name, outs in by_set.items()}
+    common = documents_fit(
+        sets, m, hops, model=CROSS_READER_MODEL, found=found, meta=meta, evidence=evidence, table=table
+    )
+    common = {**common, brag.ACROSS_READERS: list(readers)}
+    base = brag.load_calibration(common, table)
+    terms = {
+        reader: fit_reader_terms(base, [o for outs in by_set.values() for o in outs], strength, hops)
+        for reader, by_set in readers.items()
+    }
+    common["readers"] = {r: {a: asdict(t) for a, t in own.items()} for r, own in terms.items()}
+    brag.load_calibration(common, table)  # fails loudly if the loader rejects it
+    return common
+
+
+CROSS_READER_MODEL = "any reader"  # the model a fit across readers names until made for one
+
+
+# ------------------------------------------------------------------------------------------
 # A corpus's own fit: the pooled fit refitted on questions about the corpus
 # ------------------------------------------------------------------------------------------
 
@@ -1959,8 +2073,15 @@ def self_test_fit(
     k: int | None = None,
     meta: Mapping[str, Any] | None = None,
     curve_strength: float | None = None,
+    adapt: str = "refit",
+    reader_strength: float | None = None,
 ) -> dict[str, Any]:
     """A corpus's calibration: :func:`refit` of the model's pooled fit on its self-test questions.
+
+    ``adapt="terms"`` moves a base fitted across readers (made for this reader:
+    :meth:`brag.Calibration.for_reader`) by this reader's terms alone (:func:`reader_adapted`);
+    the default refits it as any base, which held out readers' self-tests chose
+    (bench/results/models.md).
 
     ``outcomes``: every action on the self-test questions (ids ``self-N``) and on any questions
     the user labelled; ``corpus``: the corpus's fingerprint; ``model``: the reader's name
@@ -1968,7 +2089,9 @@ def self_test_fit(
     in ``fitted_on``.
     """
     base = brag.load_calibration(pooled)
-    fitted = refit(base, outcomes, strength, hops, curve_strength) if outcomes else _as_it_is(base)
+    by_terms = bool(outcomes) and base.across_readers and adapt == "terms"
+    adapted = reader_adapted if by_terms else lambda *_: refit(base, outcomes, strength, hops, curve_strength)
+    fitted = adapted(base, outcomes, hops, reader_strength) if outcomes else _as_it_is(base)
     own = sum(not o.id.startswith("self-") for o in outcomes)
     result = {
         "version": brag.CALIBRATION_VERSION,
@@ -1991,6 +2114,7 @@ def self_test_fit(
             "kind": SELF_TEST,
             "questions": len(outcomes) - own,
             "labelled": own,
+            **({"adapted": "reader terms"} if by_terms else {}),
             **dict(meta or {}),
         },
         "gate": None,
@@ -1998,6 +2122,28 @@ def self_test_fit(
     }
     brag.load_calibration(result, base.table)  # fails loudly if the loader rejects the fit
     return result
+
+
+def reader_adapted(
+    base: brag.Calibration, outcomes: Sequence[Outcome], hops: int = 1, strength: float | None = None
+) -> dict[str, Any]:
+    """``base`` under the reader terms its self-test outcomes fit, as :func:`refit` returns a fit.
+
+    Its curves, repeats, eta and found model are the readers' common ones; each action's
+    reliabilities move by :func:`fit_reader_terms` (shrunk toward the base's); an action's cost
+    is the one the self-test measured, else the base's.
+    """
+    if not outcomes or not all(o.labelled for o in outcomes):
+        raise brag.InputError("a refit needs questions with known answers")
+    strength = READER_STRENGTH if strength is None else strength
+    adapted = with_reader_terms(base, fit_reader_terms(base, outcomes, strength, hops))
+    observed = observed_actions(outcomes, base.table)
+    base_costs = {label: asdict(cost) for label, cost in (base.costs or {}).items()}
+    costs = {**base_costs, **(fit_costs(outcomes, [a for a in observed if a.label in base.actions]) or {})}
+    costs = costs if set(costs) == set(base.actions) else None  # every action's, or none
+    fitted = {key: adapted[key] for key in ("version", "m", "eta", "actions")}
+    fitted["counts"] = {a.label: _tally(outcomes, a.label) for a in observed}
+    return {**fitted, "costs": costs} if costs is not None else fitted
 
 
 def _as_it_is(base: brag.Calibration) -> dict[str, Any]:

@@ -31,6 +31,7 @@ class Reply:
     # Per choice, (token, logprob) pairs sent when the request asks for logprobs; None = the
     # text's first max_tokens "tokens" (see _tokens) at log-probability -0.1 each
     logprobs: list[list[tuple[str, float]]] | None = None
+    omit_logprobs: bool = False  # a server that gives none, even when asked
 
 
 def _tokens(text: str, most: int) -> list[str]:
@@ -122,7 +123,7 @@ class FakeOpenAI:
                 for i, t in enumerate(texts)
             ],
         }
-        if request.get("logprobs"):
+        if request.get("logprobs") and not reply.omit_logprobs:
             # Like a real server, log-probabilities for at most max_tokens generated tokens.
             most = int(request.get("max_tokens") or 64)
             pieces = reply.logprobs or [[(p, -0.1) for p in _tokens(t, most)] for t in texts]

@@ -320,6 +320,9 @@ def test_shipped_calibrations_state_their_model_data_and_split(path):
     raw = json.loads(path.read_text())
     cal = brag.load_calibration(path)
     assert raw["fitted"] is True and raw["date"] and raw["name"] == path.stem
+    if cal.across_readers:
+        _check_the_fit_across_readers(raw, cal)
+        return
     assert raw["model"] == "local:qwen2.5-coder-0.5b-instruct-q4_k_m:chat" == llms.LocalModel().name
     assert cal.m == raw["m"] and 0 < cal.eta < 1 and raw["hops"] >= 1
     pooled = brag.load_calibration(brag.CALIBRATIONS_DIR / "qwen2.5-coder-0.5b-pooled.json")
@@ -357,6 +360,52 @@ def _check_the_documents_fit(raw: dict, cal: brag.Calibration) -> None:
     assert sum(map(len, sets.values())) == raw["n_questions"]
     again = calibrate.documents_fit(sets, raw["m"], raw["hops"], model=raw["model"], evidence=raw["evidence"])
     assert again["actions"] == raw["actions"] and again["eta"] == raw["eta"]
+
+
+def _check_the_fit_across_readers(raw: dict, cal: brag.Calibration) -> None:
+    """Three readers' documents fit: a model with none of its own gets it; it refits the same."""
+    names = {key: f"local:{w.name}:{w.prompt_format}" for key, w in llms.LOCAL_MODELS.items()}
+    assert raw[brag.ACROSS_READERS] == [names["qwen"], names["smollm2"], names["qwen1.5b"]]
+    assert set(cal.readers) == set(raw[brag.ACROSS_READERS]) and cal.found is not None and cal.gate is None
+    # What every reader was observed with, and the second hop from the one reader observed with it.
+    assert set(cal.actions) == {"R1", "R2", "CB", "RT"} and raw["fitted_on"]["subsets"] == {"R2": 252}
+    assert set(cal.readers[names["smollm2"]]) == {"R1", "CB", "RT"}
+    # The embedded model keeps its own documents fit; the others, and any model, get this one.
+    assert not brag.shipped_calibration(names["qwen"]).across_readers
+    others = (
+        "Qwen/Qwen2.5-7B-Instruct",
+        "http://h:1/v1#m",
+        "local:mine.gguf:plain",
+    )  # hosted, endpoint, file
+    for model in (names["smollm2"], names["qwen1.5b"], *others):
+        made = brag.shipped_calibration(model)
+        assert made.across_readers and made.meta["model"] == model
+        assert made.meta[brag.READER_TERMS] == ("own" if model in cal.readers else "none")
+        assert not brag.shipped_calibration(model, "HotpotQA").meta.get("fitted")  # benchmarks: as before
+    # Its actions and every reader's terms refit to the same values from the outcomes kept in bench/.
+    sets: dict[str, dict[str, list[calibrate.Outcome]]] = {}
+    for entry in raw["pooled_from"]:
+        model, _, name = entry.rpartition("/")
+        key = next(k for k, n in names.items() if n == model)
+        if key == "qwen":
+            path, progress = ROOT / "bench" / "results" / "confidence_documents" / f"{name}.real.jsonl", name
+        else:
+            path, progress = (
+                ROOT / "bench" / "results" / "models" / key / f"{name}.real.jsonl",
+                f"{key}/{name}",
+            )
+        outcomes = calibrate.read_progress(path, progress).values()
+        sets.setdefault(model, {})[name] = [_only(o, cal.actions) for o in outcomes]
+    again = calibrate.cross_reader_fit(sets, raw["m"], raw["hops"], evidence=raw["evidence"])
+    assert again["actions"] == raw["actions"] and again["readers"] == raw["readers"]
+
+
+def _only(outcome: calibrate.Outcome, keep) -> calibrate.Outcome:
+    """An outcome with only the ``keep`` actions, as a reader observed with those alone has it."""
+    fields_ = ("answers", "correct", "agreement", "weak", "hops", "usage", "evidence")
+    return replace(
+        outcome, **{f: {k: v for k, v in getattr(outcome, f).items() if k in keep} for f in fields_}
+    )
 
 
 class TokenCountingLLM:
@@ -1284,3 +1333,119 @@ def test_the_levels_variant_is_the_fit_before_curves():
     assert "curve" in curve["R1"] and "evidence" not in curve["R1"] and "same" in curve["R1"]
     with pytest.raises(brag.InputError, match="evidence"):
         calibrate.fit(outcomes, 5, 1, evidence="both")
+
+
+# ------------------------------------------------------------------------------------------
+# Readers: the documents fit across readers, and each reader's own terms
+# ------------------------------------------------------------------------------------------
+
+
+def _reader_outcomes(
+    n: int, skill: float, seed: int = 0, logprobs: bool = True, prefix: str = "q"
+) -> list[calibrate.Outcome]:
+    """R1, CB and RT on n questions by a reader whose reads are right with sigmoid(skill + 6 (p - 0.5))."""
+    rng = np.random.default_rng(seed)
+    found = []
+    for i in range(n):
+        answer_p = float(rng.uniform(0.0, 1.0))
+        answers, correct, evidence = {}, {}, {}
+        for label in ("R1", "RT"):
+            right = bool(rng.random() < 1 / (1 + np.exp(-(skill + 6 * (answer_p - 0.5)))))
+            answers[label], correct[label] = ("gold" if right else f"wrong{i}{label}"), right
+            evidence[label] = {
+                "answer_p": answer_p if logprobs else None,
+                "answer_p_min": (answer_p / 2) if logprobs else None,
+                "span": float(rng.random() < 0.8),
+                "in_question": 0.0,
+                "question_share": float(rng.uniform(0, 0.3)),
+                "margin": float(rng.uniform(0, 1)),
+                "top_coverage": float(rng.uniform(0.5, 1)),
+            }
+        cb_right = bool(rng.random() < 0.1)
+        found.append(
+            calibrate.Outcome(
+                id=f"{prefix}{i}",
+                answers={**answers, "CB": "gold" if cb_right else f"cb{i}"},
+                correct={**correct, "CB": cb_right},
+                agreement={"CB": int(rng.integers(1, 6))},
+                evidence=evidence,
+                usage={
+                    label: [
+                        {"prompt_tokens": 100, "completion_tokens": 5, "llm_calls": 1, "llm_seconds": 1.0}
+                    ]
+                    for label in ("R1", "RT", "CB")
+                },
+            )
+        )
+    return found
+
+
+def _two_readers() -> dict[str, dict[str, list[calibrate.Outcome]]]:
+    return {
+        "strong": {"a": _reader_outcomes(80, 1.5, 1), "b": _reader_outcomes(80, 1.5, 2)},
+        "weak": {"a": _reader_outcomes(80, -1.5, 3), "b": _reader_outcomes(80, -1.5, 4)},
+    }
+
+
+def test_a_fit_across_readers_shares_its_curves_and_gives_each_reader_its_own_level():
+    fitted = calibrate.cross_reader_fit(_two_readers(), 5, 1)
+    common = brag.load_calibration(fitted)
+    assert common.across_readers and fitted[brag.ACROSS_READERS] == ["strong", "weak"]
+    assert set(fitted["pooled_from"]) == {"strong/a", "strong/b", "weak/a", "weak/b"}
+    assert set(common.actions) == {"R1", "CB", "RT"}
+    strong, weak = common.readers["strong"]["RT"], common.readers["weak"]["RT"]
+    assert strong.offset > 0.5 > -0.5 > weak.offset  # the planted levels, either side of the common fit
+    # Made for each reader, the same evidence is trusted as that reader's reads were right.
+    evidence = {"answer_p": 0.5, "answer_p_min": 0.25, "span": 1.0, "in_question": 0.0}
+    rho = {r: common.for_reader(r).actions["RT"].curve.reliability(evidence) for r in ("strong", "weak")}
+    unknown = common.for_reader("a new model").actions["RT"].curve.reliability(evidence)
+    assert rho["weak"] < unknown < rho["strong"]
+    assert (
+        abs(rho["strong"] - 1 / (1 + np.exp(-1.5))) < 0.12 and abs(rho["weak"] - 1 / (1 + np.exp(1.5))) < 0.12
+    )
+    # Only the level and the slope are a reader's: its curve weighs the features as the common one does.
+    weights = dict(common.actions["RT"].curve.weights)
+    own = dict(common.for_reader("weak").actions["RT"].curve.weights)
+    ratios = {f: own[f] / weights[f] for f in weights if abs(weights[f]) > 1e-3}
+    assert max(ratios.values()) - min(ratios.values()) < 1e-3
+    with pytest.raises(brag.InputError, match="two readers"):
+        calibrate.cross_reader_fit({"strong": _two_readers()["strong"]}, 5, 1)
+
+
+def test_reader_terms_are_pulled_toward_the_common_fit_by_their_strength():
+    common = brag.load_calibration(calibrate.cross_reader_fit(_two_readers(), 5, 1))
+    few = _reader_outcomes(12, -3.0, 7)
+    loose = calibrate.fit_reader_terms(common, few, strength=0.5)["RT"]
+    firm = calibrate.fit_reader_terms(common, few, strength=1e4)["RT"]
+    assert loose.offset < -1.0
+    assert abs(firm.offset) < 0.01 and abs(firm.scale - 1) < 0.01
+    # Votes that are all right or all wrong still give a finite term.
+    all_right = [replace(o, correct={k: True for k in o.correct}) for o in few]
+    assert calibrate.fit_reader_terms(common, all_right)["RT"].offset > 0
+
+
+def test_a_self_test_moves_an_unknown_readers_terms_alone_and_lacks_no_log_probabilities():
+    common = brag.load_calibration(calibrate.cross_reader_fit(_two_readers(), 5, 1))
+    base = common.for_reader("http://127.0.0.1:9/v1#new")
+    assert brag.calibration_status(base, "http://127.0.0.1:9/v1#new").startswith("fitted for other readers")
+    # A reader worse than both, on a backend with no log-probabilities.
+    self_test = _reader_outcomes(40, -3.0, 11, logprobs=False, prefix="self-")
+    fitted = calibrate.self_test_fit(base, self_test, corpus="c", hops=1, adapt="terms")
+    adapted = brag.load_calibration(fitted)
+    assert fitted["fitted_on"]["adapted"] == "reader terms"
+    evidence = {"answer_p": None, "answer_p_min": None, "span": 1.0, "in_question": 0.0}
+    before = base.actions["RT"].curve.reliability(evidence)
+    after = adapted.actions["RT"].curve.reliability(evidence)
+    assert np.isfinite(after) and after < before
+    assert dict(adapted.actions["RT"].curve.means) == dict(base.actions["RT"].curve.means)
+    assert adapted.found == base.found and adapted.eta == base.eta
+    # Its costs are the ones it measured; the default, a refit, refits every value instead.
+    assert adapted.costs["RT"].prompt_tokens == 100
+    refitted = calibrate.self_test_fit(base, self_test, corpus="c", hops=1)
+    assert "adapted" not in refitted["fitted_on"]
+    assert brag.load_calibration(refitted).actions["RT"].mean < base.actions["RT"].mean
+    # A fit for one reader is refitted as before, whatever ``adapt`` says.
+    single = calibrate.self_test_fit(
+        _pooled_fit(), _corpus_outcomes(30, 0.5), corpus="c", hops=1, adapt="terms"
+    )
+    assert "adapted" not in single["fitted_on"]

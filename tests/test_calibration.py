@@ -52,6 +52,93 @@ def test_a_calibration_is_picked_only_for_the_model_it_was_fitted_on():
     assert "fitted for another model (model-b)" in brag.calibration_status(shipped_set["b-musique"], "c")
 
 
+DOCUMENTS_FIT = brag.CALIBRATIONS_DIR / "qwen2.5-coder-0.5b-documents.json"
+
+
+def across_readers(readers: dict | None = None) -> dict:
+    """The 0.5B's documents fit, marked as a fit across two readers, with the given terms."""
+    data = json.loads(DOCUMENTS_FIT.read_text())
+    terms = {"reader-a": {"RT": {"offset": -1.0, "scale": 0.5}, "CB": {"offset": 2.0, "scale": 1.0}}}
+    return {
+        **data,
+        "model": "any reader",
+        brag.ACROSS_READERS: ["reader-a", "reader-b"],
+        "readers": readers or terms,
+    }
+
+
+def test_reader_terms_scale_then_shift_every_reliability_an_entry_holds():
+    cal = load_calibration(DOCUMENTS_FIT)
+    terms = brag.ReaderTerms(offset=-1.0, scale=0.5)
+    rt, moved = cal.actions["RT"], terms.prior(cal.actions["RT"])
+    evidence = {"answer_p": 0.9, "answer_p_min": 0.6, "span": 1.0, "in_question": 0.0, "margin": 0.2}
+    score = rt.curve.score(evidence)
+    expected = brag.bounded_reliability(1 / (1 + 2.718281828459045 ** -(0.5 * score - 1.0)))
+    assert abs(moved.curve.reliability(evidence) - expected) < 1e-4
+    assert (moved.a + moved.b) == pytest.approx(rt.a + rt.b) and moved.mean < rt.mean
+    assert moved.q == rt.q and moved.same == rt.same  # rates and repeats are not a reader's
+    # Its lookahead spread moves with it, and (0, 1) changes nothing.
+    assert moved.curve.outcomes({}, cal.eta) != rt.curve.outcomes({}, cal.eta)
+    assert brag.ReaderTerms().prior(rt).curve.reliability(evidence) == pytest.approx(
+        rt.curve.reliability(evidence)
+    )
+    cb = terms.prior(cal.actions["CB"])
+    assert all(a.mean != b.mean for a, b in zip(cb.levels, cal.actions["CB"].levels, strict=True))
+    # However far terms move a reliability, the entry stays one a calibration may hold.
+    for extreme in (brag.ReaderTerms(offset=-20.0), brag.ReaderTerms(offset=20.0, scale=20.0)):
+        moved = {**cal.to_dict(), "actions": {**cal.to_dict()["actions"]}}
+        moved["actions"]["CB"] = brag.action_named("CB").kind.entry_dict(extreme.prior(cal.actions["CB"]))
+        assert 0 < load_calibration(moved).actions["CB"].levels[0].mean < 1
+
+
+def test_a_fit_across_readers_is_made_for_a_reader_with_its_own_terms_or_none():
+    cal = load_calibration(across_readers())
+    assert cal.across_readers and set(cal.readers) == {"reader-a"}
+    own, unknown = cal.for_reader("reader-a"), cal.for_reader("a new model")
+    assert own.meta["model"] == "reader-a" and own.meta[brag.READER_TERMS] == "own"
+    assert own.actions["RT"] != cal.actions["RT"] and own.actions["R1"] == cal.actions["R1"]
+    assert unknown.actions == cal.actions and unknown.meta[brag.READER_TERMS] == "none"
+    assert own.for_reader("reader-a") is own  # made once: its terms are never applied twice
+    assert "with this reader's own terms" in brag.calibration_status(own, "reader-a")
+    status = brag.calibration_status(unknown, "a new model")
+    assert status.startswith("fitted for other readers (reader-a, reader-b), not yet for this one")
+    # Its terms survive a round trip, and a fit for one reader is its own whoever reads with it.
+    assert load_calibration(json.dumps(cal.to_dict())).readers == cal.readers
+    single = load_calibration(DOCUMENTS_FIT)
+    assert single.for_reader("a new model") is single
+
+
+@pytest.mark.parametrize(
+    ("readers", "message"),
+    [
+        ({"r": {"RT": {"offset": 0.0, "scale": 0.0}}}, "scale"),
+        ({"r": {"R9": {"offset": 0.0, "scale": 1.0}}}, "one of its actions"),
+        ({"r": {"RT": {"offset": "x", "scale": 1.0}}}, "offset must be a number"),
+        ({"r": [1]}, "must be an object of actions"),
+    ],
+)
+def test_malformed_reader_terms_are_refused_by_name(readers, message):
+    with pytest.raises(brag.CalibrationError, match=message):
+        load_calibration(across_readers(readers))
+
+
+def test_a_model_with_no_fit_reads_documents_with_the_fit_across_readers():
+    shipped_set = {
+        "prior": load_calibration(),
+        "own": fitted_for("model-a", brag.DOCUMENTS),
+        "across": load_calibration(across_readers()),
+    }
+    pick = lambda model, corpus=None: brag.shipped_calibration(model, corpus, shipped_set)  # noqa: E731
+    assert pick("model-a") is shipped_set["own"]  # a model's own fit, unchanged
+    assert pick("reader-a").meta[brag.READER_TERMS] == "own"
+    assert pick("Qwen/Qwen2.5-7B-Instruct").actions == shipped_set["across"].actions
+    assert pick("Qwen/Qwen2.5-7B-Instruct").meta["model"] == "Qwen/Qwen2.5-7B-Instruct"
+    assert pick("Qwen/Qwen2.5-7B-Instruct", "HotpotQA") is shipped_set["prior"]  # a benchmark: as before
+    # Given as it is (a path, a dict), the controller makes it for its reader.
+    reader = type("Reader", (), {"name": "reader-a", "complete": None})()
+    assert brag.BRAG(reader, calibration=across_readers()).calibration.meta[brag.READER_TERMS] == "own"
+
+
 def test_shipped_calibrations_load():
     found = brag.shipped_calibrations()
     assert "prior" in found

@@ -153,6 +153,29 @@ def test_the_shipped_parts_describe_one_gguf_of_the_stated_size():
     assert all(p.requirement in requirements for p in qwen.parts)
 
 
+def test_the_optional_stronger_reader_is_one_gguf_its_own_requirements_file_installs():
+    qwen15 = llms.LOCAL_MODELS["qwen1.5b"]
+    assert sum(p.size for p in qwen15.parts) == qwen15.size == 1_117_320_768
+    assert len(qwen15.parts) == 22 and len({p.sha256 for p in qwen15.parts}) == 22
+    listed = [
+        line for line in (ROOT / qwen15.requirements).read_text().splitlines() if line and line[0] != "#"
+    ]
+    assert listed == [p.requirement for p in qwen15.parts]
+    assert not any(p.requirement in (ROOT / "requirements.txt").read_text() for p in qwen15.parts)
+    # Not installed, it names the file that installs it.
+    missing = LocalWeights(
+        "absent",
+        "absent.gguf",
+        (WeightPart("no_such_pkg", "x.bin", 1, "0" * 64, "no-such==1"),) * 2,
+        2,
+        "0" * 64,
+        "chat",
+        requirements=qwen15.requirements,
+    )
+    with pytest.raises(ModelNotFound, match=r"requirements-qwen1\.5b\.txt"):
+        llms.weights_file(missing)
+
+
 def test_local_specs_and_bad_paths(tmp_path):
     with pytest.raises(ModelNotFound, match="not found"):
         make_llm(f"local:{tmp_path / 'missing.gguf'}")
@@ -226,6 +249,40 @@ def test_samples_n_times_and_brag_runs_on_it(local):
     actions = [s["action"] for s in report["steps"] if s["action"]]
     assert actions[0] == "R1" and report["totals"]["llm_calls"] == len(actions)
     assert report["totals"]["prompt_tokens"] > 0
+
+
+@needs_qwen
+@pytest.mark.parametrize("logprobs", [True, False], ids=["with log-probabilities", "without"])
+def test_an_endpoint_serving_a_real_model_starts_from_the_fit_across_readers(local, logprobs):
+    from openai_server import FakeOpenAI, Reply
+
+    def served(request: dict) -> Reply:
+        reply = local.complete(
+            request["messages"],
+            n=int(request.get("n") or 1),
+            temperature=float(request.get("temperature") or 0.0),
+            max_tokens=int(request.get("max_tokens") or 64),
+            stop=request.get("stop"),
+            seed=request.get("seed"),
+        )
+        usage = {"prompt_tokens": reply.prompt_tokens, "completion_tokens": reply.completion_tokens}
+        return Reply(texts=reply.texts, logprobs=reply.logprobs, omit_logprobs=not logprobs, usage=usage)
+
+    corpus = Corpus(json.loads((ROOT / "data" / "demo_corpus.json").read_text()))
+    with FakeOpenAI(handler=served) as server:
+        llm = make_llm(server.url + "#served-here")
+        answer, report = BRAG(llm).run("Which river flows through Warsaw?", corpus)
+    # A model BRAG has never seen: the documents fit across readers, and the page says so.
+    status = report["config"]["calibration"]["status"]
+    assert status.startswith("fitted for other readers") and "not yet for this one" in status
+    reads = [s for s in report["steps"] if s["action"]]
+    assert reads[0]["action"] != "CB"  # the documents first, not the model's memory
+    assert "Vistula" in answer
+    assert 0.0 < report["confidence"]["p_correct"] < 1.0
+    evidence = reads[0]["observation"]["evidence"]
+    # Without log-probabilities the features they give are missing (never NaN), and P still stands.
+    assert (evidence["answer_p"] is not None) is logprobs
+    assert all(v is None or v == v for v in evidence.values())
 
 
 @needs_qwen

@@ -240,7 +240,8 @@ def test_a_fixed_schedule_runs_exactly_those_actions():
 def test_a_perfect_reader_answers_at_least_80_percent_with_the_prior_it_gets(shared_data):
     """The acceptance check through the Python API.
 
-    An uncalibrated endpoint gets the hand-set prior; with a reader that is right whenever the
+    An uncalibrated endpoint gets the hand-set prior on a named benchmark corpus (on the
+    caller's own documents, the fit across readers); with a reader that is right whenever the
     supporting passages are in its prompt, BRAG reads until it is.
     """
     from perfect_reader import PerfectReader, calls_it_needs
@@ -250,8 +251,9 @@ def test_a_perfect_reader_answers_at_least_80_percent_with_the_prior_it_gets(sha
 
     items = calibrate.read_labelled(shared_data / "hotpotqa" / "hotpotqa_ircot500.json")[300:360]
     corpus = Corpus((shared_data / "hotpotqa" / "hotpotqa_ircot500_corpus.json").read_text())
+    prior = brag.shipped_calibration("http://127.0.0.1/v1#perfect", "HotpotQA")
     with PerfectReader(items) as server:
-        controller = BRAG(make_llm(server.url + "#perfect"))
+        controller = BRAG(make_llm(server.url + "#perfect"), calibration=prior)
         assert controller.calibration.meta["source"] == "prior"
         answers = [controller.run(item.question, corpus) for item in items]
         requests = len(server.chat_requests)
@@ -270,7 +272,7 @@ def test_a_perfect_reader_answers_at_least_80_percent_with_the_prior_it_gets(sha
     # Priced in tokens, the prior makes closed-book (a short prompt) the first call; priced in
     # calls, a read is worth more per call, and closed-book comes only once reads have failed.
     with PerfectReader(items) as server:
-        per_call = BRAG(make_llm(server.url + "#perfect"), cost="calls")
+        per_call = BRAG(make_llm(server.url + "#perfect"), calibration=prior, cost="calls")
         by_calls = [per_call.run(item.question, corpus)[1] for item in items]
     for report, item in zip(by_calls, items, strict=True):
         actions = [s["action"] for s in report["steps"] if s["action"]]
@@ -589,7 +591,8 @@ def test_support_span_and_quote_come_only_from_what_the_prompt_showed():
     early = brag.Passage("Lina Berg", f"Lina Berg, architect, was born in Bergen. {filler}")
     reader = ScriptedLLM(read=lambda prompt: "Answer: Bergen\nFollow-up query: Lina Berg")
     for passage, shown in ((late, False), (early, True)):
-        answer, report = BRAG(reader, hops=0, max_uses=1).run("Where was Lina Berg born?", Corpus([passage]))
+        controller = BRAG(reader, calibration=PRIORS, hops=0, max_uses=1)
+        answer, report = controller.run("Where was Lina Berg born?", Corpus([passage]))
         read = next(s["observation"] for s in report["steps"] if s["action"] == "R1")
         assert answer == "Bergen" and report["confidence"]["supported"] is shown
         assert (report["confidence"]["source"] is not None) is shown
