@@ -105,23 +105,18 @@ def main() -> int:
     llm = CachedLLM(make_llm("local"), observed.CACHE, mode="replay" if args.replay else "read-write")
     controller = observer(llm)
     OUT.mkdir(parents=True, exist_ok=True)
-    for manifest in (observed.SETS, ROOT / "bench" / "docs" / "sets_more.json"):
-        observed.use_sets(manifest)
-        for entry in observed.sets():
-            name = entry["name"]
-            if args.set and name not in args.set:
-                continue
-            corpus = observed.corpus_of(entry, args.docs)
-            for part, items in (
-                ("real", observed.questions_of(entry)),
-                ("unanswerable", observed.unanswerable_of(entry)),
-            ):
-                started = time.monotonic()
-                calibrate.observe(
-                    items, corpus, controller, progress_path=outcomes_path(name, part), progress=name
-                )
-                print(f"{name}: {len(items)} {part} in {time.monotonic() - started:.0f} s", flush=True)
-            observe_self_test(name, corpus, "replay" if args.replay else "read-write")
+    for entry, corpus in observed.every_set(args.docs, args.set):
+        name = entry["name"]
+        for part, items in (
+            ("real", observed.questions_of(entry)),
+            ("unanswerable", observed.unanswerable_of(entry)),
+        ):
+            started = time.monotonic()
+            calibrate.observe(
+                items, corpus, controller, progress_path=outcomes_path(name, part), progress=name
+            )
+            print(f"{name}: {len(items)} {part} in {time.monotonic() - started:.0f} s", flush=True)
+        observe_self_test(name, corpus, "replay" if args.replay else "read-write")
     return 0
 
 

@@ -37,7 +37,6 @@ CACHE = ROOT / "bench" / "cache" / "models.sqlite"
 ACTIONS = ("R1", "CB", "RT")
 SETTINGS = {"lam": 0.0, "k": 5, "m": 5, "seed": 0, "hops": fits.SELF_TEST_HOPS}
 READERS = ("smollm2", "qwen1.5b")
-MANIFESTS = (ROOT / "bench" / "docs" / "sets.json", ROOT / "bench" / "docs" / "sets_more.json")
 
 
 def outcomes_path(reader: str, name: str, part: str) -> Path:
@@ -58,34 +57,26 @@ def main() -> int:
     args = parser.parse_args()
     llm = CachedLLM(make_llm(f"local:{args.reader}"), CACHE, mode="replay" if args.replay else "read-write")
     controller = calibrate.observer(llm, ACTIONS, None, SETTINGS)
-    for manifest in MANIFESTS:
-        observed.use_sets(manifest)
-        for entry in observed.sets():
-            name = entry["name"]
-            if args.set and name not in args.set:
+    for entry, corpus in observed.every_set(args.docs, args.set):
+        name = entry["name"]
+        self_test = confidence_observe.self_test_items(name)
+        for part, items in (
+            ("real", observed.questions_of(entry)),
+            ("unanswerable", observed.unanswerable_of(entry)),
+            ("selftest", self_test[0] if self_test else []),
+        ):
+            chosen = every_nth(items, args.every)
+            if not chosen:
                 continue
-            corpus = observed.corpus_of(entry, args.docs)
-            self_test = confidence_observe.self_test_items(name)
-            for part, items in (
-                ("real", observed.questions_of(entry)),
-                ("unanswerable", observed.unanswerable_of(entry)),
-                ("selftest", self_test[0] if self_test else []),
-            ):
-                if not items:
-                    continue
-                chosen = every_nth(items, args.every)
-                started = time.monotonic()
-                calibrate.observe(
-                    chosen,
-                    corpus,
-                    controller,
-                    progress_path=outcomes_path(args.reader, name, part),
-                    progress=f"{args.reader}/{name}",
-                )
-                print(
-                    f"{args.reader} {name}: {len(chosen)} {part} in {time.monotonic() - started:.0f} s",
-                    flush=True,
-                )
+            started = time.monotonic()
+            path = outcomes_path(args.reader, name, part)
+            calibrate.observe(
+                chosen, corpus, controller, progress_path=path, progress=f"{args.reader}/{name}"
+            )
+            print(
+                f"{args.reader} {name}: {len(chosen)} {part} in {time.monotonic() - started:.0f} s",
+                flush=True,
+            )
     return 0
 
 

@@ -26,6 +26,7 @@ import subprocess
 import sys
 import tempfile
 import time
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -55,6 +56,14 @@ PARTS = ("real", "unanswerable", "selftest")
 
 def sets() -> list[dict[str, Any]]:
     return json.loads(SETS.read_text(encoding="utf-8"))["sets"]
+
+
+def every_set(docs: Path, only: list[str] | None = None) -> Iterator[tuple[dict[str, Any], brag.Corpus]]:
+    """Each labelled set of both manifests (``only`` those named, when given), with its corpus."""
+    for manifest in (SETS, SETS.with_name("sets_more.json")):
+        for entry in json.loads(manifest.read_text(encoding="utf-8"))["sets"]:
+            if not only or entry["name"] in only:
+                yield entry, corpus_of(entry, docs)
 
 
 def use_sets(path: Path) -> None:

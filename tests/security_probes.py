@@ -38,6 +38,9 @@ from gradio_client import Client
 from openai_server import FakeOpenAI, Reply
 from selftest_probes import selftest_probes, start_selftest_app
 
+import brag
+from bragkit.serving import presentation
+
 ROOT = Path(__file__).resolve().parent.parent
 SERVER_OPENAI_KEY = "sk-server-secret-openai"
 SERVER_HF_TOKEN = "hf_server_secret_token"
@@ -53,7 +56,7 @@ MB = 1_000_000
 
 
 def owner_reply(request: dict[str, Any]) -> Reply:
-    """The owner's model: reads answer Bergen; a question with FAIL in it gets an HTTP 500.
+    """The owner's model: reads of Bergen's passage answer Bergen; FAIL in a question gets an HTTP 500.
 
     ECHOAUTH: a 401 whose body repeats the Authorization headers, as some proxies do; SAYKEY:
     an answer holding the server's key.
@@ -66,7 +69,9 @@ def owner_reply(request: dict[str, Any]) -> Reply:
         return Reply(status=401, body=json.dumps({"error": {"message": echoed}}).encode())
     if "SAYKEY" in content:
         return Reply(texts=[f"Answer: {SERVER_OPENAI_KEY} and {SERVER_HF_TOKEN}"] * request.get("n", 1))
-    if "Passages:" in content:
+    if "Passages:" in content:  # a read names Bergen when its passages do, as a real reader would
+        if "Bergen" not in content.rsplit("Question:", 1)[0]:
+            return Reply(texts=["Answer: NONE\nFollow-up query: Lina Berg"])
         return Reply(texts=["Answer: Bergen\nFollow-up query: Lina Berg"])
     return Reply(texts=["Oslo", "Rome", "Lima", "Bergen", "Paris"][: request.get("n", 1)])
 
@@ -539,7 +544,9 @@ def long_answer(lab: Lab) -> str:
 
 def bounded_texts(lab: Lab, response: str) -> str | None:
     answer, raw, query, whole = map(int, response.split(": ", 1)[1].split()[:4])
-    if answer > 200 or raw > 2_000 or query > 300 or whole > 20_000:
+    # An answer is cut to brag.MAX_ANSWER_CHARS; "Not in your documents. A guess, …" may lead it.
+    most = len(presentation.stated_answer("x" * brag.MAX_ANSWER_CHARS, {"found_in_documents": False}))
+    if answer > most or raw > 2_000 or query > 300 or whole > 20_000:
         return f"unbounded text reached the caller ({response})"
     return None
 

