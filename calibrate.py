@@ -724,18 +724,25 @@ def _design(votes: Sequence[Vote], features: Sequence[str], means: Mapping[str, 
 
 
 def _toward_logistic(
-    x: np.ndarray, y: np.ndarray, prior: np.ndarray, l2: float, pull_intercept: bool, iterations: int = 50
+    x: np.ndarray,
+    y: np.ndarray,
+    prior: np.ndarray,
+    l2: float,
+    pull_intercept: bool,
+    iterations: int = 50,
+    offset: np.ndarray | float = 0.0,
 ) -> np.ndarray:
     """Logistic regression (intercept first) whose weights are pulled toward ``prior`` by ``l2``.
 
     ``x`` standardised; the intercept is pulled too when ``pull_intercept`` (a refit toward a
-    base curve: a corpus's few votes move its level no more than its slope).
+    base curve: a corpus's few votes move its level no more than its slope). ``offset``: a
+    fixed part of each row's linear predictor, which no weight multiplies.
     """
     z = np.hstack([np.ones((len(x), 1)), x])
     w = prior.astype(float).copy()
     penalty = np.diag([l2 if pull_intercept else 0.0] + [l2] * x.shape[1])
     for _ in range(iterations):
-        p = 1 / (1 + np.exp(-np.clip(z @ w, -30, 30)))
+        p = 1 / (1 + np.exp(-np.clip(z @ w + offset, -30, 30)))
         gradient = z.T @ (p - y) + penalty @ (w - prior)
         hessian = z.T @ (z * (p * (1 - p))[:, None]) + penalty
         step = np.linalg.solve(hessian + 1e-9 * np.eye(len(w)), gradient)
@@ -1855,15 +1862,29 @@ def vote_losses(calibration: brag.Calibration, outcomes: Sequence[Outcome], hops
     evidence curve gives it one. A repeated answer is left out: its "reliability" encodes a
     likelihood ratio, not how often it is right.
     """
-    priors, losses = calibration.source_priors(calibration.m), []
     actions = [a for a in calibration.offered() if all(a.label in o.answers for o in outcomes)]
-    for o in outcomes:
-        for action in actions:
-            for vote_type, right, own in fit_of(action).loss_votes(calibration, action, o, hops):
-                a, b = priors[vote_type]
-                p = min(max(a / (a + b) if own is None else own, 1e-6), 1 - 1e-6)
-                losses.append(-(right * math.log(p) + (1 - right) * math.log(1 - p)))
-    return losses
+    priors = calibration.source_priors(calibration.m)
+    return [
+        -(right * math.log(p) + (1 - right) * math.log(1 - p))
+        for o in outcomes
+        for action in actions
+        for p, right in _vote_reliabilities(calibration, priors, action, o, hops)
+    ]
+
+
+def _vote_reliabilities(
+    calibration: brag.Calibration, priors: Mapping, action: brag.Action, outcome: Outcome, hops: int
+) -> list[tuple[float, float]]:
+    """(reliability, right) of each of an action's votes on one question, typed under ``calibration``.
+
+    A vote's own reliability where its curve gives one, else its type's mean under ``priors``
+    (the calibration's ``source_priors``); kept off 0 and 1.
+    """
+    found = []
+    for vote_type, right, own in fit_of(action).loss_votes(calibration, action, outcome, hops):
+        a, b = priors[vote_type]
+        found.append((min(max(a / (a + b) if own is None else own, 1e-6), 1 - 1e-6), float(right)))
+    return found
 
 
 # ------------------------------------------------------------------------------------------
@@ -1884,16 +1905,15 @@ def reader_votes(
     its curve gives one, else its type's): what a reader's terms move.
     """
     priors = calibration.source_priors(calibration.m)
-    found: dict[str, list[tuple[float, float]]] = {}
-    for action in calibration.offered():
-        rows = found.setdefault(action.label, [])
-        for o in outcomes:
-            if action.label not in o.answers:
-                continue
-            for vote_type, right, own in fit_of(action).loss_votes(calibration, action, o, hops):
-                a, b = priors[vote_type]
-                p = min(max(a / (a + b) if own is None else own, 1e-6), 1 - 1e-6)
-                rows.append((math.log(p / (1 - p)), float(right)))
+    found = {
+        action.label: [
+            (math.log(p / (1 - p)), right)
+            for o in outcomes
+            if action.label in o.answers
+            for p, right in _vote_reliabilities(calibration, priors, action, o, hops)
+        ]
+        for action in calibration.offered()
+    }
     return {label: rows for label, rows in found.items() if rows}
 
 
@@ -1913,25 +1933,15 @@ def fit_reader_terms(
     for label, rows in reader_votes(calibration, outcomes, hops).items():
         z = np.array([logit for logit, _ in rows])
         y = np.array([right for _, right in rows])
-        offset, scale = _affine_logistic(z, y, strength, fit_scale=bool(np.ptp(z) > 1e-6))
-        terms[label] = brag.ReaderTerms(round(offset, 6), round(max(scale, 0.05), 6))
+        if np.ptp(z) > 1e-6:
+            offset, scale = _toward_logistic(z[:, None], y, np.array([0.0, 1.0]), strength, True)
+        else:  # no spread to scale: the level alone, each vote at its own logit
+            (offset,), scale = (
+                _toward_logistic(np.empty((len(z), 0)), y, np.zeros(1), strength, True, offset=z),
+                1.0,
+            )
+        terms[label] = brag.ReaderTerms(round(float(offset), 6), round(max(float(scale), 0.05), 6))
     return terms
-
-
-def _affine_logistic(z: np.ndarray, y: np.ndarray, strength: float, fit_scale: bool) -> tuple[float, float]:
-    """(offset, scale) of ``sigmoid(scale * z + offset)`` for ``y``, each pulled to (0, 1) by ``strength``."""
-    w = np.array([0.0, 1.0])
-    free = 2 if fit_scale else 1
-    for _ in range(50):
-        p = 1 / (1 + np.exp(-np.clip(w[1] * z + w[0], -30, 30)))
-        design = np.stack([np.ones_like(z), z], axis=1)[:, :free]
-        gradient = design.T @ (p - y) + strength * (w - [0.0, 1.0])[:free]
-        hessian = design.T @ (design * (p * (1 - p))[:, None]) + strength * np.eye(free)
-        step = np.linalg.solve(hessian + 1e-9 * np.eye(free), gradient)
-        w[:free] -= step
-        if np.abs(step).max() < 1e-9:
-            break
-    return float(w[0]), float(w[1])
 
 
 def with_reader_terms(calibration: brag.Calibration, terms: Mapping[str, brag.ReaderTerms]) -> dict[str, Any]:
@@ -2023,8 +2033,7 @@ def refit(
     not run) keep theirs, and their costs. The outcomes' labels name ``pooled``'s rows (its table).
     """
     pooled = brag.load_calibration(pooled)
-    if not outcomes or not all(o.labelled for o in outcomes):
-        raise brag.InputError("a refit needs questions with known answers")
+    _check_labelled(outcomes)
     observed = observed_actions(outcomes, pooled.table)
     counts = {a.label: _tally(outcomes, a.label) for a in observed}
     actions = {
@@ -2078,10 +2087,8 @@ def self_test_fit(
 ) -> dict[str, Any]:
     """A corpus's calibration: :func:`refit` of the model's pooled fit on its self-test questions.
 
-    ``adapt="terms"`` moves a base fitted across readers (made for this reader:
-    :meth:`brag.Calibration.for_reader`) by this reader's terms alone (:func:`reader_adapted`);
-    the default refits it as any base, which held out readers' self-tests chose
-    (bench/results/models.md).
+    ``adapt="terms"`` moves a base fitted across readers by this reader's terms alone
+    (:func:`reader_adapted`); the default, a refit, won on held-out readers (bench/results/models.md).
 
     ``outcomes``: every action on the self-test questions (ids ``self-N``) and on any questions
     the user labelled; ``corpus``: the corpus's fingerprint; ``model``: the reader's name
@@ -2090,8 +2097,10 @@ def self_test_fit(
     """
     base = brag.load_calibration(pooled)
     by_terms = bool(outcomes) and base.across_readers and adapt == "terms"
-    adapted = reader_adapted if by_terms else lambda *_: refit(base, outcomes, strength, hops, curve_strength)
-    fitted = adapted(base, outcomes, hops, reader_strength) if outcomes else _as_it_is(base)
+    if by_terms:
+        fitted = reader_adapted(base, outcomes, hops, reader_strength)
+    else:
+        fitted = refit(base, outcomes, strength, hops, curve_strength) if outcomes else _as_it_is(base)
     own = sum(not o.id.startswith("self-") for o in outcomes)
     result = {
         "version": brag.CALIBRATION_VERSION,
@@ -2133,8 +2142,7 @@ def reader_adapted(
     reliabilities move by :func:`fit_reader_terms` (shrunk toward the base's); an action's cost
     is the one the self-test measured, else the base's.
     """
-    if not outcomes or not all(o.labelled for o in outcomes):
-        raise brag.InputError("a refit needs questions with known answers")
+    _check_labelled(outcomes)
     strength = READER_STRENGTH if strength is None else strength
     adapted = with_reader_terms(base, fit_reader_terms(base, outcomes, strength, hops))
     observed = observed_actions(outcomes, base.table)
@@ -2144,6 +2152,11 @@ def reader_adapted(
     fitted = {key: adapted[key] for key in ("version", "m", "eta", "actions")}
     fitted["counts"] = {a.label: _tally(outcomes, a.label) for a in observed}
     return {**fitted, "costs": costs} if costs is not None else fitted
+
+
+def _check_labelled(outcomes: Sequence[Outcome]) -> None:
+    if not outcomes or not all(o.labelled for o in outcomes):
+        raise brag.InputError("a refit needs questions with known answers")
 
 
 def _as_it_is(base: brag.Calibration) -> dict[str, Any]:

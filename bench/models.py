@@ -153,9 +153,9 @@ def runs(fit: brag.Calibration, s: Observed, llms: dict[str, CachedLLM]) -> tupl
 
 
 def found_rows(fit: brag.Calibration, sets: list[Observed], llms: dict[str, CachedLLM]) -> list[tuple]:
-    """(signals, answerable, right) of every question of ``sets`` under the readers' common fit.
+    """(signals, answerable, right) of every question of ``sets`` under ``fit``.
 
-    Each reader reads as a model the fit has no terms for would.
+    A fit across readers is read as a model it has no terms for would (a fit for one reader, as it is).
     """
     common = fit.for_reader("a model it has no terms for")
     rows = []
@@ -181,12 +181,7 @@ def own_fit(sets: list[Observed], llms: dict[str, CachedLLM]) -> brag.Calibratio
     outcomes = {s.name: s.real for s in sets}
     model = sets[0].reader.model
     plain = calibrate.documents_fit(outcomes, M, HOPS, model=model)
-    rows = []
-    for s in sets:
-        answerable, unanswerable = runs(brag.load_calibration(plain), s, llms)
-        rows += [(r["signals"], True, r["right"]) for r in answerable]
-        rows += [(r["signals"], False, False) for r in unanswerable]
-    found = calibrate.fit_found(rows)
+    found = calibrate.fit_found(found_rows(brag.load_calibration(plain), sets, llms))
     return brag.load_calibration(calibrate.documents_fit(outcomes, M, HOPS, model=model, found=found))
 
 
