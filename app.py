@@ -125,11 +125,14 @@ def build(settings: Settings | None = None) -> Blocks:
 
 
 def _file_input() -> gr.File:
-    """Documents as files, several at once; they are read once and deleted when the request ends."""
+    """Documents as files, several at once or a .zip of a tree; read once, deleted when the request ends."""
     return gr.File(
-        label=f"Your files (optional): {doc_files.described_suffixes()}",
+        label=(
+            f"Your files (optional): {doc_files.described_suffixes()}; or a .zip of a documentation "
+            "tree (its files are read one by one)"
+        ),
         file_count="multiple",
-        file_types=list(doc_files.SUFFIXES),
+        file_types=list(doc_files.UPLOAD_SUFFIXES),
         type="filepath",
         elem_id="files",
     )
@@ -199,7 +202,9 @@ def _ask_tab(server: Server, choices: list[str]) -> None:
             [answer, report],
             api_name=name,
             api_visibility="public" if name else "private",
-            show_progress="hidden",
+            # Gradio's progress (each file being read) shows on the progress line only.
+            show_progress="full",
+            show_progress_on=[progress],
         )
         ran.failure(failed, None, progress, api_visibility="private")
     report.change(
@@ -229,7 +234,7 @@ def _check_documents(server: Server, inputs: list[Any]) -> gr.Markdown:
         status,
         api_visibility="private",
         concurrency_id="calibrate",  # a self-test counts against the caller's /calibrate share
-        concurrency_limit=server.limits.calibrate_concurrency,
+        concurrency_limit=server.limits.calibrate_events(),  # the lane holds them to its slots
         show_progress="full",
     )
     cancel.click(None, None, None, cancels=[checking], api_visibility="private")
@@ -326,7 +331,7 @@ def _calibrate_tab(server: Server, choices: list[str]) -> gr.File:
         api_name="calibrate",
         # Its own slots, so an hour-long fit never holds up /brag.
         concurrency_id="calibrate",
-        concurrency_limit=limits.calibrate_concurrency,
+        concurrency_limit=limits.calibrate_events(),  # the lane holds them to its slots
     ).success(ui_helper(server.show_calibration), cal_out, [cal_table, cal_file], api_visibility="private")
     return cal_file
 
@@ -343,7 +348,9 @@ def launch_options(settings: Settings, demo: Blocks) -> dict[str, Any]:
         "show_error": False,
         # Gradio serves the kept fit the calibration tab offers for download from there.
         "allowed_paths": [str(settings.cache_dir / "calibrations")],
-        "max_file_size": limits.file_bytes,
+        # A .zip may hold all of a request's files; any other file over BRAG_MAX_FILE_BYTES is
+        # named as not read, never read.
+        "max_file_size": limits.upload_file_bytes(),
         # /monitoring would tell anyone every endpoint's traffic, and show session hashes.
         "enable_monitoring": False,
         # Sessions Gradio keeps (each small: Blocks.process_api clears its values).
@@ -354,7 +361,7 @@ def launch_options(settings: Settings, demo: Blocks) -> dict[str, Any]:
                     RequestSizeLimit,
                     max_bytes=max_request_bytes(limits),
                     # a request's files, and room for the multipart framing
-                    upload_bytes=limits.files_bytes + 1_000_000,
+                    upload_bytes=limits.upload_body_bytes(),
                     max_files=limits.files,
                     helper_bytes=limits.helper_bytes,
                     large=demo.takes_documents,
@@ -365,12 +372,7 @@ def launch_options(settings: Settings, demo: Blocks) -> dict[str, Any]:
                     proxies=settings.proxies,
                     limit=limits.queued_share(settings.concurrency),
                     # /calibrate's events (self-tests among them) wait for a slot of their own.
-                    groups={
-                        "calibrate": (
-                            limits.calibrate_share(),
-                            limits.calibrate_concurrency + limits.calibrate_queue,
-                        )
-                    },
+                    groups={"calibrate": (limits.calibrate_share(), limits.calibrate_events())},
                     group_of=demo.group_of,
                 ),
                 Middleware(

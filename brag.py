@@ -23,6 +23,7 @@ policy's tables; runner. The command line is ``bragkit/cli.py``. Three entry poi
 
 from __future__ import annotations
 
+import bisect
 import hashlib
 import itertools
 import json
@@ -759,21 +760,29 @@ def parse_reading(text: str) -> tuple[str, str]:
 
 @dataclass
 class _Candidates:
-    """Distinct answers seen so far; near-identical strings share one index."""
+    """Distinct answers seen so far; near-identical strings share one index.
+
+    A candidate is shown in a form some read found word for word in a passage, once one did
+    ("SPELL" rather than a first read's "SPELL, --speller"), so the answer is what the documents say.
+    """
 
     texts: list[str] = field(default_factory=list)
+    found_in_passage: list[bool] = field(default_factory=list)
 
     def find(self, answer: str) -> int | None:
         """The index of the candidate ``answer`` names, if any."""
         return next((i for i, text in enumerate(self.texts) if same_answer(answer, text)), None)
 
-    def index(self, answer: str) -> int:
-        """The index of the candidate ``answer`` names, added when new."""
+    def index(self, answer: str, in_passage: bool = False) -> int:
+        """The index of the candidate ``answer`` names, added when new (``in_passage``: a passage has it)."""
         found = self.find(answer)
-        if found is not None:
-            return found
-        self.texts.append(answer)
-        return len(self.texts) - 1
+        if found is None:
+            self.texts.append(answer)
+            self.found_in_passage.append(in_passage)
+            return len(self.texts) - 1
+        if in_passage and not self.found_in_passage[found]:
+            self.texts[found], self.found_in_passage[found] = answer, True
+        return found
 
 
 def closed_book_mode(samples: Sequence[str]) -> tuple[str, int]:
@@ -1771,11 +1780,19 @@ class Corpus:
         self._df, self._vocab, self.analyzer = index.df, index.vocab, index.analyzer
         self._ingestion, self._ingestion_file = index.ingestion, index.ingestion_file
         self._fingerprint: str | None = None
+        self._terms: list[str] | None = None  # the vocabulary in order, once a prefix is looked up
 
     def document_share(self, token: str) -> float:
         """Share of the passages that contain ``token`` (0 when none does)."""
         token_id = self._vocab.get(token)
         return float(self._df[token_id]) / len(self.ids) if token_id is not None else 0.0
+
+    def holds_prefix(self, prefix: str) -> bool:
+        """Whether some passage holds a token that starts with ``prefix`` (another form of a word)."""
+        if self._terms is None:
+            self._terms = sorted(t for t, i in self._vocab.items() if i < len(self._df) and self._df[i])
+        at = bisect.bisect_left(self._terms, prefix)
+        return at < len(self._terms) and self._terms[at].startswith(prefix)
 
     def _row_of(self, passage_id: int) -> int:
         row = int(np.searchsorted(self.ids, passage_id))
@@ -2233,9 +2250,28 @@ _CHINESE_QUESTION_CHARACTERS = re.compile("[什哪吗呢怎几么谁]")
 _CHINESE_QUESTION_WORDS = frozenset(("如何", "多少", "是否"))
 
 
+# The question words of languages written with spaces that their stop lists leave out (bm25s's
+# keep "como" but not "cómo"): a question asks with them whatever it is about, so they are never
+# an absent term or a named thing. They are no stop words for BM25, which indexes as it did.
+_QUESTION_WORDS = frozenset(
+    _folded(
+        "cómo qué cuál cuáles dónde adónde cuándo cuánto cuánta cuántos cuántas quién quiénes "  # es
+        "quali cosa perché quale quanta quante "  # it
+        "comment quel quels quelle quelles où quand combien pourquoi lequel laquelle lesquels "  # fr
+        "quais onde porquê quantos quantas "  # pt
+        "wann wer warum wieviel wieviele weshalb wozu woher wohin "  # de
+        "hoe wanneer waarom welke wie waar hoeveel".split()  # nl
+    )
+)
+
+
 def _grammar(term: str) -> bool:
     """Whether a term of a question is its grammar rather than what it is about."""
-    asks = term in _CHINESE_QUESTION_WORDS or _CHINESE_QUESTION_CHARACTERS.search(term)
+    asks = (
+        term in _CHINESE_QUESTION_WORDS
+        or _CHINESE_QUESTION_CHARACTERS.search(term)
+        or term in _QUESTION_WORDS
+    )
     if _KANA_ONLY.fullmatch(term) or asks or term in _STOP_LANGUAGES:
         return True  # a stop word of any language ("who", "welche"), whatever the corpus drops
     scripts = {next((name for script, name in _SCRIPT_OF if script.match(c)), "") for c in term}
@@ -2379,6 +2415,20 @@ def read_evidence(
     return evidence
 
 
+def span_rank(evidence: Mapping[str, Any]) -> int | None:
+    """The rank (from 1) in its window of the first passage holding the answer word for word; None: none."""
+    span = evidence.get("span")
+    return round(1 / span) if isinstance(span, (int, float)) and span > 0 else None
+
+
+def resting_passages(window: Window, evidence: Mapping[str, Any]) -> tuple[int, ...]:
+    """The passages of ``window`` a read's answer rests on: the first that holds it, else every one."""
+    rank = span_rank(evidence)
+    if rank is not None and rank <= len(window.passages):
+        return (window.passages[rank - 1].id,)
+    return tuple(p.id for p in window.passages)
+
+
 def evidence_text(evidence: Mapping[str, float | None]) -> str:
     """The evidence in words, e.g. ``answer p 0.83 · span of passage 1``."""
     parts = []
@@ -2386,7 +2436,7 @@ def evidence_text(evidence: Mapping[str, float | None]) -> str:
         parts.append(f"answer p {evidence['answer_p']:.2f}")
     span = evidence.get("span")
     if span is not None:
-        parts.append(f"span of passage {round(1 / span)}" if span else "not in any passage read")
+        parts.append(f"span of passage {span_rank(evidence)}" if span else "not in any passage read")
     if evidence.get("in_question"):
         parts.append("named in the question")
     return " · ".join(parts)
@@ -2422,17 +2472,35 @@ def _salient_terms(question: str, corpus: Retriever, rare_share: float = 0.01) -
     return named | rare
 
 
+# A word of at least STEM_LETTERS letters is held when a passage holds a word that begins like it,
+# all but its last STEM_ENDING letters: "configura" by "configurare", "sostituisce" by
+# "sostituire", "updates" by "updated". No dictionary and no stemmer: any language whose words
+# change their endings (Italian, Spanish, French, German, English...); names stay whole.
+STEM_LETTERS, STEM_ENDING, STEM_MIN = 7, 3, 5
+
+
+def held_term(term: str, corpus: Retriever) -> bool:
+    """Whether a passage holds ``term``, or, for a long word, another form of it (``holds_prefix``)."""
+    if corpus.document_share(term) > 0:
+        return True
+    prefixes = getattr(corpus, "holds_prefix", None)  # a retriever that can look up a word's start
+    if prefixes is None or len(term) < STEM_LETTERS or not term.isalpha() or _UNSPACED.search(term):
+        return False
+    return bool(prefixes(term[: max(STEM_MIN, len(term) - STEM_ENDING)]))
+
+
 def absent_share(question: str, corpus: Retriever) -> float:
     """The share of the question's distinct terms (its first ``MAX_TERM_LOOKUPS``) no passage holds.
 
     A question about something the documents never name asks for what they cannot answer,
-    whatever a read of the nearest passage says (a ``FoundModel`` signal).
+    whatever a read of the nearest passage says (a ``FoundModel`` signal). A word's other forms
+    count as held (:func:`held_term`), so an inflected verb of the question is no absent term.
     """
     terms = [t for t in dict.fromkeys(tokenize(question, _analyzer_of(corpus))) if not _grammar(t)]
     terms = terms[:MAX_TERM_LOOKUPS]
     if not terms or not len(corpus):
         return 0.0
-    return sum(corpus.document_share(t) == 0 for t in terms) / len(terms)
+    return sum(not held_term(t, corpus) for t in terms) / len(terms)
 
 
 def topk_overlap(a: np.ndarray, b: np.ndarray, k: int) -> float:
@@ -3476,12 +3544,21 @@ class StepContext(Protocol):
         """The window's passages, in its order, as a prompt holds them."""
         ...
 
-    def vote(self, source: VoteType, answer: str, reliability: float | None = None) -> int | None:
-        """Add an answer to the posterior as a vote of type ``source`` (of its own ``reliability``)."""
+    def vote(
+        self, source: VoteType, answer: str, reliability: float | None = None, in_passage: bool = False
+    ) -> int | None:
+        """Add an answer to the posterior as a vote of type ``source`` (of its own ``reliability``).
+
+        ``in_passage``: a passage it read holds the answer word for word (its candidate is shown so).
+        """
         ...
 
-    def repeats(self, answer: str) -> bool:
-        """Whether ``answer`` is one an earlier read voted for."""
+    def repeats(self, answer: str, rests_on: Sequence[int] | None = None) -> bool:
+        """Whether ``answer`` is one an earlier read voted for, holding a passage of ``rests_on``.
+
+        ``rests_on``: the passages this read's answer rests on (:func:`resting_passages`); None:
+        any earlier read's vote for it counts (a hop is typed against every answer before it).
+        """
         ...
 
 
@@ -3623,17 +3700,23 @@ class VoteKind:
         return brag.max_uses
 
     def window(self, run: WindowContext, action: Action) -> Window:
-        """What its prompt holds, in prompt order: the question's own top passages, as many as it holds."""
-        return run.window([i for i, _ in run.first_hop.hits][: action.passages or None])
+        """What its prompt holds, in prompt order: the question's own passages from its row's rank on.
+
+        A row's ``first`` skips the passages a read before it holds (the next-ranked read), so its
+        vote rests on a passage the focused read never saw.
+        """
+        ranked = [i for i, _ in run.first_hop.hits][action.first :]
+        return run.window(ranked[: action.passages or None])
 
     def step(self, run: StepContext, action: Action, window: Window) -> Observation:
         """Read its window, which is all its prompt holds, in that order; one vote."""
         label, prior = action.label, run.brag.priors[action.label]
         reading = run.read(action, window)
-        seen = VoteFacts(reading.evidence, weak=window.weak, repeats=run.repeats(reading.answer))
+        repeats = run.repeats(reading.answer, resting_passages(window, reading.evidence))
+        seen = VoteFacts(reading.evidence, weak=window.weak, repeats=repeats)
         vote_type = self.vote_type(label, prior, seen)
         own = self.reliability(prior, vote_type, reading.evidence)
-        candidate = run.vote(vote_type, reading.answer, own)
+        candidate = run.vote(vote_type, reading.answer, own, bool(reading.evidence.get("span")))
         return reading.observed(vote_type, candidate, own, dedup_removed=list(window.removed))
 
     def cells(self, label: str, seen: Mapping[str, Any]) -> tuple[str, str, str]:
@@ -3778,7 +3861,7 @@ class Hop(VoteKind):
         own = self.reliability(prior, vote_type, reading.evidence)
         return reading.observed(
             vote_type,
-            run.vote(vote_type, reading.answer, own),
+            run.vote(vote_type, reading.answer, own, bool(reading.evidence.get("span"))),
             own,
             query=window.query,
             new_passages=list(window.new),
@@ -3943,12 +4026,16 @@ class SampledRead(Read):
         tokens = reply.logprobs[first] if reply.logprobs and first is not None else None
         evidence = read_evidence(mode, run.question, passages, tokens, window=window, samples=reply.texts)
         vote_type = self.vote_type(
-            label, prior, VoteFacts(evidence, weak=window.weak, repeats=run.repeats(mode))
+            label,
+            prior,
+            VoteFacts(
+                evidence, weak=window.weak, repeats=run.repeats(mode, resting_passages(window, evidence))
+            ),
         )
         if prior.curve is None and vote_type.branch != "same":  # no curve weighs it: by its agreement
             vote_type = VoteType(label, str(g))
         own = self.reliability(prior, vote_type, evidence)
-        candidate = run.vote(vote_type, mode, own) if g else None
+        candidate = run.vote(vote_type, mode, own, bool(evidence.get("span"))) if g else None
         details = {"samples": list(reply.texts), "agreement": g, "dedup_removed": list(window.removed)}
         return Observation(
             mode, str(vote_type), candidate, window.passages, evidence, own if g else None, details=details
@@ -3990,8 +4077,9 @@ class Action:
     Its ``kind`` (:class:`Read`, :class:`Hop`, :class:`Samples`) says what its answers mean and
     how it runs (:class:`VoteKind`); ``messages`` is its prompt, and ``passages`` how many of the
     window's top passages it holds (None: all k). The rest feed the cost estimates (``window``
-    in units of k, ``answer_tokens``), the prior calibration shrinks toward, and whether
-    calibration observes it unless told which actions to fit (``fitted``).
+    in units of k, ``answer_tokens``), the prior calibration shrinks toward, whether
+    calibration observes it unless told which actions to fit (``fitted``), and the rank its
+    window starts at among the question's passages (``first``: 1 for the next-ranked read).
     """
 
     label: str  # what reports, calibrations, costs and the API call it
@@ -4004,11 +4092,14 @@ class Action:
     prior_rho: float | None = None  # and P(right | answered) for a read (samples: by agreement)
     passages: int | None = None  # the window's top passages its prompt holds (None: all k)
     fitted: bool = True  # observed and fitted by calibration unless its actions are named
+    first: int = 0  # the rank (from 0) of the first of the question's passages its prompt holds
 
     def __post_init__(self) -> None:
         # A vote type's text joins the label and its branch with "_" and a level with ":".
         if not self.label.isalnum() or not isinstance(self.kind, VoteKind):
             raise InputError(f"action {self.label!r}: a letters-and-digits label and a VoteKind")
+        if not isinstance(self.first, int) or self.first < 0:
+            raise InputError(f"action {self.label!r}: first is a rank, an integer from 0")
 
     def estimated_cost(self, question: str, passage: Passage, k: int, m: int) -> ActionCost:
         """Its cost from its prompt's size (about 4 characters a token), without a calibration."""
@@ -4049,6 +4140,22 @@ ACTION_TABLE: tuple[Action, ...] = (
         0.6,
         passages=1,
         fitted=False,
+    ),
+    # The next-ranked passage alone: a second look at what the focused read did not see, so a
+    # wrong first read can be outvoted by a witness that shares no passage with it. Offered by
+    # a calibration that fits it, or with BRAG(extra_actions=...).
+    Action(
+        "RN",
+        "reading the next passage alone",
+        READ,
+        read_messages,
+        1,
+        12.0,
+        0.8,
+        0.45,
+        passages=1,
+        fitted=False,
+        first=1,
     ),
 )
 
@@ -5175,13 +5282,15 @@ class _StepView:
         """The window's passages, in its order, as a prompt holds them."""
         return self._run.passages(window)
 
-    def vote(self, source: VoteType, answer: str, reliability: float | None = None) -> int | None:
+    def vote(
+        self, source: VoteType, answer: str, reliability: float | None = None, in_passage: bool = False
+    ) -> int | None:
         """Add an answer to the posterior as a vote of type ``source`` (of its own ``reliability``)."""
-        return self._run.vote(source, answer, reliability)
+        return self._run.vote(source, answer, reliability, in_passage)
 
-    def repeats(self, answer: str) -> bool:
-        """Whether ``answer`` is one an earlier read voted for."""
-        return self._run.repeats(answer)
+    def repeats(self, answer: str, rests_on: Sequence[int] | None = None) -> bool:
+        """Whether ``answer`` is one an earlier read voted for, holding a passage of ``rests_on``."""
+        return self._run.repeats(answer, rests_on)
 
 
 def _lead(found: Retrieval) -> float:
@@ -5220,7 +5329,8 @@ class _Run:
         self.uses: Counter[str] = Counter()
         self.read_ids: list[int] = []
         self.shown: dict[int, _ShownPassage] = {}  # each passage read, as shown (confidence)
-        self.read_answers: set[int] = set()  # candidates that some read (R1 or R2) voted for
+        # Each candidate some read voted for, and the passages those reads held.
+        self.read_answers: dict[int, set[int]] = {}
         # The gate's verdict on each gated action's window, in table order (a key of the policy tables).
         self.weak = dict.fromkeys([a.label for a in brag.offered if a.kind.gated], False)
         self.next_hop: NextHop | None = None
@@ -5251,8 +5361,15 @@ class _Run:
         return [
             a.label
             for a in self.brag.offered
-            if self.uses[a.label] < a.kind.uses(self.brag) and (ready or not a.kind.needs_new)
+            if self.uses[a.label] < a.kind.uses(self.brag)
+            and (ready or not a.kind.needs_new)
+            and not self._past_the_ranking(a)
         ]
+
+    def _past_the_ranking(self, action: Action) -> bool:
+        """A row that starts below the top (``first``) whose window found no passage: nothing to read."""
+        window = self.windows.get(action.label)
+        return action.first > 0 and window is not None and not window.passages
 
     def loop(self) -> Iterator[dict[str, Any]]:
         """Retrieve, build and judge the question's windows; then decide, yield the step, act, until done."""
@@ -5330,9 +5447,22 @@ class _Run:
         if brag.policy == "rate":  # SPEC: P_err * D / c
             p_err = error_probability(self.probs)
             return {a: p_err * rate_per_cost[a] for a in available}
-        eta, costs, repeatable = brag.calibration.eta, brag.priced_costs, self.read_answers
+        eta, costs = brag.calibration.eta, brag.priced_costs
         now = _Now.of(self.beliefs, self.probs, self.residual)  # what _decide just read
-        return {a: _gain(now, eta, self._outlook(a, outlooks), repeatable) / costs[a] for a in available}
+        return {
+            a: _gain(now, eta, self._outlook(a, outlooks), self._repeatable(a)) / costs[a] for a in available
+        }
+
+    def _repeatable(self, label: str) -> set[int]:
+        """The candidates a vote of this action would repeat: those of reads sharing a passage of its window.
+
+        A window not built yet (a hop's, before its next hop) shares every passage read.
+        """
+        window = self.windows.get(label)
+        if window is None or self.offered[label].kind.needs_new:
+            return set(self.read_answers)
+        ids = {p.id for p in window.passages}
+        return {c for c, held in self.read_answers.items() if not held.isdisjoint(ids)}
 
     def _outlook(self, label: str, outlooks: Mapping[str, VoteOutlook]) -> VoteOutlook:
         """An action's next vote: its state's table's, with its window's outcomes where its kind has them."""
@@ -5376,7 +5506,7 @@ class _Run:
                 self.read_as[passage.id] = passage
         gate = window.gate  # before a next hop's window is judged anew
         if kind.reads_passages:
-            self.note_answer(observed.candidate)
+            self.note_answer(observed.candidate, [p.id for p in observed.passages or ()])
         if kind.sets_next_hop and observed.follow_up is not None:
             self.after_read(observed.follow_up, [p.id for p in observed.passages or ()])
         return replace(observed, details={**observed.details, "gate": gate}) if kind.gated else observed
@@ -5393,14 +5523,17 @@ class _Run:
         self.usage.add(result, waited)
         return result
 
-    def vote(self, source: VoteType, answer: str, reliability: float | None = None) -> int | None:
+    def vote(
+        self, source: VoteType, answer: str, reliability: float | None = None, in_passage: bool = False
+    ) -> int | None:
         """Add an answer to the posterior as a vote of type ``source``; its candidate (None: no answer).
 
-        ``reliability``: the vote's own, when its evidence sets it.
+        ``reliability``: the vote's own, when its evidence sets it; ``in_passage``: a passage read
+        holds the answer word for word.
         """
         if is_no_answer(answer):
             return None
-        index = self.candidates.index(answer)
+        index = self.candidates.index(answer, in_passage)
         vote = Vote(source, index, reliability)
         t0 = time.perf_counter()
         self.beliefs.add(vote)
@@ -5471,9 +5604,14 @@ class _Run:
         self.windows[action.label] = self.judge(action.label, window) if kind.gated else window
         self.outcomes[action.label] = kind.outcomes(prior, window, self.brag.calibration.eta)
 
-    def repeats(self, answer: str) -> bool:
-        """Whether ``answer`` is one an earlier read voted for."""
-        return bool(answer) and self.candidates.find(answer) in self.read_answers
+    def repeats(self, answer: str, rests_on: Sequence[int] | None = None) -> bool:
+        """Whether ``answer`` is one an earlier read voted for, holding a passage of ``rests_on``.
+
+        Reads that share the passage an answer rests on are not independent witnesses of it;
+        a read that found it in a passage the earlier one never held is (None: any earlier vote).
+        """
+        held = self.read_answers.get(self.candidates.find(answer)) if answer else None
+        return held is not None and (rests_on is None or not held.isdisjoint(rests_on))
 
     def judge(self, label: str, window: Window) -> Window:
         """``window`` with the gate's signals and verdict (as it is, without a calibrated gate)."""
@@ -5500,10 +5638,10 @@ class _Run:
             if action.kind.needs_new:
                 self.build(action)
 
-    def note_answer(self, candidate: int | None) -> None:
-        """Remember that a read voted for ``candidate`` (it conditions the next hop's vote type)."""
+    def note_answer(self, candidate: int | None, passage_ids: Sequence[int]) -> None:
+        """Remember that a read of ``passage_ids`` voted for ``candidate`` (a later read may repeat it)."""
         if candidate is not None:
-            self.read_answers.add(candidate)
+            self.read_answers.setdefault(candidate, set()).update(passage_ids)
 
     def posterior_view(self) -> dict[str, Any]:
         """The posterior as the report shows it: each candidate, the residual and P(error)."""

@@ -15,7 +15,7 @@ from __future__ import annotations
 import json
 import sys
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import replace
 from pathlib import Path
 from typing import Any
@@ -103,21 +103,26 @@ def main() -> int:
     parser.add_argument("--replay", action="store_true", help="no LLM: every call must be in the cache")
     args = parser.parse_args()
     llm = CachedLLM(make_llm("local"), observed.CACHE, mode="replay" if args.replay else "read-write")
-    controller = observer(llm)
     OUT.mkdir(parents=True, exist_ok=True)
-    for entry, corpus in observed.every_set(args.docs, args.set):
+    for name, corpus in observe_sets(args.docs, args.set, observer(llm), outcomes_path):
+        observe_self_test(name, corpus, "replay" if args.replay else "read-write")
+    return 0
+
+
+def observe_sets(
+    docs: Path, only: list[str] | None, controller: object, path_of: Callable[[str, str], Path]
+) -> Iterator[tuple[str, object]]:
+    """Each set's answerable and unanswerable questions observed into ``path_of(set, part)``, set by set."""
+    for entry, corpus in observed.every_set(docs, only):
         name = entry["name"]
         for part, items in (
             ("real", observed.questions_of(entry)),
             ("unanswerable", observed.unanswerable_of(entry)),
         ):
             started = time.monotonic()
-            calibrate.observe(
-                items, corpus, controller, progress_path=outcomes_path(name, part), progress=name
-            )
+            calibrate.observe(items, corpus, controller, progress_path=path_of(name, part), progress=name)
             print(f"{name}: {len(items)} {part} in {time.monotonic() - started:.0f} s", flush=True)
-        observe_self_test(name, corpus, "replay" if args.replay else "read-write")
-    return 0
+        yield name, corpus
 
 
 if __name__ == "__main__":

@@ -1,17 +1,21 @@
 """Documents as people have them: files in, passages a reader needs out.
 
-``read_files`` turns ``.txt``, ``.md``, ``.pdf``, ``.docx``, ``.html`` and passage ``.json`` /
-``.jsonl`` files into :class:`brag.Passage` objects, each titled with its file and its page or
-heading path, cut at headings and paragraphs into passages of at most ``max_words`` words (a
-paragraph longer than that is cut into windows that overlap by ``overlap`` words). An unreadable
-file raises :class:`DocumentError` naming it.
+``read_files`` turns ``.txt``, ``.md``, ``.rst``, ``.pdf``, ``.docx``, ``.html`` and passage
+``.json`` / ``.jsonl`` files into :class:`brag.Passage` objects, each titled with its file and its
+page or heading path, cut at headings and paragraphs into passages of at most ``max_words`` words
+(a paragraph longer than that is cut into windows that overlap by ``overlap`` words). An
+unreadable file raises :class:`DocumentError` naming it. A ``.zip`` is a tree of such files: its
+members are read as if uploaded one by one, each titled with its path inside the archive
+(``manual.zip/html/intro.html › Install``). ``read_all`` (``read_tree`` here, the parse worker
+in the app) reads a request's files one at a time and names each one it cannot read, with the
+reason, instead of stopping at it.
 
 Libraries: pypdf (pure Python) for PDF, selectolax for HTML (one small compiled wheel;
 trafilatura pulls in a dozen packages to find the main text of web pages, which uploaded
 documents do not need). Word files are read here, straight from their zip: a streaming XML
 parser (expat) that keeps no tree, so a paragraph costs the same whatever the file holds.
-Markdown is cut by a line scanner: a passage needs the heading path and the paragraphs, not
-rendered inline markup, and a scanner takes linear time on any input.
+Markdown and reStructuredText are cut by line scanners: a passage needs the heading path and the
+paragraphs, not rendered inline markup, and a scanner takes linear time on any input.
 
 Every file is bounded, and the bound that guards each format is checked before the part of the
 work it guards (each is a :class:`FileLimits` field):
@@ -28,14 +32,24 @@ work it guards (each is a :class:`FileLimits` field):
                    left, a page drawn again counted again; inflated streams (stream_bytes)
     .html          nesting (html_depth), scanned before the parser sees the file (its cost grows
                    with depth times tags); text taken once per text node
-    .md .txt       linear scanners; no parser with backtracking
+    .md .rst .txt  linear scanners; no parser with backtracking
+    .zip           before listing: the entries its end record declares (zip_entries); before
+                   inflating: members to read (against the request's files), their declared
+                   unpacked bytes (against the request's total_bytes, each against file_bytes),
+                   each one's compression ratio (zip_ratio), encryption, the packing method
+                   (stored or deflated: each chunk inflates within a bound); while inflating,
+                   the bytes that come out, never more than declared; archives inside are not
+                   expanded, names are labels only (nothing is written; absolute or ``..``
+                   names are not read)
     .json .jsonl   a nesting too deep for the parser is an error, not a crash
 
 The app also reads every uploaded file in a worker process whose memory and CPU time are
 capped (``bragkit/serving/parse_worker.py``), so a bound that does not hold still cannot hurt the server.
 
     DocumentError (ValueError)      a file that cannot be read: its name and why
-    └── TooLarge                    a file, or all of them, past a limit
+    ├── TooLarge                    a file past a limit
+    │   └── RequestTooLarge         all the files of a request past a limit: reading stops
+    └── RequestStopped              reading stops for every file (RequestTooLarge is one)
 """
 
 from __future__ import annotations
@@ -49,9 +63,10 @@ import logging
 import re
 import unicodedata
 import zipfile
+import zlib
 from collections.abc import Callable, Iterable, Iterator, Sequence
-from dataclasses import dataclass
-from pathlib import Path, PurePosixPath
+from dataclasses import dataclass, replace
+from pathlib import PurePosixPath
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
@@ -73,6 +88,17 @@ class DocumentError(ValueError):
 
 class TooLarge(DocumentError):
     """A file, or all the files of a request, past one of :class:`FileLimits`."""
+
+
+class RequestStopped(DocumentError):
+    """Reading stops for every file of the request, not only for the one being read.
+
+    The parse worker's ``ReadingAbandoned`` is one: the caller went, or the deadline passed.
+    """
+
+
+class RequestTooLarge(TooLarge, RequestStopped):
+    """All the files of a request together past a limit (files, bytes, text, passages): no more is read."""
 
 
 @dataclass(frozen=True)
@@ -140,12 +166,11 @@ class FileContent:
 def read_files(
     files: Iterable[tuple[str, bytes]], limits: FileLimits = FileLimits(), cut: Cut = Cut()
 ) -> list[brag.Passage]:
-    """Passages from ``(file name, content)`` pairs; :class:`DocumentError` for the first bad one."""
-    files = list(files)
-    check_request(files, limits)
-    budget = TextBudget(limits.text_chars)
-    rows = [row for name, data in files for row in budget.spend(name, file_rows(name, data, limits, cut))]
-    return as_passages(rows)
+    """Passages from ``(file name, content)`` pairs; :class:`DocumentError` for the first bad one.
+
+    An archive's members are read as files of their own (:func:`read_all`).
+    """
+    return as_passages(read_all(list(files), limits, Source(cut), strict=True).rows)
 
 
 def read_file(
@@ -158,10 +183,10 @@ def read_file(
 def check_request(files: Sequence[tuple[str, bytes]], limits: FileLimits) -> None:
     """The number of files and their bytes, before any is read."""
     if len(files) > limits.files:
-        raise TooLarge(f"{len(files)} files: at most {limits.files} at once")
+        raise RequestTooLarge(f"{len(files)} files: at most {limits.files} at once")
     total = sum(len(data) for _, data in files)
     if total > limits.total_bytes:
-        raise TooLarge(f"{total:,} bytes of files: at most {limits.total_bytes:,} at once")
+        raise RequestTooLarge(f"{total:,} bytes of files: at most {limits.total_bytes:,} at once")
 
 
 _NORMALIZED_CHUNK = 1 << 16  # characters normalised at a time when counting
@@ -204,7 +229,9 @@ class TextBudget:
                 # Say why when the text as written is within the limit and only its form is not.
                 written = self.written <= self.limit
                 form = " once normalised (Unicode NFKC, as BRAG reads text)" if written else ""
-                raise TooLarge(f"{name}: the files hold more than {self.limit:,} characters of text{form}")
+                raise RequestTooLarge(
+                    f"{name}: the files hold more than {self.limit:,} characters of text{form}"
+                )
             yield row
 
 
@@ -242,10 +269,14 @@ def content_rows(content: FileContent, limits: FileLimits = FileLimits()) -> lis
 
 def file_content(name: str, data: bytes, limits: FileLimits = FileLimits(), cut: Cut = Cut()) -> FileContent:
     """One file read: what the parse worker reads and sends back (the standard library only)."""
-    name = Path(name).name  # only the name: a path from a caller never means a place here
+    name = display_name(name)  # only the name: a path from a caller never means a place here
+    return _content(name, suffix_of(name), data, limits, cut)
+
+
+def _content(name: str, suffix: str, data: bytes, limits: FileLimits, cut: Cut) -> FileContent:
+    """A document's passages (or a passage file's items), ``name`` being what they are titled with."""
     if len(data) > limits.file_bytes:
         raise TooLarge(f"{name}: {len(data):,} bytes, at most {limits.file_bytes:,} per file")
-    suffix = Path(name).suffix.lower()
     if suffix not in SUFFIXES:
         raise DocumentError(f"{name}: unknown type {suffix or '(none)'}; BRAG reads {', '.join(SUFFIXES)}")
     if suffix in PASSAGE_SUFFIXES:
@@ -260,8 +291,42 @@ def file_content(name: str, data: bytes, limits: FileLimits = FileLimits(), cut:
     return FileContent(name, rows, [])
 
 
+# Sources a documentation tool ships beside its pages (Sphinx's _sources/*.rst.txt): read as
+# what they are, not as plain text.
+COMPOUND_SUFFIXES = {".rst.txt": ".rst", ".md.txt": ".md"}
+
+
+def suffix_of(name: str) -> str:
+    """The type a file name says, lower case: ``.pdf``; ``.rst`` for ``.rst.txt``, ``.md`` for ``.md.txt``."""
+    lower = name.lower()
+    for compound, suffix in COMPOUND_SUFFIXES.items():
+        if lower.endswith(compound):
+            return suffix
+    return PurePosixPath(lower).suffix
+
+
+def display_name(name: str, chars: int = 200) -> str:
+    """A file name as shown and used as a label: its last part, every unprintable character as ``?``.
+
+    Line breaks, controls and bidirectional overrides cannot forge a line or reorder what is
+    shown; past ``chars`` the middle is cut.
+    """
+    last = re.split(r"[/\\]", name)[-1] if name else ""
+    return _printable(last, chars) or "(no name)"
+
+
+def _printable(text: str, chars: int) -> str:
+    text = "".join(c if c.isprintable() else "?" for c in text)
+    if len(text) <= chars:
+        return text
+    half = (chars - 1) // 2
+    return text[:half] + "…" + text[-half:]
+
+
 def _too_many_passages(name: str, count: int, limits: FileLimits) -> TooLarge:
-    return TooLarge(f"{name}: {count:,} passages, and the files may hold at most {limits.passages:,} more")
+    return RequestTooLarge(
+        f"{name}: {count:,} passages, and the files may hold at most {limits.passages:,} more"
+    )
 
 
 def rows_of(
@@ -436,6 +501,51 @@ def _atx_heading(line: str) -> tuple[int, str]:
     if not closed or closed[-1] in " \t":  # a closing run of #s, after a space, is not text
         text = closed.rstrip()
     return level, text
+
+
+# A reStructuredText adornment: one punctuation character repeated, the line under (and maybe
+# over) a title. Matched on a stripped line with fullmatch: no backtracking past the first.
+_RST_ADORNMENT = re.compile(r"([!-/:-@\[-`{-~])\1+")
+
+
+def _rst_sections(name: str, data: bytes, limits: FileLimits) -> list[Section]:
+    """Paragraphs under their section path, titles found by their adornment, line by line.
+
+    A title is a line underlined (and perhaps overlined) by one punctuation character at least
+    as long as it; each style (character, and whether it has an overline) is the next level as
+    it first appears, as in docutils. Explicit markup lines (``.. directive::``, comments,
+    targets) are dropped, the text indented under them kept; inline markup stays as written.
+    """
+    headings = _Headings()
+    styles: dict[tuple[str, bool], int] = {}
+    paragraph: list[str] = []
+    overline = ""  # the character of an adornment line read just before a title
+
+    def flush(lines: list[str]) -> None:
+        headings.add("\n".join(line.strip() for line in lines))
+        lines.clear()
+
+    for line in _text(name, data).splitlines():
+        stripped = line.strip()
+        if len(stripped) >= 2 and _RST_ADORNMENT.fullmatch(stripped):
+            title = paragraph[-1].strip() if paragraph else ""
+            if title and not paragraph[-1][:1].isspace() and len(stripped) >= min(len(title), 3):
+                paragraph.pop()
+                flush(paragraph)
+                level = styles.setdefault((stripped[0], overline == stripped[0]), len(styles) + 1)
+                headings.open(level, title)
+                overline = ""
+                continue
+            if not paragraph:
+                overline = stripped[0]  # an overline, or a transition
+                continue
+        if not stripped or stripped.startswith(".. ") or stripped == "..":
+            flush(paragraph)
+            overline = ""
+            continue
+        paragraph.append(line)
+    flush(paragraph)
+    return headings.sections
 
 
 # ------------------------------------------------------------------------------------------
@@ -977,12 +1087,356 @@ def _passage_items(name: str, data: bytes, limits: FileLimits) -> list[Any]:
     return items
 
 
+# ------------------------------------------------------------------------------------------
+# Archives, and a request's many files read one by one
+# ------------------------------------------------------------------------------------------
+
+# Archives whose members are read as if uploaded one by one.
+ARCHIVE_SUFFIXES = (".zip",)
+# Archives inside an archive: named, never expanded.
+_NESTED_ARCHIVES = frozenset(
+    ".zip .tar .gz .tgz .bz2 .xz .zst .7z .rar .jar .war .lz .lzma .z .cab .iso .tbz2 .txz".split()
+)
+# Zips made on a Mac carry these beside every file (resource forks, folder settings): not files.
+_ZIP_NOISE = ("__MACOSX/", ".DS_Store", "Thumbs.db")
+
+
+@dataclass(frozen=True)
+class Unreadable:
+    """A file (or an archive's member) that was not read, and why, as the caller is told."""
+
+    name: str  # the file, or ``archive.zip/path/inside``, as shown
+    reason: str  # why, in words (never a server path)
+    too_large: bool = False  # past a limit (TooLarge)
+    skipped: str = ""  # not tried: the type it is (``.png``, ``archive``), which BRAG does not read
+
+    @classmethod
+    def of(cls, name: str, err: DocumentError) -> Unreadable:
+        """The failure ``err`` (whose message starts with the file's name) for the file ``name``."""
+        message = str(err)
+        reason = message[len(name) + 2 :] if message.startswith(f"{name}: ") else message
+        return cls(name, reason[:500], isinstance(err, TooLarge))
+
+    def error(self) -> DocumentError:
+        """As the error it was."""
+        return (TooLarge if self.too_large else DocumentError)(str(self))
+
+    def __str__(self) -> str:
+        return f"{self.name}: {self.reason}"
+
+
+@dataclass(frozen=True)
+class Member:
+    """A file inside an archive that is to be read: its label, its entry and its declared size."""
+
+    label: str  # archive.zip/path/inside, printable: what its passages are titled with
+    index: int  # its entry in the archive's list
+    size: int  # its unpacked size, as the archive declares it (checked again while inflating)
+    suffix: str
+
+
+@dataclass(frozen=True)
+class Room:
+    """What is left of a request's files once its plain files are counted: files, and bytes unpacked."""
+
+    files: int
+    bytes: int
+
+
+def is_archive(name: str) -> bool:
+    """Whether ``name`` is an archive whose members BRAG reads (a ``.zip``)."""
+    return suffix_of(name) in ARCHIVE_SUFFIXES
+
+
+class Archive:
+    """A ``.zip`` whose members are read as files, listed and checked before any is inflated.
+
+    Nothing is ever written: a member's name is only a label (printable, its path inside the
+    archive). Bounded first by what the archive declares (entries, members to read against
+    ``room.files``, their unpacked sizes against ``room.bytes``, each against ``file_bytes``,
+    each one's compression ratio), then while inflating, by the bytes that come out.
+    Directories and a Mac's ``__MACOSX`` forks are ignored; members of a type BRAG does not
+    read, archives inside it, encrypted members, members packed by another method than deflate
+    and names that are absolute or climb with ``..`` are listed in ``skipped`` with the reason.
+    """
+
+    def __init__(self, name: str, data: bytes, limits: FileLimits, room: Room) -> None:
+        self.name, self.limits = display_name(name), limits
+        self.zip = _open_zip(self.name, data, limits)
+        self.entries = self.zip.infolist()
+        self.members: list[Member] = []
+        self.skipped: list[Unreadable] = []
+        for index, entry in enumerate(self.entries):
+            if entry.is_dir() or _is_zip_noise(entry.filename):
+                continue
+            label = f"{self.name}/{_member_path(entry.filename)}"
+            problem = _member_problem(label, entry, limits)
+            if problem is not None:
+                self.skipped.append(problem)
+            else:
+                self.members.append(Member(label, index, entry.file_size, suffix_of(entry.filename)))
+        if len(self.members) > room.files:
+            raise TooLarge(
+                f"{self.name}: {len(self.members):,} files to read in it, and the request may read at "
+                f"most {max(room.files, 0):,} more"
+            )
+        declared = sum(m.size for m in self.members)
+        if declared > room.bytes:
+            raise TooLarge(
+                f"{self.name}: its files unpack to {declared:,} bytes, and the request's files may hold "
+                f"at most {max(room.bytes, 0):,} more"
+            )
+        self.bytes_left = room.bytes
+        self._by_index = {m.index: m for m in self.members}
+
+    def content(self, index: int, limits: FileLimits, cut: Cut) -> FileContent:
+        """The member at entry ``index`` read as a file: its passages, titled with its label."""
+        member = self._by_index.get(index)
+        if member is None:
+            raise DocumentError(f"{self.name}: no file to read at entry {index}")
+        return _content(member.label, member.suffix, self._inflate(member), limits, cut)
+
+    def _inflate(self, member: Member) -> bytes:
+        """The member's bytes, counted as they come out: never more than it declared, nor a bomb's."""
+        entry = self.entries[member.index]
+        packed, out = max(entry.compress_size, 1), bytearray()
+        try:
+            with self.zip.open(entry) as stream:
+                while chunk := stream.read(1 << 16):
+                    out += chunk
+                    self.bytes_left -= len(chunk)
+                    if len(out) > min(member.size, self.limits.file_bytes) or self.bytes_left < 0:
+                        raise TooLarge(f"{member.label}: unpacks to more than its archive declares")
+                    if len(out) > _SMALL_PART and len(out) > self.limits.zip_ratio * packed:
+                        raise _bomb(member.label, len(out) / packed, self.limits)
+        except (zipfile.BadZipFile, EOFError, OSError, NotImplementedError, RuntimeError, ValueError) as err:
+            raise DocumentError(f"{member.label}: could not be unpacked ({type(err).__name__})") from None
+        except zlib.error:
+            raise DocumentError(f"{member.label}: could not be unpacked (damaged data)") from None
+        return bytes(out)
+
+
+def _open_zip(name: str, data: bytes, limits: FileLimits) -> zipfile.ZipFile:
+    """The zip, its declared entries counted before zipfile lists them."""
+    declared = _declared_entries(data)
+    if declared is not None and declared > limits.zip_entries:
+        raise TooLarge(f"{name}: {declared:,} entries in the archive, at most {limits.zip_entries:,}")
+    try:
+        archive = zipfile.ZipFile(io.BytesIO(data))
+        entries = archive.infolist()
+    except (zipfile.BadZipFile, ValueError, EOFError, OSError, NotImplementedError) as err:
+        raise DocumentError(f"{name}: not a readable .zip archive ({type(err).__name__})") from None
+    if len(entries) > limits.zip_entries:
+        raise TooLarge(f"{name}: {len(entries):,} entries in the archive, at most {limits.zip_entries:,}")
+    return archive
+
+
+def _declared_entries(data: bytes) -> int | None:
+    """How many entries a zip's end record declares (zip64's too); None when there is none to read."""
+    tail = data[-(22 + 65_535) :]
+    at = tail.rfind(b"PK\x05\x06")
+    if at < 0 or len(tail) - at < 22:
+        return None
+    entries = int.from_bytes(tail[at + 10 : at + 12], "little")
+    if entries != 0xFFFF:
+        return entries
+    locator = tail.rfind(b"PK\x06\x07", 0, at)  # zip64: the count is in its own end record
+    if locator < 0 or at - locator < 20:
+        return None
+    offset = int.from_bytes(tail[locator + 8 : locator + 16], "little")
+    record = data[offset : offset + 56]
+    return int.from_bytes(record[32:40], "little") if record[:4] == b"PK\x06\x06" else None
+
+
+def _is_zip_noise(raw: str) -> bool:
+    last = raw.rstrip("/").rsplit("/", 1)[-1]
+    return raw.startswith(_ZIP_NOISE[0]) or last in _ZIP_NOISE[1:] or last.startswith("._")
+
+
+def _member_path(raw: str) -> str:
+    """A member's path inside its archive, as a label: printable, ``/`` between its parts."""
+    parts = [p for p in re.split(r"[/\\]", raw) if p not in ("", ".")]
+    return _printable("/".join(parts), 250) or "(no name)"
+
+
+def _member_problem(label: str, entry: zipfile.ZipInfo, limits: FileLimits) -> Unreadable | None:
+    """Why a member is not read (checked on what the archive declares, before it inflates), or None."""
+    raw, suffix = entry.filename, suffix_of(entry.filename)
+    parts = re.split(r"[/\\]", raw)
+    if raw.startswith(("/", "\\")) or re.match(r"[A-Za-z]:", raw) or ".." in parts:
+        return Unreadable(label, "its name is an absolute path or climbs out of the archive ('..'): not read")
+    if suffix in _NESTED_ARCHIVES:
+        return Unreadable(
+            label, "an archive (or compressed file) inside the archive: not expanded", skipped="archive"
+        )
+    if suffix not in SUFFIXES:
+        kind = suffix or "(none)"
+        return Unreadable(label, f"not a type BRAG reads ({suffix or 'no suffix'})", skipped=kind)
+    if entry.flag_bits & 0x1:
+        return Unreadable(label, "encrypted: zip it again without a password")
+    if entry.compress_type not in (zipfile.ZIP_STORED, zipfile.ZIP_DEFLATED):
+        return Unreadable(label, "packed by a method BRAG does not unpack (only stored or deflated)")
+    if entry.file_size > limits.file_bytes:
+        message = f"{entry.file_size:,} bytes unpacked, at most {limits.file_bytes:,} per file"
+        return Unreadable(label, message, too_large=True)
+    packed = max(entry.compress_size, 1)
+    if entry.file_size > _SMALL_PART and entry.file_size > limits.zip_ratio * packed:
+        return Unreadable.of(label, _bomb(label, entry.file_size / packed, limits))
+    return None
+
+
+def _bomb(label: str, ratio: float, limits: FileLimits) -> TooLarge:
+    return TooLarge(
+        f"{label}: inflates {ratio:,.0f} times its packed size, at most {limits.zip_ratio} (a zip bomb?)"
+    )
+
+
+@dataclass
+class Reading:
+    """What a request's files gave: the passages' rows, the files read, and those not read, with why."""
+
+    rows: list[Row]
+    read: list[str]  # each file (or archive member) read, by label
+    failed: list[Unreadable]
+
+    def summary(self, listed: int = 50) -> dict[str, Any]:
+        """For a report: counts, the first ``listed`` files not read with the reason, skipped types."""
+        tried = [f for f in self.failed if f.skipped in ("", "archive")]
+        types: dict[str, int] = {}
+        for failure in self.failed:
+            if failure.skipped not in ("", "archive"):
+                types[failure.skipped] = types.get(failure.skipped, 0) + 1
+        return {
+            "read": len(self.read),
+            "passages": len(self.rows),
+            "not_read": [{"file": f.name, "reason": f.reason} for f in tried[:listed]],
+            "not_read_count": len(tried),
+            "skipped_types": dict(sorted(types.items(), key=lambda kv: (-kv[1], kv[0]))[:20]),
+            "skipped_count": sum(types.values()),
+        }
+
+
+class Source:
+    """What :func:`read_all` reads with: here, in this process; the app's is the capped worker's."""
+
+    def __init__(self, cut: Cut = Cut()) -> None:
+        self.cut = cut
+        self.archives: dict[int, Archive] = {}
+
+    def file(self, name: str, data: bytes, limits: FileLimits) -> list[Row]:
+        """A plain file's rows."""
+        return file_rows(name, data, limits, self.cut)
+
+    def archive(
+        self, key: int, name: str, data: bytes, limits: FileLimits, room: Room
+    ) -> tuple[list[Member], list[Unreadable]]:
+        """Open the ``key``-th file, an archive: its members to read, and those skipped."""
+        self.archives[key] = archive = Archive(name, data, limits, room)
+        return archive.members, archive.skipped
+
+    def member(self, key: int, member: Member, limits: FileLimits) -> list[Row]:
+        """A member's rows, from the archive opened as ``key``."""
+        return content_rows(self.archives[key].content(member.index, limits, self.cut), limits)
+
+
+@dataclass(frozen=True)
+class _Unit:
+    label: str
+    name: str = ""  # a plain file: its name and bytes
+    data: bytes = b""
+    key: int = -1  # an archive's member: the archive, and which
+    member: Member | None = None
+
+
+def read_all(
+    files: Sequence[tuple[str, bytes]],
+    limits: FileLimits,
+    source: Source,
+    *,
+    strict: bool = False,
+    on_file: Callable[[int, int, str], None] | None = None,
+) -> Reading:
+    """Every file, an archive's members as files of their own, read by ``source``, one at a time.
+
+    A file that cannot be read is named in ``failed`` and the others are read (with ``strict``,
+    the first one raises instead); a bound on all of them together (:class:`RequestTooLarge`)
+    and a stopped request (:class:`RequestStopped`) end it. ``on_file(number, total, label)``
+    is called before each file is read.
+    """
+    check_request(files, limits)
+    units, failed = _plan(files, limits, source, strict)
+    budget = TextBudget(limits.text_chars)
+    reading = Reading([], [], failed)
+    for number, unit in enumerate(units, 1):
+        if on_file is not None:
+            on_file(number, len(units), unit.label)
+        left = replace(limits, passages=limits.passages - len(reading.rows))
+        try:
+            if unit.member is None:
+                rows = source.file(unit.name, unit.data, left)
+            else:
+                rows = source.member(unit.key, unit.member, left)
+            reading.rows.extend(budget.spend(unit.label, rows))
+        except RequestStopped:
+            raise
+        except DocumentError as err:
+            if strict:
+                raise
+            reading.failed.append(Unreadable.of(unit.label, err))
+            continue
+        reading.read.append(unit.label)
+    return reading
+
+
+def _plan(
+    files: Sequence[tuple[str, bytes]], limits: FileLimits, source: Source, strict: bool
+) -> tuple[list[_Unit], list[Unreadable]]:
+    """The files to read in order, each archive opened and its members in its place; what is skipped."""
+    plain = [(name, data) for name, data in files if not is_archive(name)]
+    room = Room(limits.files - len(plain), limits.total_bytes - sum(len(data) for _, data in plain))
+    units: list[_Unit] = []
+    failed: list[Unreadable] = []
+    for key, (name, data) in enumerate(files):
+        if not is_archive(name):
+            units.append(_Unit(display_name(name), name=name, data=data))
+            continue
+        try:
+            members, skipped = source.archive(key, name, data, limits, room)
+        except RequestStopped:
+            raise
+        except DocumentError as err:
+            if strict:
+                raise
+            failed.append(Unreadable.of(display_name(name), err))
+            continue
+        if strict and (bad := next((s for s in skipped if not s.skipped), None)) is not None:
+            raise bad.error()
+        failed += skipped
+        units += [_Unit(m.label, key=key, member=m) for m in members]
+        room = Room(room.files - len(members), room.bytes - sum(m.size for m in members))
+    return units, failed
+
+
+def read_tree(
+    files: Iterable[tuple[str, bytes]],
+    limits: FileLimits = FileLimits(),
+    cut: Cut = Cut(),
+    on_file: Callable[[int, int, str], None] | None = None,
+) -> Reading:
+    """Files and archives read in this process as the app reads an upload (:func:`read_all`).
+
+    Each file that cannot be read is named with its reason, and the others are read.
+    """
+    return read_all(list(files), limits, Source(cut), on_file=on_file)
+
+
 # One reader per document type, by suffix (a file's bytes to its sections): a type BRAG reads is
 # a reader and its entry here; the app's file input, the command line and the checks take it.
 READERS: dict[str, Callable[[str, bytes, FileLimits], list[Section]]] = {
     ".txt": _plain_sections,
     ".md": _markdown_sections,
     ".markdown": _markdown_sections,
+    ".rst": _rst_sections,
     ".pdf": _pdf_sections,
     ".docx": _docx_sections,
     ".html": _html_sections,
@@ -990,3 +1444,5 @@ READERS: dict[str, Callable[[str, bytes, FileLimits], list[Section]]] = {
 }
 # Every file BRAG reads: documents, then passage files.
 SUFFIXES = (*READERS, *PASSAGE_SUFFIXES)
+# Every file an upload may be: those, and archives of them.
+UPLOAD_SUFFIXES = (*SUFFIXES, *ARCHIVE_SUFFIXES)

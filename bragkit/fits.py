@@ -84,18 +84,20 @@ def calibrate_corpus(
     labelled: Sequence[calibrate.Labelled] = (),
     on_progress: Callable[[float, str], None] | None = None,
     should_stop: Callable[[], bool] | None = None,
+    should_yield: Callable[[], bool] | None = None,
 ) -> dict[str, Any]:
     """The self-test calibration of ``corpus`` for ``llm``: write questions, observe, refit.
 
     ``labelled``: the user's own questions with gold answers, observed and fitted with the
     self-test's. ``on_progress(fraction, what)`` reports as it goes; ``should_stop()`` cancels
-    (:class:`selftest.Cancelled`). However few questions pass the checks, or are run before the
-    plan's time or prompt characters run out, it ends with a fit on those: on fewer questions the
+    (:class:`selftest.Cancelled`); ``should_yield()`` ends its turn (others wait for the lane).
+    However few questions pass the checks, or are run before the plan's time, its prompt
+    characters or its turn run out, it ends with a fit on those: on fewer questions the
     refit leans harder on ``base`` (none: ``base`` as it is), and ``fitted_on.checked`` says so.
     """
     # One meter for all of it: the stop, the clock and the prompt characters are asked before
     # every call, while writing questions and while running the actions on them.
-    meter = selftest.Meter(plan.seconds, plan.prompt_chars, should_stop)
+    meter = selftest.Meter(plan.seconds, plan.prompt_chars, should_stop, should_yield=should_yield)
     started = meter.started
     llm = selftest.Remembered(selftest.Metered(llm, meter))  # a roundtrip is the focused read's call
     generator = selftest.Metered(generator, meter) if generator is not None else None
@@ -105,8 +107,7 @@ def calibrate_corpus(
     def observed(done: int, total: int) -> None:
         if should_stop is not None and should_stop():
             raise selftest.Cancelled("self-test cancelled")
-        if time.monotonic() - started > plan.seconds:
-            raise selftest.OutOfBudget("time")
+        meter.check()  # the clock and the lane's turn, between questions too
         if on_progress is not None:
             on_progress(
                 0.5 + 0.5 * (done / total if total else 1.0),
@@ -134,8 +135,11 @@ def calibrate_corpus(
 
 
 def _ran_out_text(what: str, done: int, total: int, plan: SelfTestPlan) -> str:
+    after = f"after running the actions on {done} of its {total} questions"
+    if what == "turn":
+        return f"its turn ended (others were waiting for the self-test lane) {after}"
     allowed = f"{plan.seconds:g} s" if what == "time" else f"{plan.prompt_chars:,} prompt characters"
-    return f"out of {what} ({allowed} allowed) after running the actions on {done} of its {total} questions"
+    return f"out of {what} ({allowed} allowed) {after}"
 
 
 def _observed(

@@ -482,7 +482,7 @@ class Cancelled(RuntimeError):
 
 
 class OutOfBudget(Exception):
-    """One of a self-test's bounds ran out; the message names it: budget, time, prompt characters."""
+    """One of a self-test's bounds ran out; the message names it: budget, time, prompt characters, turn."""
 
 
 @dataclass
@@ -498,13 +498,20 @@ class Meter:
     should_stop: Callable[[], bool] | None = None
     started: float = field(default_factory=lambda: time.monotonic())
     chars: int = 0
+    # Whether its turn is over (others wait for the lane): it ends as when time runs out.
+    should_yield: Callable[[], bool] | None = None
 
     def check(self) -> None:
-        """:class:`Cancelled` once ``should_stop()`` says so; :class:`OutOfBudget` once the time is spent."""
+        """:class:`Cancelled` once ``should_stop()`` says so; :class:`OutOfBudget` once time or turn is over.
+
+        Its turn is over once ``should_yield()`` says so (others wait for the lane).
+        """
         if self.should_stop is not None and self.should_stop():
             raise Cancelled("self-test cancelled")
         if time.monotonic() - self.started > self.seconds:
             raise OutOfBudget("time")
+        if self.should_yield is not None and self.should_yield():
+            raise OutOfBudget("turn")
 
     def charge(self, messages: Sequence[dict[str, Any]]) -> None:
         """Count one call's prompt, after :meth:`check`; :class:`OutOfBudget` past the characters allowed."""

@@ -150,6 +150,33 @@ def upload(url: str, name: str, data: bytes, headers: dict[str, str] | None = No
         return err.code, err.read()[:500].decode(errors="replace")
 
 
+def upload_many(url: str, files: list[tuple[str, bytes]]) -> list[str]:
+    """POST many files to Gradio's upload route in one body, as a browser uploads a selection;
+    their server paths (an error when refused)."""
+    boundary = "brag-test-many"
+    parts = [
+        (
+            f'--{boundary}\r\nContent-Disposition: form-data; name="files"; filename="{name}"\r\n'
+            "Content-Type: application/octet-stream\r\n\r\n"
+        ).encode()
+        + data
+        + b"\r\n"
+        for name, data in files
+    ]
+    request = urllib.request.Request(
+        url + "gradio_api/upload",
+        data=b"".join(parts) + f"--{boundary}--\r\n".encode(),
+        headers={"Content-Type": f"multipart/form-data; boundary={boundary}"},
+    )
+    try:
+        with urllib.request.urlopen(request, timeout=120) as reply:
+            return json.loads(reply.read())
+    except urllib.error.HTTPError as err:
+        raise RuntimeError(
+            f"upload refused: HTTP {err.code} {err.read()[:500].decode(errors='replace')}"
+        ) from None
+
+
 def upload_over_rest(url: str, name: str, data: bytes) -> str:
     """POST a file to Gradio's upload route; its server path (an error when refused)."""
     status, path = upload(url, name, data)

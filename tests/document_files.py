@@ -89,3 +89,31 @@ def docx_with_body(body: bytes, prolog: bytes = b"") -> bytes:
                 data = (prolog or data[:start]) + head + body + b"</w:body></w:document>"
             crafted.writestr(info.filename, data)
     return out.getvalue()
+
+
+def zip_bytes(members: list[tuple[str, bytes]], method: int = zipfile.ZIP_DEFLATED) -> bytes:
+    """A .zip of ``(path inside, bytes)`` members; a path ending in ``/`` is a folder entry."""
+    out = io.BytesIO()
+    with zipfile.ZipFile(out, "w", method) as archive:
+        for name, data in members:
+            archive.writestr(zipfile.ZipInfo(name) if name.endswith("/") else name, data)
+    return out.getvalue()
+
+
+def with_declared_size(data: bytes, size: int) -> bytes:
+    """A one-member zip whose headers declare ``size`` unpacked bytes, whatever its data inflates to."""
+    patched = bytearray(data)
+    for signature, offset in ((b"PK\x03\x04", 22), (b"PK\x01\x02", 24)):
+        at = patched.find(signature)
+        patched[at + offset : at + offset + 4] = size.to_bytes(4, "little")
+    return bytes(patched)
+
+
+def html_page(number: int, fact: str = "") -> bytes:
+    """A small manual page, real HTML: a title, a heading and a paragraph or two."""
+    body = f"<p>{fact}</p>" if fact else ""
+    return (
+        f"<!DOCTYPE html><html><head><title>Page {number}</title><style>p {{}}</style></head><body>"
+        f"<h1>Chapter {number}</h1><h2>Section {number}.1</h2><p>Option {number} sets the size of "
+        f"buffer {number} in the tool; its default is {number * 4} kilobytes.</p>{body}</body></html>"
+    ).encode()

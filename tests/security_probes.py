@@ -40,6 +40,7 @@ from selftest_probes import selftest_probes, start_selftest_app
 
 import brag
 from bragkit.serving import presentation
+from bragkit.serving.limits import Limits
 
 ROOT = Path(__file__).resolve().parent.parent
 SERVER_OPENAI_KEY = "sk-server-secret-openai"
@@ -503,7 +504,7 @@ def oversized_upload(lab: Lab) -> str:
     boundary = "brag-probe"
     body = (
         f'--{boundary}\r\nContent-Disposition: form-data; name="files"; filename="{lab.marker}.txt"\r\n'
-        f"Content-Type: text/plain\r\n\r\n{'x' * (5 * MB + 1)}\r\n--{boundary}--\r\n"
+        f"Content-Type: text/plain\r\n\r\n{'x' * (Limits().upload_file_bytes() + 1)}\r\n--{boundary}--\r\n"
     ).encode()
     request = urllib.request.Request(
         lab.public.url + "gradio_api/upload",
@@ -983,8 +984,9 @@ def upload_burst(lab: Lab) -> str:
 
 def upload_share_held(lab: Lab, response: str) -> str | None:
     stored = int(response.split(": ", 1)[1].split()[0])
-    if stored * 4 > 20:
-        return f"one caller stored more than its 20 MB share ({response})"
+    share = Limits().caller_upload_share() / MB  # BRAG_MAX_UPLOAD_BYTES_PER_CALLER, as the app ships
+    if stored * 4 > share:
+        return f"one caller stored more than its {share:g} MB share ({response})"
     return None if "caller B: HTTP 200" in response else f"another caller could not upload ({response})"
 
 
@@ -1296,7 +1298,7 @@ def tiny_uploads(lab: Lab) -> str:
 
 def tiny_uploads_bounded(lab: Lab, response: str) -> str | None:
     stored = int(response.split(": ", 1)[1].split()[0])
-    if stored > 50:
+    if stored > Limits().caller_upload_files():  # BRAG_MAX_UPLOAD_FILES_PER_CALLER
         return f"one caller stored {stored} files ({response})"
     return None if "B: HTTP 200" in response else f"another caller could not upload ({response})"
 
@@ -1736,8 +1738,9 @@ def probes() -> list[Probe]:
             error_matching("needs your own HF token"),
         ),
         Probe(
-            "upload route: a file past BRAG_MAX_FILE_BYTES to /gradio_api/upload",
-            "POST /gradio_api/upload, one file of 5,000,001 bytes (the limit is 5,000,000)",
+            "upload route: a file past BRAG_MAX_FILES_BYTES (what a .zip may hold) to /gradio_api/upload",
+            f"POST /gradio_api/upload, one file of {Limits().upload_file_bytes() + 1:,} bytes (the limit is "
+            f"{Limits().upload_file_bytes():,})",
             "public",
             oversized_upload,
             nothing_uploaded,

@@ -22,9 +22,9 @@ from pathlib import Path
 
 import pytest
 import selftest_reader
-from app_server import AppProcess, call_asgi, rest_call, rest_events, upload_over_rest
+from app_server import AppProcess, call_asgi, rest_call, rest_events, upload_many, upload_over_rest
 from conftest import PRIORS, ROOT
-from document_files import pdf_bytes, raw_pdf
+from document_files import html_page, pdf_bytes, raw_pdf, zip_bytes
 from gradio_client import Client
 from gradio_client.exceptions import AppError
 from hub_server import FakeHub
@@ -1072,6 +1072,43 @@ def test_files_are_uploaded_over_gradio_client_and_rest_read_and_deleted(client,
         )
 
 
+def test_a_manuals_tree_of_300_files_is_answered_over_under_the_default_limits(client, app, tmp_path):
+    from gradio_client import handle_file
+
+    # 300 real pages, the answer on one of them: within BRAG_MAX_FILES as the app ships.
+    pages = [(f"page{i}.html", html_page(i)) for i in range(299)]
+    pages.append(("people.html", html_page(299, "Lina Berg was born in Bergen in 1961.")))
+    paths = upload_many(app.url, pages)  # one upload, as a browser sends a selection
+    files = [{"path": p, "meta": {"_type": "gradio.FileData"}} for p in paths]
+    answer, report = rest_call(app.url, "brag", [*args(documents=""), "tokens", None, None, files])
+    assert (
+        answer == "Bergen"
+        and report["confidence"]["source"]["passage"] == "people.html › Chapter 299 › Section 299.1"
+    )
+    assert report["server"]["corpus"] == "page0.html, page1.html, page2.html and 297 more files"
+    assert report["server"]["files"]["read"] == 300 and report["server"]["files"]["not_read"] == []
+    assert not any(Path(p).exists() for p in paths)  # read, then deleted
+    # The same tree as one .zip, with a page that cannot be read and the tree's images: the rest
+    # is answered over, and the page says which file was not read and why.
+    tree = [(f"manual/html/{name}", data) for name, data in pages[1:]]
+    tree += [("manual/html/broken.pdf", b"%PDF-1.4 junk"), ("manual/img/logo.png", b"\x89PNG")]
+    manual = tmp_path / "manual.zip"
+    manual.write_bytes(zip_bytes(tree))
+    answer, report = client.predict(
+        *args(documents=""), "tokens", None, None, [handle_file(str(manual))], api_name="/brag"
+    )
+    assert answer == "Bergen" and report["server"]["corpus"] == "manual.zip"
+    assert (
+        report["confidence"]["source"]["passage"]
+        == "manual.zip/manual/html/people.html › Chapter 299 › Section 299.1"
+    )
+    read = report["server"]["files"]
+    assert (read["read"], read["skipped_types"]) == (299, {".png": 1})
+    assert read["not_read"] == [
+        {"file": "manual.zip/manual/html/broken.pdf", "reason": "not a readable PDF (PdfStreamError)"}
+    ]
+
+
 @pytest.mark.parametrize(
     ("concurrency", "setting", "expected"),
     [(16, None, 8), (4, None, 2), (2, None, 1), (1, None, 1), (4, 8, 3), (4, 1, 1), (1, 5, 1)],
@@ -1291,10 +1328,11 @@ def test_self_tests_take_turns_and_one_stops_when_cancelled(self_test_app):
         # One address holds at most its share of the self-test slots: its second is refused at once.
         with pytest.raises(Exception, match="429"):
             client.predict("", "", docs, "", "", "auto", None, True, api_name="/calibrate")
-        # Self-tests take turns (their own slots): another caller's waits in the queue.
+        # Self-tests take turns (their own slots): another caller's waits, in the lane's line
+        # (Gradio runs its event, which waits for a turn: bragkit.serving.lane).
         second = other.submit("", "", docs, "", "", "auto", None, True, api_name="/calibrate")
         deadline = time.monotonic() + 30
-        while second.status().code.name not in ("IN_QUEUE", "QUEUE"):
+        while second.status().code.name not in ("IN_QUEUE", "QUEUE", "PROCESSING"):
             assert time.monotonic() < deadline, f"the second self-test is {second.status().code.name}"
             time.sleep(0.1)
         assert not second.done()

@@ -1137,6 +1137,25 @@ def test_a_self_tests_clock_is_read_before_every_action_it_runs(monkeypatch):
     )
 
 
+def test_a_self_tests_turn_ends_when_the_lane_asks_and_it_keeps_a_fit_on_what_it_ran(monkeypatch):
+    # Others wait for the lane once the fake clock passes 250 s: the self-test stops before its
+    # next call, with a fit on the questions run so far, and says why.
+    clock = [0.0]
+    monkeypatch.setattr(time, "monotonic", lambda: clock[0])
+    reader = SlowActions(clock)
+    plan = fits.SelfTestPlan(questions=10, tries=20, seconds=10_000.0)
+    fitted = fits.calibrate_corpus(
+        _self_test_corpus(), reader, _pooled_fit(), plan=plan, should_yield=lambda: clock[0] >= 250.0
+    )
+    assert max(reader.starts) <= 250.0
+    done = fitted["fitted_on"]["questions"]
+    assert 0 < done < 10
+    assert (
+        f"its turn ended (others were waiting for the self-test lane) after running the actions on {done} of "
+        "its 10 questions" in fitted["fitted_on"]["checked"]
+    )
+
+
 def test_a_self_tests_prompt_characters_are_bounded_writing_and_running_alike():
     reader = SelfTestReader()
     chars: list[int] = []
@@ -1449,3 +1468,23 @@ def test_a_self_test_moves_an_unknown_readers_terms_alone_and_lacks_no_log_proba
         _pooled_fit(), _corpus_outcomes(30, 0.5), corpus="c", hops=1, adapt="terms"
     )
     assert "adapted" not in single["fitted_on"]
+
+
+def test_a_read_repeats_only_the_reads_that_hold_the_passage_its_answer_rests_on():
+    # RN reads the second passage alone: its answer rests on a passage RT never held, so RN saying
+    # RT's answer again is no repeat of one passage, while R1 (all five) holds it.
+    rows = tuple(brag.action_named(a) for a in ("R1", "RT", "RN"))
+    outcomes = []
+    for i in range(40):
+        right = i < 20
+        answer = "Right" if right else f"Wrong {i}"
+        answers = {"R1": answer, "RT": answer, "RN": answer if i % 2 else f"Other {i}"}
+        correct = {a: text == "Right" for a, text in answers.items()}
+        evidence = {a: {"span": 1.0} for a in answers}
+        outcomes.append(calibrate.Outcome(f"q{i}", answers, correct, evidence=evidence))
+    with_r1 = calibrate.fit_repeats(outcomes, "RN", eta=0.1, observed=rows)
+    without_r1 = calibrate.fit_repeats(outcomes, "RN", eta=0.1, observed=rows[1:])
+    assert with_r1 is not None and with_r1["pi"] == pytest.approx(0.5)  # pairs with R1 alone
+    assert without_r1 is None  # RT holds no passage RN's answers rest on: no pair at all
+    # RT's answers rest on the first passage, which R1 holds too.
+    assert calibrate.fit_repeats(outcomes, "RT", eta=0.1, observed=rows) is not None

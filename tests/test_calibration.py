@@ -166,7 +166,7 @@ def broken(path: list, value) -> dict:
         (broken(["version"], 99), "unsupported version"),
         (broken(["eta"], 0), "eta"),
         (broken(["eta"], "high"), "eta must be a number"),
-        (broken(["actions"], {}), "'actions' must be an object with some of R1, R2, CB, RT and RS"),
+        (broken(["actions"], {}), "'actions' must be an object with some of R1, R2, CB, RT, RS and RN"),
         (broken(["actions", "R9"], {"q": 0.5}), "actions.'R9' is not an action of this BRAG"),
         (broken(["actions", "R1", "q"], 1.5), "actions.R1.q"),
         (broken(["actions", "R1", "rho", "a"], -1), "actions.R1.rho.a"),

@@ -6,12 +6,13 @@ import io
 import itertools
 import json
 import os
+import re
 import subprocess
 import sys
 
 import pytest
 from conftest import ROOT
-from document_files import docx_bytes, docx_with_body, pdf_bytes, raw_pdf
+from document_files import docx_bytes, docx_with_body, pdf_bytes, raw_pdf, with_declared_size, zip_bytes
 
 import brag
 from bragkit import documents
@@ -335,3 +336,181 @@ def test_the_guides_that_list_the_files_brag_reads_list_every_one():
         listed = re.findall(r"\.[a-z]+\b", text.split(line, 1)[1])
         missing = sorted(set(documents.SUFFIXES) - set(listed))
         assert missing == [], path.name
+
+
+# ------------------------------------------------------------------ trees of files and archives
+
+MANUAL = [
+    ("manual/", b""),
+    ("manual/html/", b""),
+    ("manual/html/intro.html", b"<h1>Intro</h1><p>The tool starts with <b>run</b>.</p>"),
+    ("manual/report.pdf", pdf_bytes(["The fjord is long.", "Lina Berg was born in Bergen."])),
+    ("manual/notes.docx", docx_bytes([(1, "Staff"), (0, "Lina Berg designed the tower.")])),
+    ("manual/guide.md", b"# Guide\n\nInstall it.\n"),
+    ("manual/_sources/usage.rst.txt", b"Usage\n=====\n\nCall it twice.\n"),
+    ("manual/passages.json", json.dumps([{"title": "T", "text": "one"}]).encode()),
+    ("manual/logo.png", b"\x89PNG\r\n\x1a\n"),
+    ("manual/style.css", b"p {}"),
+    ("manual/old.zip", b"PK\x05\x06" + b"\0" * 18),
+    ("__MACOSX/manual/._guide.md", b"\0\x05\x16\x07"),  # a Mac's fork of guide.md: not a file
+]
+
+
+def test_a_zip_is_read_as_its_files_each_titled_by_its_path_inside():
+    reading = documents.read_tree([("manual.zip", zip_bytes(MANUAL))])
+    titles = [title for title, *_ in reading.rows]
+    assert titles == [
+        "manual.zip/manual/html/intro.html › Intro",
+        "manual.zip/manual/report.pdf, p. 1",
+        "manual.zip/manual/report.pdf, p. 2",
+        "manual.zip/manual/notes.docx › Staff",
+        "manual.zip/manual/guide.md › Guide",
+        "manual.zip/manual/_sources/usage.rst.txt › Usage",
+        "T",
+    ]
+    assert reading.rows[2][1:3] == ("Lina Berg was born in Bergen.", "manual.zip/manual/report.pdf")
+    # The same passages as the files uploaded one by one, but for their names.
+    documents_in = [(name.rsplit("/", 1)[1], data) for name, data in MANUAL[2:8]]
+    assert [r[1] for r in reading.rows] == [p.text for p in read_files(documents_in)]
+    assert len(reading.read) == 6 and reading.read[0] == "manual.zip/manual/html/intro.html"
+    summary = reading.summary()
+    nested = "an archive (or compressed file) inside the archive: not expanded"
+    assert summary["not_read"] == [{"file": "manual.zip/manual/old.zip", "reason": nested}]
+    assert summary["skipped_types"] == {".css": 1, ".png": 1} and summary["skipped_count"] == 2
+    # The strict reader takes archives too, and passes over the types it does not read.
+    assert [p.title for p in read_files([("manual.zip", zip_bytes(MANUAL))])] == titles
+
+
+def test_restructuredtext_is_cut_at_its_titles_by_their_adornment():
+    text = (
+        b"=====\nGuide\n=====\n\nLead.\n\nInstall\n-------\n\nRun it::\n\n    pip install x\n\n"
+        b".. note::\n\n   Be careful.\n\nLinux\n~~~~~\n\nOn Linux.\n\n----\n\nUsage\n-----\n\nUse it.\n"
+    )
+    assert [(p.title, p.text) for p in read_file("guide.rst", text)] == [
+        ("guide.rst › Guide", "Lead."),
+        ("guide.rst › Guide › Install", "Run it::\npip install x\nBe careful."),
+        ("guide.rst › Guide › Install › Linux", "On Linux."),
+        ("guide.rst › Guide › Usage", "Use it."),
+    ]
+
+
+def test_one_file_that_cannot_be_read_is_named_and_the_others_are_read():
+    files = [
+        ("broken.pdf", b"%PDF-1.4 not really"),
+        ("notes.md", b"# Notes\n\nOslo is the capital of Norway.\n"),
+        ("big.txt", b"x " * 5_000),
+        (
+            "manual.zip",
+            zip_bytes([("a/secret.pdf", pdf_bytes(["hidden"], password="pw")), ("a/b.txt", b"Words.")]),
+        ),
+    ]
+    seen: list[tuple[int, int, str]] = []
+    reading = documents.read_tree(files, FileLimits(file_bytes=5_000), on_file=lambda *a: seen.append(a))
+    assert seen == [
+        (1, 5, "broken.pdf"),
+        (2, 5, "notes.md"),
+        (3, 5, "big.txt"),
+        (4, 5, "manual.zip/a/secret.pdf"),
+        (5, 5, "manual.zip/a/b.txt"),
+    ]
+    assert reading.read == ["notes.md", "manual.zip/a/b.txt"]
+    assert [str(f) for f in reading.failed] == [
+        "broken.pdf: not a readable PDF (PdfStreamError)",
+        "big.txt: 10,000 bytes, at most 5,000 per file",
+        "manual.zip/a/secret.pdf: an encrypted PDF; save it without a password first",
+    ]
+    assert [f.too_large for f in reading.failed] == [False, True, False]
+    with pytest.raises(DocumentError, match=r"broken\.pdf: not a readable PDF"):
+        read_files(files, FileLimits(file_bytes=5_000))  # the strict reader stops at the first
+
+
+def hostile(kind: str) -> bytes:
+    """A zip crafted to hurt a reader, or to read what it should not."""
+    import zipfile
+
+    if kind == "encrypted":
+        # Says encrypted (bit 0 of its flags, in both headers): never tried, whatever follows.
+        locked = bytearray(zip_bytes([("locked.txt", b"Words.")]))
+        for signature, offset in ((b"PK\x03\x04", 6), (b"PK\x01\x02", 8)):
+            locked[locked.find(signature) + offset] |= 0x1
+        return bytes(locked)
+    if kind == "bzip2":
+        return zip_bytes([("packed.txt", b"Words. " * 100)], method=zipfile.ZIP_BZIP2)
+    names = {
+        "absolute": "/etc/cron.d/job.txt",
+        "climbs": "docs/../../../etc/passwd.txt",
+        "windows": "C:\\Windows\\evil.txt",
+        "control": "a\nforged line\u202e.txt",
+    }
+    return zip_bytes([(names[kind], b"Words."), ("fine.txt", b"Fine words.")])
+
+
+@pytest.mark.parametrize(
+    ("kind", "reason"),
+    [
+        ("encrypted", "locked.txt: encrypted: zip it again without a password"),
+        ("bzip2", "packed.txt: packed by a method BRAG does not unpack (only stored or deflated)"),
+        ("absolute", "etc/cron.d/job.txt: its name is an absolute path or climbs out of the archive"),
+        ("climbs", "docs/../../../etc/passwd.txt: its name is an absolute path or climbs out of the archive"),
+        ("windows", "C:/Windows/evil.txt: its name is an absolute path or climbs out of the archive"),
+    ],
+)
+def test_a_member_that_should_not_be_read_is_named_and_never_inflated(kind, reason):
+    reading = documents.read_tree([("x.zip", hostile(kind))])
+    (failure,) = reading.failed
+    assert str(failure).startswith(f"x.zip/{reason}") and not failure.skipped
+    assert reading.read == ([] if kind in ("encrypted", "bzip2") else ["x.zip/fine.txt"])
+
+
+def test_a_members_name_is_a_printable_label_and_nothing_is_written(tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    reading = documents.read_tree([("odd\u202ename\n.zip", hostile("control"))])
+    assert reading.read == ["odd?name?.zip/a?forged line?.txt", "odd?name?.zip/fine.txt"]
+    assert reading.rows[0][0] == "odd?name?.zip/a?forged line?.txt"
+    assert list(tmp_path.iterdir()) == []
+
+
+@pytest.mark.parametrize(
+    ("data", "limits", "message"),
+    [
+        # 20 members to read, the request may read 12 more after its 3 plain files.
+        (
+            lambda: zip_bytes([(f"p{i}.txt", b"w") for i in range(20)]),
+            FileLimits(files=15),
+            r"x\.zip: 20 files to read in it, and the request may read at most 12 more",
+        ),
+        # Declared unpacked sizes past the request's bytes, before anything inflates.
+        (
+            lambda: zip_bytes([(f"p{i}.txt", b"w " * 50_000) for i in range(5)]),
+            FileLimits(total_bytes=400_000),
+            r"x\.zip: its files unpack to 500,000 bytes, and the request's files may hold at most [\d,]+",
+        ),
+        (lambda: zip_bytes([(f"p{i}.txt", b"w") for i in range(9)]), FileLimits(zip_entries=8), r"9 entries"),
+        (lambda: b"PK\x03\x04 not a zip at all", FileLimits(), r"x\.zip: not a readable \.zip archive"),
+    ],
+    ids=["members", "unpacked", "entries", "malformed"],
+)
+def test_a_zip_past_a_bound_or_malformed_is_refused_with_its_reason(data, limits, message):
+    plain = [(f"f{i}.txt", b"Words.") for i in range(3)]
+    reading = documents.read_tree([*plain, ("x.zip", data())], limits)
+    assert reading.read == ["f0.txt", "f1.txt", "f2.txt"]  # the other files are read
+    (failure,) = reading.failed
+    assert re.search(message, str(failure)), str(failure)
+
+
+def test_a_zip_bomb_is_refused_before_it_inflates_and_a_lying_size_while_it_does():
+    bomb = zip_bytes([("zeros.txt", b"\0" * 20_000_000), ("fine.txt", b"Fine words.")])
+    assert len(bomb) < 100_000
+    reading = documents.read_tree(
+        [("bomb.zip", bomb)], FileLimits(file_bytes=50_000_000, total_bytes=60_000_000)
+    )
+    assert reading.read == ["bomb.zip/fine.txt"]
+    assert re.fullmatch(
+        r"bomb\.zip/zeros\.txt: inflates [\d,]+ times its packed size, at most 100 \(a zip bomb\?\)",
+        str(reading.failed[0]),
+    )
+    # Headers that say 1,000 bytes for 2 MB of text: never more than 1,000 come out.
+    liar = with_declared_size(zip_bytes([("small.txt", b"words " * 350_000)]), 1_000)
+    reading = documents.read_tree([("liar.zip", liar)])
+    (failure,) = reading.failed
+    assert str(failure) == "liar.zip/small.txt: could not be unpacked (BadZipFile)"

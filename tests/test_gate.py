@@ -259,3 +259,22 @@ def test_absent_share_counts_the_question_terms_no_passage_holds_not_its_grammar
     chinese = brag.Corpus(["配置文件保存在 /etc/bar.conf 中。", "系统启动时读取这个文件。"])
     assert brag.absent_share("配置文件保存在哪里？", chinese) == 0.0  # 哪里 asks; it is not absent content
     assert brag.absent_share("who and which?", english) == 0.0  # only grammar: nothing to be absent
+
+
+def test_an_inflected_word_of_the_question_is_held_and_a_name_the_documents_lack_is_not():
+    italian = brag.Corpus(
+        [
+            "Per configurare la rete si modifica il file /etc/network/interfaces e si riavvia il servizio.",
+            "Il comando ifup attiva l'interfaccia; il comando ifdown la disattiva quando serve.",
+        ]
+    )
+    assert brag.absent_share("Come si configurano le interfacce di rete?", italian) == 0.0
+    assert brag.absent_share("Come si configura una rete wireguard?", italian) > 0.0
+    # A short word or a name is held only as it is written ("ifupx" is not "ifup").
+    assert brag.absent_share("Il comando ifupx?", italian) == pytest.approx(0.5)
+    exact = Delegating(italian)  # the protocol alone: whole tokens, no look-up of a word's start
+    exact.analyzer = italian.analyzer
+    assert brag.absent_share("Come si configurano le interfacce di rete?", exact) > 0.0
+    spanish = brag.Corpus(["Para actualizar los paquetes se ejecuta apt upgrade después de apt update."])
+    assert brag.absent_share("¿Cómo se actualizan los paquetes?", spanish) == 0.0
+    assert brag.absent_share("¿Cómo se actualizan los paquetes con synaptic?", spanish) > 0.0

@@ -9,6 +9,7 @@ import subprocess
 import sys
 import threading
 import time
+import zipfile
 from pathlib import Path
 
 import pytest
@@ -186,3 +187,51 @@ def test_the_worker_reads_a_passage_file_without_brag_or_numpy():
     assert [(r[0], r[1]) for r in rows] == [("", "one"), ("T", "two")]
     with pytest.raises(DocumentError, match=r"bad\.json: not a passage list \(passages\[0\]"):
         FileReaders().read([("bad.json", b"[[1, 2]]")], FileLimits())
+
+
+def test_a_zip_is_unpacked_in_the_worker_and_each_member_read_in_its_turn():
+    from document_files import zip_bytes
+
+    manual = zip_bytes([(f"manual/{name}", data) for name, data in FILES] + [("manual/logo.png", b"\x89PNG")])
+    files = [("manual.zip", manual), ("broken.pdf", b"%PDF-1.4 junk"), ("notes.md", b"# Notes\n\nOslo.\n")]
+    seen: list[tuple[int, int, str]] = []
+    readers = FileReaders()
+    reading = readers.read_each(files, FileLimits(), on_file=lambda *a: seen.append(a))
+    assert [label for _, _, label in seen] == [
+        *(f"manual.zip/manual/{name}" for name, _ in FILES),
+        "broken.pdf",
+        "notes.md",
+    ]
+    assert {total for _, total, _ in seen} == {7} and [n for n, _, _ in seen] == list(range(1, 8))
+    assert reading.rows == documents.read_tree(files).rows  # as this process reads them
+    assert [str(f) for f in reading.failed] == [
+        "manual.zip/manual/logo.png: not a type BRAG reads (.png)",
+        "broken.pdf: not a readable PDF (PdfStreamError)",
+    ]
+    assert readers.started == 1 and workers_of(os.getpid()) == []
+
+
+def test_a_member_past_a_cap_is_named_a_killed_worker_is_replaced_and_the_rest_are_read():
+    from document_files import zip_bytes
+
+    spans = b"<span>x</span>" * 600_000  # about 8 MB of markup: a parse tree of several hundred MB
+    slower = raw_pdf(1, b"q Q " * 1_500_000 + b"BT /F1 12 Tf (Lina Berg was born in Bergen.) Tj ET")
+    members = [
+        ("a/one.md", b"# One\n\nFirst.\n"),
+        ("a/spans.html", spans),  # past the worker's memory: the reader fails, the worker lives
+        ("a/two.md", b"# Two\n\nSecond.\n"),
+        ("a/slow.pdf", slower),  # past its CPU time: the worker is killed
+        ("a/three.md", b"# Three\n\nThird.\n"),
+    ]
+    manual = zip_bytes(members, method=zipfile.ZIP_STORED)  # stored: no ratio to refuse it by
+    limits = FileLimits(file_bytes=20_000_000, total_bytes=40_000_000, pdf_operations=4_000_000)
+    readers = FileReaders(Caps(memory_mb=200, cpu_seconds=1))
+    reading = readers.read_each([("manual.zip", manual), ("last.md", b"Last.")], limits)
+    assert reading.read == ["manual.zip/a/one.md", "manual.zip/a/two.md", "manual.zip/a/three.md", "last.md"]
+    memory, cpu = reading.failed
+    assert memory.name == "manual.zip/a/spans.html" and "BRAG_PARSE_MEMORY_MB" in memory.reason
+    assert cpu.name == "manual.zip/a/slow.pdf" and "BRAG_PARSE_CPU_SECONDS" in cpu.reason
+    assert memory.too_large and cpu.too_large
+    assert readers.started == 2 and workers_of(os.getpid()) == []  # a new worker opened the zip again
+    with pytest.raises(TooLarge, match=r"manual\.zip/a/spans\.html: .*BRAG_PARSE_MEMORY_MB"):
+        readers.read([("manual.zip", manual)], limits)  # the strict reader raises it

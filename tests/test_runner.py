@@ -2,6 +2,7 @@
 
 import json
 import math
+import re
 from collections import Counter
 from dataclasses import replace
 
@@ -832,3 +833,93 @@ def test_a_sampled_reads_curve_weighs_its_agreement():
         p[agreeing] = report.confidence["p_correct"]
     assert p[5] == pytest.approx(1 / (1 + math.exp(-2.0)), abs=1e-5)
     assert p[2] == pytest.approx(1 / (1 + math.exp(-(-2.0 + 1.6))), abs=1e-5)
+
+
+# ------------------------------------------------------------------------------------------
+# The second look: a read of the next-ranked passage, and witnesses of another passage
+# ------------------------------------------------------------------------------------------
+
+SECOND_LOOK = [
+    {
+        "title": "Glass Tower",
+        "text": "The Glass Tower in Oslo is a tower of glass; its architect is named below.",
+    },
+    {"title": "Architect", "text": "Lina Berg designed the Glass Tower in Oslo."},
+    {"title": "Fjord", "text": "A fjord is a long, narrow inlet with steep sides."},
+]
+
+
+ARCHITECT_QUESTION = "Who is the architect of the Glass Tower?"  # ranks the passage without the name first
+
+
+def _passages_in(prompt: str) -> int:
+    return len(re.findall(r"^\[\d+\] ", last_block(prompt), flags=re.M))
+
+
+def test_the_next_ranked_read_holds_the_second_passage_alone():
+    llm = ScriptedLLM(lambda prompt: "Answer: Lina Berg\nFollow-up query: Lina Berg")
+    corpus = Corpus(SECOND_LOOK)
+    controller = BRAG(llm, calibration=PRIORS, lam=0.0, k=3, extra_actions=("RT", "RN"))
+    report = controller.ask(ARCHITECT_QUESTION, corpus, actions=["RT", "RN"])
+    rt, rn = (s.observation for s in report.steps if s.action)
+    ranked = [i for i, _ in corpus.retrieve(ARCHITECT_QUESTION, 3).hits]
+    assert [p.id for p in rt.passages] == ranked[:1] and [p.id for p in rn.passages] == ranked[1:2]
+    assert _passages_in(llm.requests[-1]["messages"][-1]["content"]) == 1
+    assert brag.action_named("RN").first == 1 and brag.action_named("RT").first == 0
+
+
+def test_the_next_ranked_read_is_not_offered_when_the_question_found_one_passage():
+    llm = ScriptedLLM(lambda prompt: "Answer: Lina Berg\nFollow-up query: Lina Berg")
+    corpus = Corpus(SECOND_LOOK[1:2])
+    controller = BRAG(llm, calibration=PRIORS, lam=0.0, k=3, extra_actions=("RT", "RN"))
+    report = controller.ask(ARCHITECT_QUESTION, corpus)
+    assert "RN" not in report.steps[0].available and "RT" in report.steps[0].available
+    assert "RN" not in [s.action for s in report.steps]
+
+
+def test_an_action_row_refuses_a_negative_first_rank():
+    with pytest.raises(brag.InputError, match="first"):
+        replace(brag.action_named("RN"), first=-1)
+
+
+def _repeat_calibration() -> dict:
+    """The priors, with a focused read, a next-ranked read, and a fitted repeat for every read."""
+    calibration = _with_repeat(0.3)
+    for label in ("RT", "RN"):
+        calibration["actions"][label] = dict(calibration["actions"]["R1"])
+    return calibration
+
+
+def test_a_read_whose_answer_rests_on_a_passage_the_first_never_held_is_an_independent_witness():
+    # The focused read names the architect from a passage that does not hold the name; R1 finds
+    # it in the second passage, which the focused read never held: not a repeat of one passage.
+    llm = ScriptedLLM(lambda prompt: "Answer: Lina Berg\nFollow-up query: Lina Berg")
+    corpus = Corpus(SECOND_LOOK)
+    controller = BRAG(llm, calibration=_repeat_calibration(), lam=0.0, k=3)
+    after_rt = controller.ask(ARCHITECT_QUESTION, corpus, actions=["RT", "R1"])
+    rt, r1 = (s.observation for s in after_rt.steps if s.action)
+    assert rt.evidence["span"] == 0.0 and r1.evidence["span"] == 0.5
+    assert r1.vote_type == "R1"  # its answer rests on passage 2, which RT never held
+    rn = controller.ask(ARCHITECT_QUESTION, corpus, actions=["RT", "RN"]).steps[1].observation
+    assert rn.vote_type == "RN"  # no passage in common with the focused read
+    # R1 first, then the focused read repeating it: both hold the first passage.
+    before_rt = controller.ask(ARCHITECT_QUESTION, corpus, actions=["R1", "RT"])
+    assert before_rt.steps[1].observation.vote_type == "RT_same"
+    assert after_rt.confidence["p_correct"] > before_rt.confidence["p_correct"]
+    assert after_rt.found_in_documents is True
+
+
+def test_a_candidate_is_shown_in_the_words_a_passage_holds_once_a_read_found_them():
+    def reader(prompt: str) -> str:
+        if _passages_in(prompt) == 1:  # the focused read: a form no passage holds
+            return "Answer: Lina Berg, the architect\nFollow-up query: Lina Berg"
+        return "Answer: Lina Berg\nFollow-up query: Lina Berg"
+
+    corpus = Corpus(SECOND_LOOK[1:] + SECOND_LOOK[:1])
+    controller = BRAG(ScriptedLLM(reader), calibration=_repeat_calibration(), lam=0.0, k=3)
+    report = controller.ask(ARCHITECT_QUESTION, corpus, actions=["RT", "R1"])
+    rt, r1 = (s.observation for s in report.steps if s.action)
+    assert rt.candidate == r1.candidate == 0 and rt.answer != r1.answer
+    assert report.answer == "Lina Berg"  # the form the passage holds, not the first read's
+    first_only = controller.ask(ARCHITECT_QUESTION, corpus, actions=["RT"])
+    assert first_only.answer == "Lina Berg, the architect"

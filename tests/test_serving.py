@@ -415,15 +415,40 @@ def test_only_a_session_gradio_holds_is_watched_and_made_up_ones_push_none_out()
     assert "honest" in streams and "made-up-7" not in streams
 
 
+def _server_for(tmp_path, model: str, **limits) -> bragkit.serving.server.Server:
+    """A server in this process that may call ``model`` (a loopback endpoint), with these limits."""
+    from bragkit.serving.models import EndpointPolicy, ModelPolicy
+
+    settings = bragkit.serving.server.Settings(
+        cache_dir=tmp_path,
+        endpoints=EndpointPolicy(allow_all=True),
+        models=ModelPolicy(model),
+        limits=bragkit.serving.limits.Limits(**limits),
+    )
+    return bragkit.serving.server.Server(settings)
+
+
 def test_a_self_test_fit_applies_to_the_session_that_made_it_only():
     fits = bragkit.serving.callers.SessionFits(limit=4, per_address=2)
     fits.remember("tab-a", "192.0.2.9", "m", "corpus", "fit-aaaaaaaaaaaa")
-    assert fits.recall("tab-a", "m", "corpus") == "fit-aaaaaaaaaaaa"
-    assert fits.recall("tab-b", "m", "corpus") is None and fits.recall("tab-a", "other", "corpus") is None
+    assert fits.recall("tab-a", "192.0.2.9", "m", "corpus") == "fit-aaaaaaaaaaaa"
+    assert fits.recall("tab-b", "192.0.2.9", "m", "corpus") is None
+    assert fits.recall("tab-a", "192.0.2.9", "other", "corpus") is None
     fits.remember("", "192.0.2.9", "m", "corpus", "fit-bbbbbbbbbbbb")  # no session: nothing to apply to
     for i in range(5):  # another address's many sessions
         fits.remember(f"x{i}", "203.0.113.5", "m", "corpus", "fit-cccccccccccc")
-    assert fits.recall("tab-a", "m", "corpus") == "fit-aaaaaaaaaaaa"
+    assert fits.recall("tab-a", "192.0.2.9", "m", "corpus") == "fit-aaaaaaaaaaaa"
+
+
+def test_a_session_hash_sent_from_another_address_carries_no_self_test_fit():
+    # Round 6, finding 2: the hash is the caller's to send, so it cannot be what binds a fit.
+    fits = bragkit.serving.callers.SessionFits()
+    fits.remember("victim-tab", "192.0.2.9", "m", "corpus", "fit-aaaaaaaaaaaa")
+    assert fits.recall("victim-tab", "203.0.113.5", "m", "corpus") is None
+    assert fits.recall("victim-tab", "192.0.2.9", "m", "corpus") == "fit-aaaaaaaaaaaa"
+    # Nor does a fit made from elsewhere under the victim's hash reach, or replace, the victim's.
+    fits.remember("victim-tab", "203.0.113.5", "m", "corpus", "fit-hostilehostile")
+    assert fits.recall("victim-tab", "192.0.2.9", "m", "corpus") == "fit-aaaaaaaaaaaa"
 
 
 @pytest.mark.parametrize("port", ["+8443", "８４４３", "99999", "-1"])
@@ -448,20 +473,12 @@ def test_uploads_and_pasted_text_get_the_documents_fit_named_corpora_keep_theirs
     import selftest_reader
     from openai_server import FakeOpenAI, Reply
 
-    from bragkit.serving.models import EndpointPolicy, ModelPolicy
-
     def reader(request: dict) -> Reply:
         return Reply(texts=selftest_reader.replies(request["messages"], int(request.get("n") or 1)))
 
     with FakeOpenAI(handler=reader) as llm_server:
         model = llm_server.url + "#docs"
-        settings = bragkit.serving.server.Settings(
-            cache_dir=tmp_path,
-            endpoints=EndpointPolicy(allow_all=True),
-            models=ModelPolicy(model),
-            limits=bragkit.serving.limits.Limits(self_test_questions=10),
-        )
-        server = bragkit.serving.server.Server(settings)
+        server = _server_for(tmp_path, model, self_test_questions=10)
         name = brag.llm_name(llms.make_llm(model))
         prior = brag.shipped_calibrations()["prior"].to_dict()
         fitted = {**prior, "fitted": True, "model": name}
@@ -485,3 +502,84 @@ def test_uploads_and_pasted_text_get_the_documents_fit_named_corpora_keep_theirs
         # A self-test of the pasted text refines the documents fit, not the benchmark one.
         refit = json.loads(server.run_calibrate("", "", pasted, model, "", "auto", None, True))
         assert refit["refit_of"] == brag.DOCUMENTS and refit["fitted_on"]["questions"] == 10
+
+
+# ------------------------------------------------------------- issue 61: a documentation tree in one upload
+
+
+def tree_reader(request: dict) -> object:
+    """Reads answer Bergen when the Lina Berg passage is in the prompt; closed-book samples say NONE."""
+    from openai_server import Reply
+
+    content = request["messages"][-1]["content"]
+    if "Passages:" in content:
+        found = "born in Bergen" in content.rsplit("\n\nPassages:\n", 1)[-1]
+        return Reply(texts=["Answer: Bergen\nFollow-up query: Lina Berg" if found else "Answer: NONE"])
+    return Reply(texts=["NONE"] * int(request.get("n") or 1))
+
+
+def uploaded(files: list[tuple[str, bytes]]) -> list[str]:
+    """Files as Gradio stores uploads: each in a folder of its own under the upload folder."""
+    import uuid
+
+    paths = []
+    for name, data in files:
+        folder = bragkit.serving.server.upload_folder() / f"brag-test-{uuid.uuid4().hex}"
+        folder.mkdir(parents=True)
+        (folder / name).write_bytes(data)
+        paths.append(str(folder / name))
+    return paths
+
+
+def test_many_files_are_read_one_by_one_in_progress_and_those_not_read_are_listed(tmp_path):
+    from document_files import html_page, pdf_bytes, zip_bytes
+    from openai_server import FakeOpenAI
+
+    tree = [(f"html/page{i}.html", html_page(i)) for i in range(40)]
+    tree += [
+        ("html/people.html", html_page(99, "Lina Berg was born in Bergen.")),
+        ("img/logo.png", b"\x89PNG"),
+    ]
+    files = [
+        ("manual.zip", zip_bytes([*tree, ("html/broken.pdf", b"%PDF-1.4 junk")])),
+        ("notes.md", b"# Notes\n\nOslo is the capital of Norway.\n"),
+        ("scan.pdf", pdf_bytes([""])),  # no text: a scan
+        ("huge.txt", b"words " * 2_000),
+    ]
+    with FakeOpenAI(handler=tree_reader) as llm_server:
+        model = llm_server.url + "#tree"
+        server = _server_for(tmp_path, model, file_bytes=10_000)
+        said: list[str] = []
+        ask = ("Where was Lina Berg born?", "", "", 0.05, model, "", "auto", "", "tokens", None, None)
+        *_, (answer, report) = server.run_brag(
+            *ask, uploaded(files), progress=lambda fraction, desc="": said.append(desc)
+        )
+        assert answer == "Bergen"
+        assert said[0] == "Reading 1 of 44: manual.zip/html/page0.html"
+        assert (
+            said[41] == "Reading 42 of 44: manual.zip/html/broken.pdf"
+            and said[-1] == "Reading 44 of 44: scan.pdf"
+        )
+        assert report["server"]["corpus"] == "manual.zip, notes.md, scan.pdf"  # the files read
+        names = [f"page{i}.html" for i in range(300)]
+        assert (
+            bragkit.serving.server.files_label(names)
+            == "page0.html, page1.html, page2.html and 297 more files"
+        )
+        read = report["server"]["files"]
+        assert (read["read"], read["not_read_count"], read["skipped_types"]) == (42, 3, {".png": 1})
+        assert read["not_read"] == [
+            {"file": "huge.txt", "reason": "12,000 bytes, over the limit of 10,000 (BRAG_MAX_FILE_BYTES)"},
+            {"file": "manual.zip/html/broken.pdf", "reason": "not a readable PDF (PdfStreamError)"},
+            {"file": "scan.pdf", "reason": "no text found (a scanned PDF holds images, not text)"},
+        ]
+        _, headline, *_ = bragkit.serving.presentation.render(answer, report)
+        assert "**Files:** 42 read" in headline and "**3 not read**" in headline
+        assert r"- manual\.zip\/html\/broken\.pdf: not a readable PDF \(PdfStreamError\)" in headline
+        # No file readable at all: a clear error naming each, and why.
+        with pytest.raises(
+            gr.Error, match=r"No file could be read: broken\.docx: not a readable Word .*; scan\.pdf"
+        ):
+            list(server.run_brag(*ask, uploaded([("broken.docx", b"PK\x03\x04 junk"), files[2]])))
+        with pytest.raises(gr.Error, match=r"No file could be read: pics\.zip/a\.png: not a type BRAG reads"):
+            list(server.run_brag(*ask, uploaded([("pics.zip", zip_bytes([("a.png", b"\x89PNG")]))])))

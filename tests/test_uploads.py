@@ -219,3 +219,64 @@ def test_an_upload_past_the_callers_share_is_refused_whole_and_leaves_nothing(tm
     assert status == 429 and b"BRAG_MAX_UPLOAD_FILES_PER_CALLER" in body  # not Gradio's list of paths
     assert not any(Path(p).exists() for p in paths) and list(folder.iterdir()) == []
     assert ledger.held("192.0.2.9") == 0
+
+
+def test_the_default_limits_take_a_manuals_tree_and_a_caller_still_holds_only_its_share(tmp_path):
+    from bragkit.serving.limits import Limits
+
+    limits = Limits()
+    assert (limits.files, limits.files_bytes) == (300, 30 * MB)  # an ordinary manual's tree
+    folder = tmp_path / "uploads"
+    ledger = UploadLedger(  # as the server builds it
+        limits.upload_store_bytes,
+        limits.caller_upload_share(),
+        limits.upload_ttl,
+        per_caller_files=limits.caller_upload_files(),
+        store_files=limits.upload_store_files,
+        root=folder,
+    )
+
+    def tree(caller: str, number: int) -> list[str]:
+        """A request's worth of files at the limits: 300 files of 30 MB in all (sparse on disk)."""
+        paths = []
+        for i in range(limits.files):
+            (folder / f"{caller}{number}-{i}").mkdir(parents=True)
+            path = folder / f"{caller}{number}-{i}" / f"page{i}.html"
+            with open(path, "wb") as out:
+                out.truncate(limits.files_bytes // limits.files)
+            paths.append(str(path))
+        return paths
+
+    def upload(caller: str, paths: list[str]) -> tuple[int, str | None] | None:
+        body = limits.files_bytes + 300 * 200  # the files and their multipart framing
+        status, why = ledger.admit(caller, body)
+        return (status, why) if why else ledger.settle(caller, body, paths)
+
+    assert upload("a", tree("a", 1)) is None  # one tree fits a caller's share
+    assert upload("a", tree("a", 2)) is None  # and a second, on its way while the first waits
+    # A third is refused as it arrives, before its body is read: nothing of it is stored.
+    status, why = ledger.admit("a", limits.files_bytes)
+    assert status == 429 and "BRAG_MAX_UPLOAD_BYTES_PER_CALLER" in why
+    assert upload("b", tree("b", 1)) is None  # another caller has a share of its own
+    assert ledger.held("a") <= limits.caller_upload_share() < limits.upload_store_bytes / 2
+
+
+def test_the_limits_that_must_hold_together_are_checked_at_start_up(monkeypatch):
+    from bragkit.serving import guards
+    from bragkit.serving.limits import Limits
+
+    limits = Limits()
+    limits.check()
+    # What a request of a whole tree passes on its way: the upload route, the body guards.
+    assert limits.upload_file_bytes() >= limits.files_bytes  # a .zip may hold all the files
+    assert limits.upload_body_bytes() > limits.files_bytes
+    assert limits.caller_upload_files() >= limits.files and limits.caller_upload_share() > limits.files_bytes
+    three_hundred = json.dumps([{"path": f"/tmp/gradio/{'a' * 64}/page{i}.html"} for i in range(300)])
+    assert len(three_hundred) < guards.max_request_bytes(limits) and limits.passages >= 20_000
+    with pytest.raises(ValueError, match=r"BRAG_MAX_UPLOAD_STORE_BYTES .* two callers' shares"):
+        Limits(upload_store_bytes=100 * MB).check()
+    with pytest.raises(ValueError, match=r"BRAG_MAX_UPLOAD_STORE_FILES .* two callers' shares of 600 files"):
+        Limits(upload_store_files=1_000).check()
+    monkeypatch.setenv("BRAG_MAX_FILES_BYTES", str(400 * MB))  # a tree larger than the store holds twice
+    with pytest.raises(SystemExit, match="BRAG_MAX_UPLOAD_STORE_BYTES"):
+        Limits.from_env()

@@ -67,13 +67,15 @@ class SessionUploads:
 class SessionFits:
     """The self-test fit each browser session (or API session) made, by model and corpus.
 
-    A caller's self-test applies to that caller's session unasked, and to requests that name
-    it; never to anyone else's. Held in memory, with the shares of :func:`fair_evictions`.
+    A caller's self-test applies to that caller's session unasked, from the address that made
+    it, and to requests that name it; never to anyone else's, whatever session hash they send
+    (a fit is kept under its session *and* its address, so a hash sent from elsewhere neither
+    reads nor replaces it). Held in memory, with the shares of :func:`fair_evictions`.
     """
 
     def __init__(self, limit: int = 10_000, per_address: int = 20) -> None:
         self.limit, self.per_address = limit, per_address
-        self._fits: dict[tuple[str, str, str], tuple[str, str, float]] = {}
+        self._fits: dict[tuple[str, str, str, str], tuple[str, float]] = {}
         self._lock = threading.Lock()
 
     def remember(self, session: str, address: str, model: str, corpus: str, name: str) -> None:
@@ -81,18 +83,19 @@ class SessionFits:
         if not session:
             return  # called from Python: there is no session to apply it to
         with self._lock:
-            self._fits[session, model, corpus] = (name, address, time.monotonic())
-            entries = [(who, used, key) for key, (_, who, used) in self._fits.items()]
+            self._fits[session, address, model, corpus] = (name, time.monotonic())
+            entries = [(key[1], used, key) for key, (_, used) in self._fits.items()]
             for key in fair_evictions(entries, address, self.per_address, self.limit):
                 del self._fits[key]
 
-    def recall(self, session: str, model: str, corpus: str) -> str | None:
-        """The name of the fit this session made for ``model`` over ``corpus``, if any."""
+    def recall(self, session: str, address: str, model: str, corpus: str) -> str | None:
+        """The name of the fit this session made from ``address`` for ``model`` over ``corpus``, if any."""
         with self._lock:
-            found = self._fits.get((session, model, corpus)) if session else None
+            key = (session, address, model, corpus)
+            found = self._fits.get(key) if session else None
             if found is None:
                 return None
-            self._fits[session, model, corpus] = (found[0], found[1], time.monotonic())
+            self._fits[key] = (found[0], time.monotonic())
             return found[0]
 
 

@@ -12,12 +12,13 @@ import os
 import threading
 import time
 from collections import OrderedDict
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import brag
+from bragkit import documents as doc_files
 from bragkit import storage
 from bragkit.serving import parse_worker
 
@@ -136,7 +137,7 @@ class CorpusStore:
         self._corpora: dict[str, brag.Corpus] = {}
         self._locks: dict[str, threading.Lock] = {name: threading.Lock() for name in self.names}
         # Each pasted set with its memory estimate, taken once: the estimate walks every passage.
-        self._documents: OrderedDict[str, tuple[brag.Corpus, int]] = OrderedDict()
+        self._documents: OrderedDict[str, tuple[brag.Corpus, int, dict[str, Any] | None]] = OrderedDict()
         self._documents_lock = threading.Lock()
         self.documents_budget = limits.documents_cache_bytes
 
@@ -169,29 +170,58 @@ class CorpusStore:
         cancelled: Callable[[], bool] = lambda: False,
         caller: str = "",
     ) -> brag.Corpus:
+        """Pasted documents and uploaded files as one corpus (:meth:`documents_read`)."""
+        return self.documents_read(text, files, cancelled, caller)[0]
+
+    def documents_read(
+        self,
+        text: str,
+        files: list[tuple[str, bytes]] = (),  # type: ignore[assignment]
+        cancelled: Callable[[], bool] = lambda: False,
+        caller: str = "",
+        *,
+        not_read: Sequence[doc_files.Unreadable] = (),
+        on_file: Callable[[int, int, str], None] | None = None,
+    ) -> tuple[brag.Corpus, dict[str, Any] | None]:
         """Pasted documents and uploaded files, checked against the limits and indexed once.
 
         Files are read in capped worker processes (``parse_worker.py``), within the request's
-        deadline and only while ``cancelled()`` is False. The corpora stay cached in memory
-        while the budget allows, and are never written to disk.
+        deadline and only while ``cancelled()`` is False; a file that cannot be read is named
+        with why (``not_read``: those refused before reading) and the others are read. Returns
+        the corpus and what was read of the files (``documents.Reading.summary``; None without
+        files). The corpora stay cached in memory while the budget allows, and are never
+        written to disk.
         """
         digest = hashlib.sha256(text.encode())
         for name, data in files:
             digest.update(b"\0" + name.encode() + b"\0" + hashlib.sha256(data).digest())
+        for failure in not_read:
+            digest.update(b"\1" + str(failure).encode())
         key = digest.hexdigest()
         with self._documents_lock:
             if key in self._documents:
                 self._documents.move_to_end(key)
-                return self._documents[key][0]
+                corpus, _, summary = self._documents[key]
+                return corpus, summary
         pasted = check_documents(text, self.limits) if text.strip() else []
-        uploaded = documents_from_files(files, self.limits, self.readers, cancelled, caller) if files else []
+        uploaded, summary = [], None
+        if files or not_read:
+            uploaded, reading = documents_from_files(
+                files, self.limits, self.readers, cancelled, caller, not_read=not_read, on_file=on_file
+            )
+            summary = reading.summary()
         if len(pasted) + len(uploaded) > self.limits.passages:
             count = len(pasted) + len(uploaded)
             raise too_big("The documents", count, self.limits.passages, "passages", "BRAG_MAX_PASSAGES")
         corpus = brag.Corpus([*pasted, *uploaded])
+        self._keep(key, corpus, summary)
+        return corpus, summary
+
+    def _keep(self, key: str, corpus: brag.Corpus, summary: dict[str, Any] | None) -> None:
+        """Cache a corpus (with what was read of its files) within the memory budget, oldest out first."""
         size = corpus.memory_bytes()
         with self._documents_lock:
-            self._documents[key] = corpus, size
+            self._documents[key] = corpus, size, summary
             while self._documents and self.cached_bytes() > self.documents_budget:
                 self._documents.popitem(last=False)
             log.info(
@@ -200,8 +230,7 @@ class CorpusStore:
                 self.cached_bytes(),
                 self.documents_budget,
             )
-        return corpus
 
     def cached_bytes(self) -> int:
         """Estimated memory held by the cached pasted corpora."""
-        return sum(size for _, size in self._documents.values())
+        return sum(size for _, size, _ in self._documents.values())

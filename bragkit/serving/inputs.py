@@ -8,7 +8,7 @@ input is bounded by :class:`~serving.limits.Limits`; a refusal says what to fix.
 from __future__ import annotations
 
 import time
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -20,7 +20,7 @@ from bragkit.fits import FitStore
 from bragkit.serving import parse_worker, uploads
 
 from .callers import SessionUploads
-from .limits import Limits, refused, too_big
+from .limits import Limits, RequestRefused, refused, too_big
 
 
 def check_question(question: Any, limits: Limits, what: str = "The question") -> str:
@@ -165,19 +165,59 @@ def read_uploads(
     ledger: uploads.UploadLedger | None = None,
     *,
     folder: Path,
-) -> list[tuple[str, bytes]]:
-    """The uploaded files' names and bytes, each deleted from disk once read.
+) -> tuple[list[tuple[str, bytes]], list[doc_files.Unreadable]]:
+    """The uploaded files' names and bytes, each deleted from disk once read; and those not read.
 
     Only files stored in the upload ``folder`` (Gradio's) are read, or ones this session
     uploaded before (``kept``): a path a caller writes into a request never names a place on
-    this server.
+    this server. A file over its size (``BRAG_MAX_FILE_BYTES``; a .zip, all the files') is not
+    read and is named with why; the others are read.
     """
     if files is None or files == []:
-        return []
+        return [], []
     files = files if isinstance(files, list) else [files]
     if len(files) > limits.files:
         raise too_big("The upload", len(files), limits.files, "files", "BRAG_MAX_FILES")
-    folder = folder.resolve()
+    found = _uploaded(files, limits, kept, session, ledger, folder.resolve())
+    read: list[tuple[str, bytes]] = []
+    over: list[doc_files.Unreadable] = []
+    try:
+        total = 0
+        for entry in found:
+            name, size = (
+                (entry.name, entry.stat().st_size) if isinstance(entry, Path) else (entry[0], len(entry[1]))
+            )
+            cap = limits.upload_file_bytes() if doc_files.is_archive(name) else limits.file_bytes
+            if size > cap:
+                setting = "BRAG_MAX_FILES_BYTES" if cap > limits.file_bytes else "BRAG_MAX_FILE_BYTES"
+                reason = f"{size:,} bytes, over the limit of {cap:,} ({setting})"
+                over.append(doc_files.Unreadable(doc_files.display_name(name), reason, too_large=True))
+                continue
+            total += size
+            if total > limits.files_bytes:
+                raise too_big("The files", total, limits.files_bytes, "bytes", "BRAG_MAX_FILES_BYTES")
+            data = entry.read_bytes() if isinstance(entry, Path) else entry[1]
+            if isinstance(entry, Path) and kept is not None:
+                kept.remember(session, str(entry), name, data)
+            read.append((name, data))
+    finally:
+        for entry in found:
+            if isinstance(entry, Path):
+                entry.unlink(missing_ok=True)
+                if ledger is not None:
+                    ledger.release(str(entry))
+    return read, over
+
+
+def _uploaded(
+    files: list[Any],
+    limits: Limits,
+    kept: SessionUploads | None,
+    session: str,
+    ledger: uploads.UploadLedger | None,
+    folder: Path,
+) -> list[Path | tuple[str, bytes]]:
+    """Each file of a files input: a path in the upload folder, or what this session kept of it."""
     found: list[Path | tuple[str, bytes]] = []
     for item in files:
         path = item.get("path") if isinstance(item, dict) else item
@@ -193,29 +233,7 @@ def read_uploads(
             )
         else:
             raise refused("Files must be uploaded with the request (a file input, or handle_file).")
-    read: list[tuple[str, bytes]] = []
-    try:
-        total = 0
-        for entry in found:
-            name, size = (
-                (entry.name, entry.stat().st_size) if isinstance(entry, Path) else (entry[0], len(entry[1]))
-            )
-            if size > limits.file_bytes:
-                raise too_big(name, size, limits.file_bytes, "bytes", "BRAG_MAX_FILE_BYTES")
-            total += size
-            if total > limits.files_bytes:
-                raise too_big("The files", total, limits.files_bytes, "bytes", "BRAG_MAX_FILES_BYTES")
-            data = entry.read_bytes() if isinstance(entry, Path) else entry[1]
-            if isinstance(entry, Path) and kept is not None:
-                kept.remember(session, str(entry), name, data)
-            read.append((name, data))
-    finally:
-        for entry in found:
-            if isinstance(entry, Path):
-                entry.unlink(missing_ok=True)
-                if ledger is not None:
-                    ledger.release(str(entry))
-    return read
+    return found
 
 
 def documents_from_files(
@@ -224,24 +242,52 @@ def documents_from_files(
     readers: parse_worker.FileReaders,
     cancelled: Callable[[], bool] = lambda: False,
     caller: str = "",
-) -> list[Any]:
-    """Uploaded files cut into passages, read in a capped worker process; a clear error names a bad file.
+    *,
+    not_read: Sequence[doc_files.Unreadable] = (),
+    on_file: Callable[[int, int, str], None] | None = None,
+) -> tuple[list[Any], doc_files.Reading]:
+    """Uploaded files cut into passages, read in a capped worker process; and what was read of them.
 
+    A file that cannot be read is named with why (in the reading's ``failed``, after
+    ``not_read``, those refused before) and the others are read; none readable is a clear
+    error. ``on_file(number, total, label)`` before each file (a .zip's members each count).
     The reading is part of the request: it ends at the request's deadline, and when the caller
     (its address) has gone (``cancelled``).
     """
     left = llms.time_left(error=parse_worker.ReadingAbandoned)
     deadline = None if left is None else time.monotonic() + left
     try:
-        rows = readers.read(
-            files, limits.file_limits(), deadline=deadline, cancelled=cancelled, caller=caller
+        reading = readers.read_each(
+            files,
+            limits.file_limits(),
+            on_file=on_file,
+            deadline=deadline,
+            cancelled=cancelled,
+            caller=caller,
         )
     except doc_files.DocumentError as err:
         raise refused(f"{err}.") from None
-    passages = doc_files.as_passages(rows)
+    reading.failed[:0] = not_read
+    if not reading.read:
+        raise none_read(reading.failed)
+    passages = doc_files.as_passages(reading.rows)
     if len(passages) > limits.passages:
         raise too_big("The documents", len(passages), limits.passages, "passages", "BRAG_MAX_PASSAGES")
-    return passages
+    return passages, reading
+
+
+NAMED_FAILURES = 5  # files a refusal names when none could be read
+
+
+def none_read(failed: Sequence[doc_files.Unreadable]) -> RequestRefused:
+    """The refusal when no file could be read: the first few with why, and how many more."""
+    if not failed:
+        return refused(
+            f"No file could be read: none of them is a type BRAG reads ({doc_files.described_suffixes()})."
+        )
+    named = "; ".join(str(f) for f in failed[:NAMED_FAILURES])
+    more = f"; and {len(failed) - NAMED_FAILURES:,} more" if len(failed) > NAMED_FAILURES else ""
+    return refused(f"No file could be read: {named}{more}.")
 
 
 def check_documents(documents: str, limits: Limits) -> list[Any]:

@@ -16,7 +16,7 @@ from typing import Any
 import calibrate
 from bragkit import documents as doc_files
 from bragkit import llms
-from bragkit.serving import parse_worker
+from bragkit.serving import parse_worker, uploads
 
 log = logging.getLogger("brag.app")
 
@@ -50,7 +50,7 @@ class Limits:
 
     question_chars: int = 4_000  # BRAG_MAX_QUESTION_CHARS
     documents_bytes: int = 5_000_000  # BRAG_MAX_DOCUMENTS_BYTES
-    passages: int = 20_000  # BRAG_MAX_PASSAGES
+    passages: int = 50_000  # BRAG_MAX_PASSAGES: pasted, and from a request's files
     calibration_bytes: int = 100_000  # BRAG_MAX_CALIBRATION_BYTES
     labelled_bytes: int = 1_000_000  # BRAG_MAX_LABELLED_BYTES
     labelled_min: int = calibrate.MIN_QUESTIONS  # BRAG_MIN_LABELLED
@@ -76,17 +76,27 @@ class Limits:
     self_test_seconds: float = 1_800.0  # BRAG_SELF_TEST_SECONDS: one self-test, writing and running
     # BRAG_SELF_TEST_PROMPT_CHARS: characters of every prompt one self-test sends, in all
     self_test_prompt_chars: int = 3_000_000
+    # The /calibrate lane (bragkit.serving.lane): the longest a request waits in line for a slot,
+    # a running self-test's share once others wait, and one address's seconds of it an hour.
+    self_test_wait: float = 600.0  # BRAG_SELF_TEST_WAIT_SECONDS
+    self_test_share: float = 300.0  # BRAG_SELF_TEST_SHARE_SECONDS
+    self_test_per_hour: float = 1_800.0  # BRAG_SELF_TEST_SECONDS_PER_HOUR
     kept_fits: int = 500  # BRAG_MAX_KEPT_FITS: fits /calibrate keeps, in all
     kept_fits_per_address: int = 20  # BRAG_MAX_KEPT_FITS_PER_ADDRESS: one address's share of them
-    files: int = 10  # BRAG_MAX_FILES: uploaded files per request
-    file_bytes: int = 5_000_000  # BRAG_MAX_FILE_BYTES: bytes per uploaded file
-    files_bytes: int = 10_000_000  # BRAG_MAX_FILES_BYTES: bytes of all of a request's files
+    # BRAG_MAX_FILES: files per request, a .zip's members counted as files (a manual's tree)
+    files: int = 300
+    # BRAG_MAX_FILE_BYTES: bytes per file (a .zip's member unpacked; a .zip itself, all the files')
+    file_bytes: int = 5_000_000
+    # BRAG_MAX_FILES_BYTES: bytes of all of a request's files (a .zip's members unpacked)
+    files_bytes: int = 30_000_000
     pdf_pages: int = 300  # BRAG_MAX_PDF_PAGES: pages per PDF
-    text_chars: int = 3_000_000  # BRAG_MAX_TEXT_CHARS: text extracted from a request's files
-    upload_store_bytes: int = 200_000_000  # BRAG_MAX_UPLOAD_STORE_BYTES: uploads waiting on disk
-    upload_caller_bytes: int = 20_000_000  # BRAG_MAX_UPLOAD_BYTES_PER_CALLER: one address's share of them
-    upload_caller_files: int = 50  # BRAG_MAX_UPLOAD_FILES_PER_CALLER: one address's files waiting
-    upload_store_files: int = 5_000  # BRAG_MAX_UPLOAD_STORE_FILES: files waiting in all
+    text_chars: int = 15_000_000  # BRAG_MAX_TEXT_CHARS: text extracted from a request's files
+    upload_store_bytes: int = 640_000_000  # BRAG_MAX_UPLOAD_STORE_BYTES: uploads waiting on disk
+    # BRAG_MAX_UPLOAD_BYTES_PER_CALLER: one address's share of them (Limits.caller_upload_share)
+    upload_caller_bytes: int = 64_000_000
+    # BRAG_MAX_UPLOAD_FILES_PER_CALLER: one address's files waiting (Limits.caller_upload_files)
+    upload_caller_files: int = 600
+    upload_store_files: int = 12_000  # BRAG_MAX_UPLOAD_STORE_FILES: files waiting in all
     upload_ttl: float = 600.0  # BRAG_UPLOAD_TTL_SECONDS: an upload no request read is deleted then
     parse_memory_mb: int = 512  # BRAG_PARSE_MEMORY_MB: a file reader's address space
     parse_cpu_seconds: int = 30  # BRAG_PARSE_CPU_SECONDS: CPU time to read one file (wall: twice it)
@@ -103,8 +113,46 @@ class Limits:
         return parse_worker.Caps(self.parse_memory_mb, self.parse_cpu_seconds, self.parse_workers)
 
     def caller_upload_share(self) -> int:
-        """One caller's share of the upload store: never less than one request's files."""
-        return max(self.upload_caller_bytes, self.files_bytes)
+        """One caller's share of the upload store, in bytes of disk: never less than one request's files.
+
+        Each file is charged its blocks and a block for its folder (``uploads.disk_charge``), and an
+        upload is admitted by its body's size, framing included: a request's files at their limits
+        fit in one share.
+        """
+        request = self.files_bytes + 2 * uploads.BLOCK * self.files + uploads.MB
+        return max(self.upload_caller_bytes, request)
+
+    def caller_upload_files(self) -> int:
+        """Files one caller may have waiting in the upload store: never fewer than one request's."""
+        return max(self.upload_caller_files, self.files)
+
+    def upload_file_bytes(self) -> int:
+        """The largest file the upload route takes: a .zip may hold all of a request's files."""
+        return max(self.file_bytes, self.files_bytes)
+
+    def upload_body_bytes(self) -> int:
+        """The largest upload body: a request's files, and room for the multipart framing."""
+        return self.upload_file_bytes() + uploads.MB
+
+    def check(self) -> None:
+        """The bounds that must hold together; ValueError names the settings that do not.
+
+        The upload store holds at least two callers' shares (bytes and files), so one caller
+        can never fill it for everyone.
+        """
+        share, files = self.caller_upload_share(), self.caller_upload_files()
+        if self.upload_store_bytes < 2 * share:
+            raise ValueError(
+                f"BRAG_MAX_UPLOAD_STORE_BYTES ({self.upload_store_bytes:,}) must hold at least two callers' "
+                f"shares of {share:,} bytes (BRAG_MAX_UPLOAD_BYTES_PER_CALLER, at least one request's files: "
+                "BRAG_MAX_FILES_BYTES and a block per file); raise it or lower those"
+            )
+        if self.upload_store_files < 2 * files:
+            raise ValueError(
+                f"BRAG_MAX_UPLOAD_STORE_FILES ({self.upload_store_files:,}) must hold at least two callers' "
+                f"shares of {files:,} files (BRAG_MAX_UPLOAD_FILES_PER_CALLER, at least BRAG_MAX_FILES); "
+                "raise it or lower those"
+            )
 
     def address_share(self, concurrency: int) -> int:
         """Requests one address may run among ``concurrency`` workers.
@@ -124,6 +172,15 @@ class Limits:
         if self.queued_per_address is not None:
             return self.queued_per_address
         return self.address_share(concurrency) + max(1, self.queue_size // 4)
+
+    def calibrate_events(self) -> int:
+        """/calibrate events let in at once: the lane's slots, its line, and one newcomer.
+
+        The lane (:class:`bragkit.serving.lane.Lane`) holds them to ``calibrate_concurrency``
+        running; the one more lets a newcomer reach a full line and take the place of a waiter
+        that has had more of the lane.
+        """
+        return self.calibrate_concurrency + self.calibrate_queue + 1
 
     def calibrate_share(self) -> int:
         """/calibrate events one address may have waiting or running: its share of the slots."""
@@ -152,6 +209,9 @@ class Limits:
             "self_test_questions": "BRAG_SELF_TEST_QUESTIONS",
             "self_test_seconds": "BRAG_SELF_TEST_SECONDS",
             "self_test_prompt_chars": "BRAG_SELF_TEST_PROMPT_CHARS",
+            "self_test_wait": "BRAG_SELF_TEST_WAIT_SECONDS",
+            "self_test_share": "BRAG_SELF_TEST_SHARE_SECONDS",
+            "self_test_per_hour": "BRAG_SELF_TEST_SECONDS_PER_HOUR",
             "kept_fits": "BRAG_MAX_KEPT_FITS",
             "kept_fits_per_address": "BRAG_MAX_KEPT_FITS_PER_ADDRESS",
             "files": "BRAG_MAX_FILES",
@@ -176,7 +236,12 @@ class Limits:
             values["per_address"] = env_number("BRAG_MAX_PER_ADDRESS", 8)
         if "BRAG_MAX_QUEUED_PER_ADDRESS" in os.environ:  # unset means twice the address's share
             values["queued_per_address"] = env_number("BRAG_MAX_QUEUED_PER_ADDRESS", 16)
-        return cls(**values)
+        limits = cls(**values)
+        try:
+            limits.check()
+        except ValueError as err:
+            raise SystemExit(str(err)) from None
+        return limits
 
 
 def too_big(what: str, size: int, limit: int, unit: str, variable: str) -> RequestRefused:

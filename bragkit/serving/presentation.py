@@ -263,6 +263,38 @@ def trust_line(report: dict[str, Any]) -> str:
     return f"**{summary}**" if confidence.get("guess") else summary
 
 
+# Files not read that the page names one by one; the report lists more, and counts them all.
+MAX_SHOWN_FAILURES = 10
+
+
+def files_markdown(report: dict[str, Any]) -> str:
+    """What was read of the uploaded files: how many, and each one not read with why (a few)."""
+    files = served(report).get("files")
+    if not isinstance(files, dict):
+        return ""
+    try:
+        read, passages = int(files.get("read", 0)), int(files.get("passages", 0))
+        count, skipped = int(files.get("not_read_count", 0)), int(files.get("skipped_count", 0))
+    except (TypeError, ValueError):
+        return ""
+    line = f"**Files:** {read:,} read ({plural(passages, 'passage')})"
+    line += f" · **{count:,} not read**" if count else ""
+    types = files.get("skipped_types")
+    if skipped and isinstance(types, dict):
+        kinds = ", ".join(f"{as_text(kind, 20)} {as_text(n, 10)}" for kind, n in list(types.items())[:10])
+        line += f" · {skipped:,} skipped, of types BRAG does not read ({kinds})"
+    failures = files.get("not_read")
+    failures = (
+        [f for f in failures[:MAX_SHOWN_FAILURES] if isinstance(f, dict)]
+        if isinstance(failures, list)
+        else []
+    )
+    lines = [f"- {as_text(f.get('file', ''), 250)}: {as_text(f.get('reason', ''), 300)}" for f in failures]
+    if count > len(lines):
+        lines.append(f"- and {count - len(lines):,} more (the raw report names up to 50)")
+    return "\n".join([line, *lines]) if lines else line
+
+
 def render(answer: str, report: dict[str, Any] | None) -> tuple[Any, ...]:
     """What the page shows for a report, while the run goes on and when it is done."""
     if not report or not isinstance(report, dict):
@@ -299,6 +331,8 @@ def render(answer: str, report: dict[str, Any] | None) -> tuple[Any, ...]:
     if finished:
         headline += f"\n\nRead: {', '.join(map(as_text, read)) if read else 'no passage'}"
         headline += f"\n\nCalibration: {as_text(status)}" if status else ""
+    files = files_markdown(report)
+    headline += f"\n\n{files}" if files else ""
     totals = totals_markdown(report) if finished else ""
     table = gr.update(value=steps_frame(report), visible=True)
     return progress_markdown(report), headline, posterior_svg(report), table, totals

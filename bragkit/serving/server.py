@@ -18,18 +18,20 @@ from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, NamedTuple
 
 import gradio as gr
 
 import brag
 import calibrate
+from bragkit import documents as doc_files
 from bragkit import fits, llms, selftest
 from bragkit.serving import uploads
 
 from .callers import CallerLimits, SessionFits, SessionUploads, trusted_proxies
 from .corpora import YOUR_DOCUMENTS, CorpusStore, MilvusSettings, own_index
 from .inputs import check_cost, check_lam, check_question, read_calibration, read_labelled, read_uploads
+from .lane import Lane
 from .limits import Limits, RequestRefused, concurrency, refused
 from .models import EndpointPolicy, LLMPool, ModelPolicy
 from .presentation import calibration_frame, fitted_on_text, model_label, plural, stated_answer
@@ -136,6 +138,34 @@ class AskRequest:
     session: str = ""  # the browser session, which may name the files it uploaded before
     gone: Callable[[], bool] = lambda: False  # whether the caller has gone (caller_gone)
     caller: str = ""  # the caller's address, through trusted proxies
+    on_file: Callable[[int, int, str], None] | None = None  # before each file is read (reading_progress)
+
+
+class Picked(NamedTuple):
+    """The corpus a request names: the corpus, its label, its shipped fit's name, what its files gave."""
+
+    corpus: brag.Retriever
+    label: str
+    fit_name: str | None
+    files: dict[str, Any] | None = None  # documents.Reading.summary(); None without files
+
+
+def files_label(names: list[str], shown: int = 3) -> str:
+    """The uploaded files as a report names the corpus: the first few, then how many more."""
+    names = [doc_files.display_name(name) for name in names]
+    if len(names) <= shown + 1:
+        return ", ".join(names)
+    return f"{', '.join(names[:shown])} and {len(names) - shown:,} more files"
+
+
+def reading_progress(progress: Any) -> Callable[[int, int, str], None]:
+    """Each file read shown in Gradio's progress: "Reading 37 of 300: manual.zip/html/intro.html"."""
+
+    def on_file(number: int, total: int, label: str) -> None:
+        llms.time_left()  # raises once the caller has gone or the deadline passed: no file more
+        progress((number - 1) / total, desc=f"Reading {number:,} of {total:,}: {label}")
+
+    return on_file
 
 
 class Server:
@@ -157,6 +187,14 @@ class Server:
         # A caller's own self-test applies to its session (session_fits).
         self.fits = fits.fit_store(settings.cache_dir, limits.kept_fits, limits.kept_fits_per_address)
         self.session_fits = SessionFits(limits.sessions * 10, limits.kept_fits_per_address)
+        # /calibrate's slots, its fair line and each address's seconds of it (self-tests yield).
+        self.lane = Lane(
+            limits.calibrate_concurrency,
+            limits.calibrate_queue,
+            limits.self_test_wait,
+            limits.self_test_share,
+            limits.self_test_per_hour,
+        )
         self._generator: llms.LLM | None = None
         self.store = CorpusStore(settings.limits, settings.own_index, settings.milvus)
         self.llms = LLMPool(settings.endpoints, settings.models)
@@ -169,7 +207,7 @@ class Server:
             limits.upload_store_bytes,
             limits.caller_upload_share(),
             limits.upload_ttl,
-            per_caller_files=limits.upload_caller_files,
+            per_caller_files=limits.caller_upload_files(),
             store_files=limits.upload_store_files,
             root=upload_folder(),
         )
@@ -195,20 +233,25 @@ class Server:
         session: str = "",
         cancelled: Callable[[], bool] = lambda: False,
         caller: str = "",
-    ) -> tuple[brag.Corpus, str, str | None]:
+        on_file: Callable[[int, int, str], None] | None = None,
+    ) -> Picked:
         """Uploaded files and pasted documents win over a named corpus; none is an error.
 
-        The corpus, its label, and the name its shipped fit goes by: a named corpus's own name,
-        None for the caller's documents (whatever their files are called), which get the model's
-        documents fit (:func:`brag.shipped_calibration`).
+        The corpus, its label, the name its shipped fit goes by (a named corpus's own name, None
+        for the caller's documents, whatever their files are called, which get the model's
+        documents fit: :func:`brag.shipped_calibration`), and what was read of the files.
+        ``on_file(number, total, label)`` before each file is read.
         """
-        given = read_uploads(
+        given, not_read = read_uploads(
             files, self.limits, self.session_files, session, self.ledger, folder=upload_folder()
         )
         text = documents if isinstance(documents, str) else ""
-        if given or text.strip():
-            label = ", ".join(name for name, _ in given) if given else "your documents"
-            return self.store.documents(text, given, cancelled, caller), label, None
+        if given or not_read or text.strip():
+            label = files_label([name for name, _ in given]) if given else "your documents"
+            chosen, read = self.store.documents_read(
+                text, given, cancelled, caller, not_read=not_read, on_file=on_file
+            )
+            return Picked(chosen, label, None, read)
         name = (corpus or "").strip() if isinstance(corpus, str) else ""
         if name == YOUR_DOCUMENTS:
             raise refused(
@@ -219,7 +262,7 @@ class Server:
             raise refused("No corpus: choose one or paste documents (one passage per line, or a JSON list).")
         if name not in self.store.names:
             raise refused(f"Unknown corpus: use one of {', '.join(self.store.names)}, or paste documents.")
-        return self.store.named(name), name, name
+        return Picked(self.store.named(name), name, name)
 
     def run_brag(
         self,
@@ -235,13 +278,16 @@ class Server:
         price_in: float | None = None,
         price_out: float | None = None,
         files: list[str] | None = None,
+        progress: gr.Progress = gr.Progress(),  # noqa: B008 (Gradio's own idiom; not an API input)
         request: gr.Request = None,  # type: ignore[assignment]  # Gradio passes it; not an API input
     ) -> Iterator[tuple[str, dict[str, Any]]]:
         """Answer a question over a corpus, step by step.
 
         Yields ``(best answer so far, report so far)`` as each step starts (the report's
         ``finished`` is False), then the final ``(answer, report)``. ``cost`` prices the actions
-        (calls, tokens, seconds, or usd with the two prices per million tokens).
+        (calls, tokens, seconds, or usd with the two prices per million tokens). Files are read
+        one by one, each shown in ``progress``; the report's ``server.files`` says how many were
+        read and names each one that could not be, with why.
         """
         ask = AskRequest(
             question=question,
@@ -259,6 +305,7 @@ class Server:
             session=getattr(request, "session_hash", None) or "",
             gone=caller_gone(self.cancels, self.streams),
             caller=self.callers.address(request) if request is not None else "",
+            on_file=reading_progress(progress),
         )
         with self._scrubbed_errors(), self.callers.slot(request):
             for answer, report in self._answer(ask):
@@ -273,7 +320,8 @@ class Server:
         end = started + self.limits.request_timeout
         try:
             with llms.deadline_at(end), llms.cancellable(ask.gone):
-                chosen, label, controller, whose = self._controller(ask, lam, pricing)
+                picked, controller, whose = self._controller(ask, lam, pricing)
+            chosen = picked.corpus
             steps = controller.stream(question, chosen)
             while True:
                 # Gradio may run each step of a generator in another thread, so the deadline and
@@ -285,11 +333,12 @@ class Server:
                 answer, report = item
                 # What the server knows, under its own key: the library's figures stay as they are.
                 report["server"] = {
-                    "corpus": label,
+                    "corpus": picked.label,
                     "engine": chosen.stats().get("engine", "bm25s"),  # which engine served the passages
                     "model": model_label(ask.model),
                     "calibration": _with_whose(report["config"]["calibration"], whose),
                     "elapsed_s": round(time.monotonic() - started, 3),  # the whole request
+                    **({"files": picked.files} if picked.files is not None else {}),
                 }
                 yield answer, json_safe(report)
         except RequestRefused:
@@ -300,34 +349,35 @@ class Server:
 
     def _controller(
         self, ask: AskRequest, lam: float, pricing: tuple[str, tuple[float, float] | None]
-    ) -> tuple[brag.Corpus, str, brag.BRAG, str]:
+    ) -> tuple[Picked, brag.BRAG, str]:
         """The corpus, the backend and the calibration a request names, as a controller.
 
         Also whose self-test fit it is, in words, when the server chose one unasked ("" otherwise).
         """
-        chosen, label, fit_name = self.pick_corpus(
-            ask.corpus, ask.documents, ask.files, ask.session, ask.gone, ask.caller
+        picked = self.pick_corpus(
+            ask.corpus, ask.documents, ask.files, ask.session, ask.gone, ask.caller, ask.on_file
         )
+        chosen, fit_name = picked.corpus, picked.fit_name
         backend = self.llms.get(ask.model, ask.hf_token, ask.provider)
-        own, whose = self._own_fit(ask.calibration, chosen, backend, ask.session)
+        own, whose = self._own_fit(ask.calibration, chosen, backend, ask.session, ask.caller)
         cal = own or read_calibration(
             ask.calibration, fit_name, brag.llm_name(backend), self.shipped, self.fits, self.limits
         )
         unit, prices = pricing
-        return chosen, label, brag.BRAG(backend, calibration=cal, lam=lam, cost=unit, prices=prices), whose
+        return picked, brag.BRAG(backend, calibration=cal, lam=lam, cost=unit, prices=prices), whose
 
     def _own_fit(
-        self, named: Any, corpus: brag.Retriever, backend: llms.LLM, session: str
+        self, named: Any, corpus: brag.Retriever, backend: llms.LLM, session: str, caller: str
     ) -> tuple[brag.Calibration | None, str]:
         """The self-test fit for this model and corpus when the request names no calibration, and whose.
 
-        The caller's own (its session's) first, then the owner's (``calibrate.py self-test``);
-        another caller's never.
+        The caller's own (its session's, from its address) first, then the owner's
+        (``calibrate.py self-test``); another caller's never.
         """
         if (isinstance(named, str) and named.strip()) or (named and not isinstance(named, str)):
             return None, ""
         model, fingerprint = brag.llm_name(backend), corpus.fingerprint()
-        name = self.session_fits.recall(session, model, fingerprint)
+        name = self.session_fits.recall(session, caller, model, fingerprint)
         if name is not None:
             try:
                 mine = self.fits.load(name)
@@ -372,16 +422,22 @@ class Server:
             caller = self.callers.address(request) if request is not None else ""
             try:
                 # One call, no yields inside: the deadline and the cancel check hold for all of it,
-                # for every LLM call and between questions. A self-test ends at its own bound
-                # (its meter), and no call it started outlasts that by more than the grace.
-                with llms.deadline(self._calibrate_seconds(self_test)), llms.cancellable(gone):
-                    chosen, label, fit_name = self.pick_corpus(
-                        corpus, documents, files, session, gone, caller
+                # for every LLM call and between questions. A self-test ends at its own bound (its
+                # meter) or its turn's end, and no call outlasts that by more than the grace.
+                with (
+                    self.lane.turn(caller, gone) as turn,
+                    llms.deadline(self._calibrate_seconds(self_test)),
+                    llms.cancellable(gone),
+                ):
+                    chosen, label, fit_name, read = self.pick_corpus(
+                        corpus, documents, files, session, gone, caller, reading_progress(progress)
                     )
                     backend = self.llms.get(model, hf_token, provider)
                     if self_test:
                         base = brag.shipped_calibration(brag.llm_name(backend), fit_name, self.shipped)
-                        result = self._self_test(items, chosen, label, base, backend, model, progress, gone)
+                        result = self._self_test(
+                            items, chosen, label, base, backend, model, progress, (gone, turn.should_yield)
+                        )
                     else:
                         result = _fit(items, chosen, label, backend, model, progress)
             except RequestRefused:
@@ -390,13 +446,21 @@ class Server:
                 raise refused("The self-test was cancelled; nothing was kept.") from None
             except Exception as err:
                 raise _failure(err) from None
-            result = {**result, "made": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime())}
-            name = self.fits.keep(result, caller)
-            if self_test and not items:
-                # A self-test of the documents alone applies unasked to this caller's session
-                # (others may name it); a caller's own labels shape only the fit returned.
-                self.session_fits.remember(session, caller, str(result["model"]), str(result["corpus"]), name)
-            return self.secrets.scrub(json.dumps({**result, "name": name}, indent=1))
+            return self._kept(result, read, caller, session if self_test and not items else "")
+
+    def _kept(self, result: dict[str, Any], read: dict[str, Any] | None, caller: str, session: str) -> str:
+        """A fit kept for ``caller`` (and applied to ``session``, if any), as /calibrate returns it.
+
+        A self-test of the documents alone applies unasked to its caller's session (others may
+        name it); a caller's own labels shape only the fit returned. What was read of the files
+        goes with the answer, not into the kept fit.
+        """
+        result = {**result, "made": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime())}
+        name = self.fits.keep(result, caller)
+        if session:
+            self.session_fits.remember(session, caller, str(result["model"]), str(result["corpus"]), name)
+        shown = {**result, "name": name, **({"files": read} if read is not None else {})}
+        return self.secrets.scrub(json.dumps(shown, indent=1))
 
     def _calibrate_seconds(self, self_test: bool) -> float:
         """The request's deadline: a self-test's own bound and one call's grace, within /calibrate's."""
@@ -439,9 +503,14 @@ class Server:
         backend: llms.LLM,
         model: Any,
         progress: gr.Progress,
-        gone: Callable[[], bool],
+        stops: tuple[Callable[[], bool], Callable[[], bool]],
     ) -> dict[str, Any]:
-        """A self-test of ``corpus`` within the server's bounds, refitting ``base`` (its shipped fit)."""
+        """A self-test of ``corpus`` within the server's bounds, refitting ``base`` (its shipped fit).
+
+        ``stops``: whether its caller has gone (it is cancelled), and whether its turn in the lane
+        has ended (it ends with a fit on what it has done).
+        """
+        gone, should_yield = stops
         limits = self.limits
         plan = fits.SelfTestPlan(
             questions=limits.self_test_questions,
@@ -465,6 +534,7 @@ class Server:
             labelled=items,
             on_progress=on_progress,
             should_stop=gone,
+            should_yield=should_yield,
         )
         return {**fitted, "model_spec": model_label(model), "corpus_label": label}
 
