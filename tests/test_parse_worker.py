@@ -211,6 +211,9 @@ def test_a_zip_is_unpacked_in_the_worker_and_each_member_read_in_its_turn():
     assert readers.started == 1 and workers_of(os.getpid()) == []
 
 
+CAPS = r"BRAG_PARSE_(MEMORY_MB|CPU_SECONDS)"
+
+
 def test_a_member_past_a_cap_is_named_a_killed_worker_is_replaced_and_the_rest_are_read():
     from document_files import zip_bytes
 
@@ -229,9 +232,11 @@ def test_a_member_past_a_cap_is_named_a_killed_worker_is_replaced_and_the_rest_a
     reading = readers.read_each([("manual.zip", manual), ("last.md", b"Last.")], limits)
     assert reading.read == ["manual.zip/a/one.md", "manual.zip/a/two.md", "manual.zip/a/three.md", "last.md"]
     memory, cpu = reading.failed
-    assert memory.name == "manual.zip/a/spans.html" and "BRAG_PARSE_MEMORY_MB" in memory.reason
+    # The markup is past both caps: which one stops it first depends on the machine's speed.
+    assert memory.name == "manual.zip/a/spans.html" and re.search(CAPS, memory.reason)
     assert cpu.name == "manual.zip/a/slow.pdf" and "BRAG_PARSE_CPU_SECONDS" in cpu.reason
     assert memory.too_large and cpu.too_large
-    assert readers.started == 2 and workers_of(os.getpid()) == []  # a new worker opened the zip again
-    with pytest.raises(TooLarge, match=r"manual\.zip/a/spans\.html: .*BRAG_PARSE_MEMORY_MB"):
+    killed = sum("BRAG_PARSE_CPU_SECONDS" in f.reason for f in reading.failed)
+    assert readers.started == 1 + killed and workers_of(os.getpid()) == []  # each kill: a new worker
+    with pytest.raises(TooLarge, match=r"manual\.zip/a/spans\.html: .*" + CAPS):
         readers.read([("manual.zip", manual)], limits)  # the strict reader raises it
